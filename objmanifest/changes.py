@@ -1,0 +1,336 @@
+"""The changes to a shard, as pure functions ``(shard, now, ...) -> (new shard | None, result)``.
+
+The CAS loop in ``shards.py`` may apply one of these several times to fresher shards until
+its write wins, so they read nothing but their arguments and change nothing outside. A new
+shard of ``None`` means "nothing to write". Refusals are raised as ``ObjManifestError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from . import leases
+from .errors import (
+    AlreadyConsumed,
+    DeclarationConflict,
+    LeaseLost,
+    NotClaimable,
+    NotFound,
+    NotReady,
+    ObjManifestError,
+)
+from .model import Claim, Declaration, Entry, Shard, State
+from .states import Event, next_state
+
+Lookup = Callable[[str], "Entry | None"]
+"""Finds a dependency's entry in any shard; None when it is not declared (yet)."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The task settings a change needs."""
+
+    task_id: str
+    lease_seconds: float
+    max_retries: int
+
+
+class DataChanged(ObjManifestError):
+    """The entry no longer points at the data a consumer verified: it was produced again."""
+
+
+def _update(entry: Entry, now: datetime, **fields: Any) -> Entry:
+    return entry.model_copy(update={**fields, "updated_at": now})
+
+
+def _entry(shard: Shard, file_id: str) -> Entry:
+    entry = shard.entries.get(file_id)
+    if entry is None:
+        raise NotFound(f"{file_id!r} is not declared in stage {shard.stage!r}")
+    return entry
+
+
+# -- declare ---------------------------------------------------------------------------
+
+
+def differences(entry: Entry, decl: Declaration) -> list[str]:
+    """What a declaration says differently from the entry already there."""
+    diffs = []
+    if entry.stage != decl.stage:
+        diffs.append(f"stage: {entry.stage!r} != {decl.stage!r}")
+    for name in ("depends_on", "consumers"):
+        old, new = set(getattr(entry, name)), set(getattr(decl, name))
+        if old != new:
+            diffs.append(f"{name}: declared {sorted(old)}, now {sorted(new)}")
+    return diffs
+
+
+def declare(
+    shard: Shard, decls: Iterable[Declaration], now: datetime
+) -> tuple[Shard | None, list[Entry]]:
+    """Add entries; the same declaration again is a no-op, a different one a conflict."""
+    added: dict[str, Entry] = {}
+    result = []
+    for decl in decls:
+        existing = added.get(decl.file_id) or shard.entries.get(decl.file_id)
+        if existing is not None:
+            diffs = differences(existing, decl)
+            if diffs:
+                raise DeclarationConflict(
+                    f"{decl.file_id!r} is already declared differently: {'; '.join(diffs)}. "
+                    "Declare it as before, or use a new file id."
+                )
+            result.append(existing)
+            continue
+        entry = Entry(
+            file_id=decl.file_id,
+            stage=decl.stage,
+            depends_on=decl.depends_on,
+            consumers=decl.consumers,
+            declared_at=now,
+            updated_at=now,
+        )
+        added[decl.file_id] = entry
+        result.append(entry)
+    return (shard.with_entries(added) if added else None), result
+
+
+# -- claim -----------------------------------------------------------------------------
+
+
+def blockers(entry: Entry, lookup: Lookup) -> tuple[list[str], list[str]]:
+    """(dependencies not yet ready, dead dependencies), each as readable strings."""
+    waiting, dead = [], []
+    for dep in entry.depends_on:
+        found = lookup(dep)
+        if found is None:
+            waiting.append(f"{dep} (not declared)")
+        elif found.state is State.dead:
+            dead.append(dep)
+        elif found.state not in (State.ready, State.consumed):
+            waiting.append(f"{dep} ({found.state.value})")
+    return waiting, dead
+
+
+def why_not_claimable(entry: Entry, now: datetime, lookup: Lookup) -> str | None:
+    """None if the entry can be claimed now, else the reason in words."""
+    if entry.state is State.writing and not leases.expired(entry, now):
+        expiry = entry.lease_expires_at.isoformat() if entry.lease_expires_at else "?"
+        return f"state writing: held by {entry.owner} (epoch {entry.epoch}) until {expiry}"
+    if entry.state is State.dead:
+        return f"state dead after {entry.retry_count} failures; last error: {entry.error}"
+    if entry.state in (State.ready, State.consumed):
+        return f"state {entry.state.value}: already produced"
+    waiting, dead = blockers(entry, lookup)
+    if dead:
+        return f"depends on dead entries: {', '.join(dead)}"
+    if waiting:
+        return f"waiting for dependencies: {', '.join(waiting)}"
+    return None
+
+
+def _take(entry: Entry, agent: str, now: datetime, rules: Rules) -> Entry:
+    """Claim a claimable entry; a takeover of an expired lease counts one failure."""
+    lease = leases.expires_at(now, rules.lease_seconds)
+    if entry.state is State.writing:
+        retries = entry.retry_count + 1
+        state = next_state(
+            State.writing, Event.takeover, retry_count=retries, max_retries=rules.max_retries
+        )
+        error = f"lease of {entry.owner} (epoch {entry.epoch}) expired"
+        if state is State.dead:
+            return _update(
+                entry, now, state=state, retry_count=retries, error=error,
+                owner=None, lease_expires_at=None,
+            )
+        return _update(
+            entry, now, state=state, owner=agent, epoch=entry.epoch + 1,
+            lease_expires_at=lease, retry_count=retries, error=error,
+        )
+    state = next_state(entry.state, Event.claim)
+    return _update(entry, now, state=state, owner=agent, epoch=entry.epoch + 1,
+                   lease_expires_at=lease)
+
+
+def _claim_of(entry: Entry, rules: Rules) -> Claim:
+    assert entry.lease_expires_at is not None and entry.owner is not None
+    return Claim(
+        task_id=rules.task_id,
+        file_id=entry.file_id,
+        stage=entry.stage,
+        agent=entry.owner,
+        epoch=entry.epoch,
+        lease_expires_at=entry.lease_expires_at,
+    )
+
+
+def claim(
+    shard: Shard, file_id: str, agent: str, now: datetime, rules: Rules, lookup: Lookup
+) -> tuple[Shard | None, Claim | NotClaimable]:
+    """Claim one entry. A takeover that exhausts the retries is written (dead) and refused."""
+    entry = _entry(shard, file_id)
+    reason = why_not_claimable(entry, now, lookup)
+    if reason:
+        raise NotClaimable(file_id, reason)
+    taken = _take(entry, agent, now, rules)
+    new = shard.with_entries({file_id: taken})
+    if taken.state is State.dead:
+        return new, NotClaimable(file_id, f"state dead after {taken.retry_count} failures")
+    return new, _claim_of(taken, rules)
+
+
+def claim_any(
+    shard: Shard, agent: str, limit: int, now: datetime, rules: Rules, lookup: Lookup
+) -> tuple[Shard | None, list[Claim]]:
+    """Claim up to ``limit`` claimable entries, oldest declared first, in one commit."""
+    changed: dict[str, Entry] = {}
+    claims: list[Claim] = []
+    for entry in shard.entries.values():
+        if len(claims) >= limit:
+            break
+        if why_not_claimable(entry, now, lookup) is not None:
+            continue
+        taken = _take(entry, agent, now, rules)
+        changed[entry.file_id] = taken
+        if taken.state is State.writing:
+            claims.append(_claim_of(taken, rules))
+    return (shard.with_entries(changed) if changed else None), claims
+
+
+# -- holder's changes --------------------------------------------------------------------
+
+
+def _held(shard: Shard, claim: Claim) -> Entry:
+    """The entry, if ``claim`` still holds it; else ``LeaseLost``, changing nothing."""
+    entry = _entry(shard, claim.file_id)
+    if (
+        entry.state is not State.writing
+        or entry.epoch != claim.epoch
+        or entry.owner != claim.agent
+    ):
+        raise LeaseLost(
+            f"lease on {claim.file_id!r} (epoch {claim.epoch}, agent {claim.agent}) is lost: "
+            f"the entry is now {entry.state.value} at epoch {entry.epoch}"
+            + (f", held by {entry.owner}" if entry.owner else "")
+            + ". Stop working on it; claim it again if it is still wanted."
+        )
+    return entry
+
+
+def renew(shard: Shard, claim: Claim, now: datetime, rules: Rules) -> tuple[Shard, Claim]:
+    entry = _held(shard, claim)
+    expiry = leases.expires_at(now, rules.lease_seconds)
+    if entry.lease_expires_at is not None and entry.lease_expires_at > expiry:
+        expiry = entry.lease_expires_at  # never move a lease backwards
+    renewed = _update(entry, now, lease_expires_at=expiry)
+    return shard.with_entries({claim.file_id: renewed}), _claim_of(renewed, rules)
+
+
+def finish(
+    shard: Shard, claim: Claim, key: str, checksum: str, size: int, now: datetime
+) -> tuple[Shard | None, Entry]:
+    """The holder's data is stored: the entry becomes ready. Repeating it is a no-op."""
+    entry = _entry(shard, claim.file_id)
+    if (
+        entry.state in (State.ready, State.consumed)
+        and entry.epoch == claim.epoch
+        and (entry.key, entry.checksum, entry.size) == (key, checksum, size)
+    ):
+        return None, entry
+    entry = _held(shard, claim)
+    state = next_state(entry.state, Event.finish)
+    ready = _update(
+        entry, now, state=state, key=key, checksum=checksum, size=size,
+        lease_expires_at=None, error=None,
+    )
+    return shard.with_entries({claim.file_id: ready}), ready
+
+
+def fail(
+    shard: Shard, claim: Claim, reason: str, now: datetime, rules: Rules
+) -> tuple[Shard, Entry]:
+    entry = _held(shard, claim)
+    retries = entry.retry_count + 1
+    state = next_state(
+        entry.state, Event.fail, retry_count=retries, max_retries=rules.max_retries
+    )
+    failed = _update(
+        entry, now, state=state, retry_count=retries, error=reason,
+        owner=None, lease_expires_at=None,
+    )
+    return shard.with_entries({claim.file_id: failed}), failed
+
+
+# -- consumer's changes ------------------------------------------------------------------
+
+
+def check_consumable(entry: Entry, consumer: str) -> bool:
+    """Whether ``consumer`` may read the entry's data; True if it has consumed it before."""
+    if consumer in entry.consumed_by:
+        return True
+    if entry.state is State.consumed:
+        raise AlreadyConsumed(
+            f"{entry.file_id!r} was already consumed by {', '.join(entry.consumed_by)}"
+        )
+    if entry.state is not State.ready:
+        raise NotReady(
+            f"{entry.file_id!r} is {entry.state.value}, not ready"
+            + (f" (last error: {entry.error})" if entry.error else "")
+        )
+    return False
+
+
+def consume(
+    shard: Shard, file_id: str, consumer: str, key: str, checksum: str, now: datetime
+) -> tuple[Shard | None, Entry]:
+    """Mark the entry consumed by ``consumer`` (an agent name for a queue, else a role)."""
+    entry = _entry(shard, file_id)
+    if (entry.key, entry.checksum) != (key, checksum):
+        raise DataChanged(file_id)
+    if check_consumable(entry, consumer):
+        return None, entry
+    marks = (*entry.consumed_by, consumer)
+    done = entry.is_queue or set(entry.consumers) <= set(marks)
+    state = next_state(entry.state, Event.consume, all_consumed=done)
+    marked = _update(entry, now, state=state, consumed_by=marks)
+    return shard.with_entries({file_id: marked}), marked
+
+
+def mismatch(
+    shard: Shard, file_id: str, key: str, checksum: str, detail: str, now: datetime, rules: Rules
+) -> tuple[Shard | None, Entry]:
+    """A consumer found bad data: produce it again (or give up once retries are spent)."""
+    entry = _entry(shard, file_id)
+    if entry.state is not State.ready or (entry.key, entry.checksum) != (key, checksum):
+        return None, entry  # already handled, or produced again meanwhile
+    retries = entry.retry_count + 1
+    state = next_state(
+        entry.state, Event.mismatch, retry_count=retries, max_retries=rules.max_retries
+    )
+    failed = _update(entry, now, state=state, retry_count=retries, error=detail,
+                     lease_expires_at=None)
+    return shard.with_entries({file_id: failed}), failed
+
+
+# -- reaper ------------------------------------------------------------------------------
+
+
+def reap(shard: Shard, now: datetime, rules: Rules) -> tuple[Shard | None, list[Entry]]:
+    """Release every expired lease of the shard: failed, or dead once retries are spent."""
+    changed: dict[str, Entry] = {}
+    for entry in shard.entries.values():
+        if not leases.expired(entry, now):
+            continue
+        retries = entry.retry_count + 1
+        state = next_state(
+            entry.state, Event.expire, retry_count=retries, max_retries=rules.max_retries
+        )
+        changed[entry.file_id] = _update(
+            entry, now, state=state, retry_count=retries,
+            error=f"lease of {entry.owner} (epoch {entry.epoch}) expired",
+            owner=None, lease_expires_at=None,
+        )
+    return (shard.with_entries(changed) if changed else None), list(changed.values())

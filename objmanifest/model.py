@@ -1,0 +1,258 @@
+"""The manifest's data: task header, shard, entry, claim. Pydantic models, no I/O.
+
+Models keep fields they do not know (``extra="allow"``), so an object written by a newer
+objmanifest of the same schema version loses nothing when this version rewrites it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import InvalidFileId
+
+SCHEMA_VERSION = 1
+COMMITS_KEPT = 64
+"""How many commit ids a shard remembers: enough to tell a lost response from a lost race
+even after dozens of others committed on top."""
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class State(str, Enum):
+    """Where an entry is in its lifecycle; see ``states.py`` for the allowed moves."""
+
+    pending = "pending"
+    writing = "writing"
+    ready = "ready"
+    consumed = "consumed"
+    failed = "failed"
+    dead = "dead"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def check_name(kind: str, value: str) -> str:
+    """Task ids and stage names become parts of object keys, so they are kept plain."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ValueError(
+            f"invalid {kind} {value!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def check_file_id(file_id: str) -> str:
+    """File ids are relative object keys: refuse what could escape or confuse a prefix."""
+    problem = None
+    if not isinstance(file_id, str) or not file_id:
+        problem = "it is empty"
+    elif file_id.startswith("/"):
+        problem = "it is absolute (starts with '/')"
+    elif len(file_id.encode()) > 512:
+        problem = "it is longer than 512 bytes"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in file_id):
+        problem = "it contains a control character"
+    elif "\\" in file_id:
+        problem = "it contains a backslash; use '/' between parts"
+    else:
+        parts = file_id.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            problem = "it has an empty, '.' or '..' path segment"
+    if problem:
+        raise InvalidFileId(
+            f"invalid file id {file_id!r}: {problem}. "
+            "Use a relative key such as 'raw/a.json'."
+        )
+    return file_id
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], what: str, **fields: Any) -> M:
+    """Build a model from user input; a bad field raises the check's own clear error, not
+    a pydantic report."""
+    try:
+        return model(**fields)
+    except ValidationError as e:
+        for err in e.errors():
+            original = (err.get("ctx") or {}).get("error")
+            if isinstance(original, Exception):
+                raise original from None
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"invalid {what}: {where}: {first['msg']}") from None
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True, use_enum_values=False)
+
+
+class Entry(_Model):
+    """One file of the task: its stage, state, holder, lease, checksum and dependencies."""
+
+    file_id: str
+    stage: str
+    state: State = State.pending
+    owner: str | None = None
+    epoch: int = 0
+    lease_expires_at: datetime | None = None
+    checksum: str | None = None
+    size: int | None = None
+    retry_count: int = 0
+    depends_on: tuple[str, ...] = ()
+    consumers: tuple[str, ...] = ()
+    consumed_by: tuple[str, ...] = ()
+    error: str | None = None
+    key: str | None = None
+    declared_at: datetime | None = None
+    updated_at: datetime | None = None
+
+    @property
+    def is_queue(self) -> bool:
+        """No named consumers: the first agent to consume it takes it."""
+        return not self.consumers
+
+
+class Shard(_Model):
+    """All live entries of one stage, stored as ``shards/STAGE.json``."""
+
+    schema_version: int = SCHEMA_VERSION
+    task_id: str
+    stage: str
+    version: int = 0
+    commits: tuple[str, ...] = ()
+    entries: dict[str, Entry] = Field(default_factory=dict)
+
+    def with_entries(self, changed: dict[str, Entry]) -> Shard:
+        return self.model_copy(update={"entries": {**self.entries, **changed}})
+
+
+class TaskHeader(_Model):
+    """``task.json``: written once at create, read by everyone who opens the task."""
+
+    schema_version: int = SCHEMA_VERSION
+    task_id: str
+    stages: tuple[str, ...]
+    lease_seconds: float
+    max_retries: int
+    created_at: datetime
+    creation_id: str = ""
+
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for s in v:
+            check_name("stage", s)
+        if not v:
+            raise ValueError("a task needs at least one stage")
+        if len(set(v)) != len(v):
+            raise ValueError(f"stages must be distinct: {list(v)}")
+        return v
+
+
+class Declaration(BaseModel):
+    """What ``declare`` states about a file: where it belongs and what it waits for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    file_id: str
+    stage: str
+    depends_on: tuple[str, ...] = ()
+    consumers: tuple[str, ...] = ()
+
+    @field_validator("file_id")
+    @classmethod
+    def _file_id(cls, v: str) -> str:
+        return check_file_id(v)
+
+    @field_validator("depends_on")
+    @classmethod
+    def _deps(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(sorted({check_file_id(d) for d in v}))
+
+    @field_validator("consumers")
+    @classmethod
+    def _consumers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for role in v:
+            if not role or not isinstance(role, str):
+                raise ValueError(f"invalid consumer role {role!r}")
+        return tuple(sorted(set(v)))
+
+    @classmethod
+    def of(cls, value: Declaration | dict[str, Any] | tuple[Any, ...]) -> Declaration:
+        """Accept a Declaration, a dict of its fields, or a (file_id, stage, ...) tuple."""
+        if isinstance(value, Declaration):
+            return value
+        if isinstance(value, dict):
+            fields = value
+        else:
+            fields = dict(zip(("file_id", "stage", "depends_on", "consumers"), value))
+        return validated(cls, f"declaration {value!r}", **fields)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Proof that an agent holds an entry: the epoch is its fencing token."""
+
+    task_id: str
+    file_id: str
+    stage: str
+    agent: str
+    epoch: int
+    lease_expires_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "file_id": self.file_id,
+            "stage": self.stage,
+            "agent": self.agent,
+            "epoch": self.epoch,
+            "lease_expires_at": self.lease_expires_at.isoformat(),
+        }
+
+
+class EntryNote(BaseModel):
+    """One entry that needs attention in a status report, and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    file_id: str
+    stage: str
+    state: State
+    reason: str
+
+
+class TaskStatus(BaseModel):
+    """Counts per stage and state, and the entries that are stuck."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    store_time: datetime
+    stages: dict[str, dict[str, int]]
+    blocked: list[EntryNote] = Field(default_factory=list)
+    overdue: list[EntryNote] = Field(default_factory=list)
+    dead: list[EntryNote] = Field(default_factory=list)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        out = {s.value: 0 for s in State}
+        for counts in self.stages.values():
+            for state, n in counts.items():
+                out[state] += n
+        return out
+
+    @property
+    def finished(self) -> bool:
+        """Every entry is ready or consumed: nothing is left to produce."""
+        t = self.totals
+        return sum(t.values()) == t["ready"] + t["consumed"]

@@ -1,0 +1,87 @@
+"""The entry lifecycle as one table, so every move the code makes is checked against it.
+
+    pending -> writing -> ready -> consumed
+                 |  ^       |
+                 v  |       v   (checksum mismatch found by a consumer)
+                failed  <---+
+                 |
+                 v  once retry_count > max_retries
+                dead
+
+A failure (``fail``, a takeover of an expired lease, a reaped lease, a checksum mismatch)
+counts one retry; the entry then becomes ``failed``, or ``dead`` when the count passes
+``max_retries``. So ``max_retries=3`` allows four attempts.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from .model import State
+
+
+class Event(str, Enum):
+    claim = "claim"  # an agent takes a pending or failed entry
+    takeover = "takeover"  # an agent takes a writing entry whose lease expired
+    renew = "renew"  # the holder extends its lease
+    finish = "finish"  # the holder's data is stored and verified
+    fail = "fail"  # the holder gives up
+    expire = "expire"  # the reaper releases an expired lease
+    consume = "consume"  # a consumer marks it (the last needed mark makes it consumed)
+    mismatch = "mismatch"  # a consumer found the data differs from its checksum
+
+
+class InvalidTransition(Exception):
+    """A move the lifecycle does not allow; callers turn it into a user-facing error."""
+
+    def __init__(self, state: State, event: Event) -> None:
+        super().__init__(f"no transition from {state.value!r} on {event.value!r}")
+        self.state = state
+        self.event = event
+
+
+# (state, event) -> the states it may lead to. Which one is picked by the arguments of
+# `next_state`: failures pick failed or dead by the retry count, a consume mark picks
+# ready or consumed by whether every consumer has marked.
+TABLE: dict[tuple[State, Event], frozenset[State]] = {
+    (State.pending, Event.claim): frozenset({State.writing}),
+    (State.failed, Event.claim): frozenset({State.writing}),
+    (State.writing, Event.takeover): frozenset({State.writing, State.dead}),
+    (State.writing, Event.renew): frozenset({State.writing}),
+    (State.writing, Event.finish): frozenset({State.ready}),
+    (State.writing, Event.fail): frozenset({State.failed, State.dead}),
+    (State.writing, Event.expire): frozenset({State.failed, State.dead}),
+    (State.ready, Event.consume): frozenset({State.ready, State.consumed}),
+    (State.ready, Event.mismatch): frozenset({State.failed, State.dead}),
+}
+
+FAILURES = frozenset({Event.takeover, Event.fail, Event.expire, Event.mismatch})
+"""Events that count one retry."""
+
+TERMINAL = frozenset({State.consumed, State.dead})
+
+
+def allowed(state: State, event: Event) -> bool:
+    return (state, event) in TABLE
+
+
+def next_state(
+    state: State,
+    event: Event,
+    *,
+    retry_count: int = 0,
+    max_retries: int = 0,
+    all_consumed: bool = False,
+) -> State:
+    """The state after ``event``; ``retry_count`` is the count after this event's retry."""
+    targets = TABLE.get((state, event))
+    if targets is None:
+        raise InvalidTransition(state, event)
+    if event in FAILURES:
+        if retry_count > max_retries:
+            return State.dead
+        return State.writing if event is Event.takeover else State.failed
+    if event is Event.consume:
+        return State.consumed if all_consumed else State.ready
+    (only,) = targets
+    return only

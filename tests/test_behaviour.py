@@ -1,0 +1,586 @@
+"""The behaviour suite: every promise of the core API, run against every backend."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import objmanifest as om
+from objmanifest.store import make_client
+
+pytestmark = pytest.mark.behaviour
+
+
+@contextmanager
+def requests(store: om.Store) -> Iterator[Counter[str]]:
+    """Count the S3 operations the store's client sends while the block runs."""
+    seen: Counter[str] = Counter()
+
+    def count(model: Any, **_: Any) -> None:
+        seen[model.name] += 1
+
+    events = store.client.meta.events
+    events.register("before-call.s3", count)
+    try:
+        yield seen
+    finally:
+        events.unregister("before-call.s3", count)
+
+
+def raw_put(store: om.Store, key: str, body: bytes) -> None:
+    store.client.put_object(Bucket=store.bucket, Key=store.full_key(key), Body=body)
+
+
+def raw_get(store: om.Store, key: str) -> bytes:
+    return store.client.get_object(Bucket=store.bucket, Key=store.full_key(key))["Body"].read()
+
+
+def store_date(store: om.Store) -> Any:
+    r = store.client.list_objects_v2(Bucket=store.bucket, MaxKeys=1)
+    return parsedate_to_datetime(r["ResponseMetadata"]["HTTPHeaders"]["date"])
+
+
+def wait_expired(task: om.Task, claim: om.Claim) -> None:
+    """Sleep until the store's clock is past the lease and its margin."""
+    while task.store.now() <= claim.lease_expires_at + timedelta(seconds=2.2):
+        time.sleep(0.25)
+
+
+def short_task(store: om.Store, lease: float = 1, retries: int = 3) -> om.Task:
+    return om.Task.create(
+        store, "short", stages=["collect", "write"], lease_seconds=lease, max_retries=retries
+    )
+
+
+# -- tasks -----------------------------------------------------------------------------
+
+
+def test_create_open_and_exists(store: om.Store) -> None:
+    task = om.Task.create(store, "report-0001", stages=["collect", "write", "check"],
+                          lease_seconds=300, max_retries=3)
+    opened = om.Task.open(store, "report-0001")
+    assert opened.stages == ("collect", "write", "check")
+    assert (opened.lease_seconds, opened.max_retries) == (300, 3)
+    with pytest.raises(om.AlreadyExists, match="report-0001"):
+        om.Task.create(store, "report-0001", stages=["other"])
+    assert om.Task.open(store, "report-0001").stages == task.stages  # not overwritten
+    with pytest.raises(om.NotFound, match="nope"):
+        om.Task.open(store, "nope")
+
+
+@pytest.mark.parametrize(
+    "stages", [[], ["a", "a"], ["bad/stage"], [""]], ids=["none", "dup", "slash", "empty"]
+)
+def test_create_refuses_bad_stages(store: om.Store, stages: list[str]) -> None:
+    with pytest.raises(ValueError):
+        om.Task.create(store, "bad", stages=stages)
+    with pytest.raises(om.NotFound):
+        om.Task.open(store, "bad")
+
+
+# -- declare ---------------------------------------------------------------------------
+
+
+def test_declare_is_idempotent_and_sets_compare(task: om.Task) -> None:
+    first = task.declare("d/x", stage="write", depends_on=["a", "b"], consumers=["r1", "r2"])
+    version = task.shard("write").version
+    again = task.declare("d/x", stage="write", depends_on=["b", "a", "a"],
+                         consumers=["r2", "r1"])
+    assert again == first
+    assert task.shard("write").version == version  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("change", "word"),
+    [
+        ({"stage": "check"}, "stage"),
+        ({"depends_on": ["a"]}, "depends_on"),
+        ({"consumers": ["r1"]}, "consumers"),
+    ],
+)
+def test_declare_conflict_says_what_differs(task: om.Task, change: dict[str, Any],
+                                            word: str) -> None:
+    task.declare("d/x", stage="write", depends_on=["a", "b"], consumers=["r1", "r2"])
+    decl = {"file_id": "d/x", "stage": "write", "depends_on": ["a", "b"],
+            "consumers": ["r1", "r2"], **change}
+    with pytest.raises(om.DeclarationConflict, match=word):
+        task.declare(**decl)
+    assert task.entry("d/x").depends_on == ("a", "b")
+
+
+def test_declare_many_one_commit_per_shard(task: om.Task) -> None:
+    before = {s: task.shard(s).version for s in task.stages}
+    index_before = task.index().version
+    entries = task.declare_many(
+        [{"file_id": f"raw/{i}", "stage": "collect"} for i in range(20)]
+        + [("draft/0", "write", ["raw/0", "raw/1"])]
+        + [om.Declaration(file_id="check/0", stage="check", depends_on=("draft/0",))]
+    )
+    assert [e.file_id for e in entries][:2] == ["raw/0", "raw/1"]
+    assert len(entries) == 22
+    after = {s: task.shard(s).version for s in task.stages}
+    assert {s: after[s] - before[s] for s in task.stages} == {"collect": 1, "write": 1, "check": 1}
+    assert task.index().version == index_before + 1
+
+
+def test_declare_refuses_cycles_across_shards(task: om.Task) -> None:
+    task.declare("a", stage="collect", depends_on=["c"])
+    task.declare("b", stage="write", depends_on=["a"])
+    with pytest.raises(om.DependencyCycle, match="a"):
+        task.declare("c", stage="check", depends_on=["b"])
+    with pytest.raises(om.DependencyCycle):
+        task.declare("self", stage="check", depends_on=["self"])
+    with pytest.raises(om.NotFound):
+        task.entry("c")
+    assert om.DependencyCycle.__mro__[1] is om.DeclarationConflict
+
+
+def test_declare_unknown_stage_is_refused(task: om.Task) -> None:
+    with pytest.raises(om.NotFound, match="collect, write, check"):
+        task.declare("a", stage="publish")
+
+
+@pytest.mark.parametrize(
+    "file_id", ["", "/abs", "a/../b", "..", "a//b", "a/./b", "tab\there", "nul\x00", "a\\b", "a/"]
+)
+def test_bad_file_ids_are_refused(task: om.Task, file_id: str) -> None:
+    with pytest.raises(om.InvalidFileId, match="file id"):
+        task.declare(file_id, stage="collect")
+    with pytest.raises(om.InvalidFileId):
+        task.declare("ok", stage="write", depends_on=[file_id])
+    assert task.shard("collect").entries == {}
+
+
+def test_interrupted_declare_is_finished_by_declaring_again(task: om.Task) -> None:
+    # A crash after the index commit, before the shard commit: simulate the index part only.
+    task.docs.commit(task.index_key, om.task._INDEX,
+                     lambda idx, now: (idx.declare("half", "collect", ()), None))
+    with pytest.raises(om.NotFound, match="declare it again"):
+        task.entry("half")
+    task.declare("half", stage="collect")
+    assert task.entry("half").state is om.State.pending
+
+
+# -- claim, put, fail, renew ------------------------------------------------------------
+
+
+def test_claim_put_consume_round_trip(task: om.Task, tmp_path: Path) -> None:
+    task.declare("raw/a.json", stage="collect")
+    agent = task.agent("collector-1", role="collector")
+    claim = agent.claim("raw/a.json")
+    assert claim is not None
+    assert (claim.file_id, claim.stage, claim.epoch, claim.agent) == (
+        "raw/a.json", "collect", 1, "collector-1")
+    entry = task.entry("raw/a.json")
+    assert (entry.state, entry.owner, entry.epoch) == (om.State.writing, "collector-1", 1)
+
+    src = tmp_path / "a.json"
+    src.write_bytes(b'{"a": 1}')
+    ready = agent.put(claim, src)
+    assert ready.state is om.State.ready
+    assert ready.size == 8 and ready.checksum and ready.checksum.startswith("xxh3-128:")
+    assert ready.key == "job/data/collect/raw/a.json@1"
+    assert raw_get(task.store, ready.key) == b'{"a": 1}'
+    assert task.agent("reader").consume("raw/a.json") == b'{"a": 1}'
+    assert task.entry("raw/a.json").state is om.State.consumed
+
+
+def test_put_accepts_bytes_path_and_binary_file(task: om.Task, tmp_path: Path) -> None:
+    task.declare_many([(f"f{i}", "collect") for i in range(3)])
+    agent = task.agent("p")
+    path = tmp_path / "x.bin"
+    path.write_bytes(b"from a path")
+    sources: list[Any] = [b"from bytes", str(path), io.BytesIO(b"from a file")]
+    for i, src in enumerate(sources):
+        claim = agent.claim(f"f{i}")
+        assert claim is not None
+        agent.put(claim, src)
+    got = [task.agent("c").consume(f"f{i}") for i in range(3)]
+    assert got == [b"from bytes", b"from a path", b"from a file"]
+    claim_text = task.declare("f-text", stage="collect")
+    assert claim_text.state is om.State.pending
+    c = agent.claim("f-text")
+    assert c is not None
+    with pytest.raises(TypeError, match="binary"):
+        agent.put(c, io.StringIO("text"))
+
+
+def test_claim_by_stage_and_claim_many(task: om.Task) -> None:
+    task.declare_many([(f"raw/{i}", "collect") for i in range(5)])
+    agent = task.agent("a")
+    version = task.shard("collect").version
+    claims = agent.claim_many(stage="collect", limit=3)
+    assert [c.file_id for c in claims] == ["raw/0", "raw/1", "raw/2"]
+    assert task.shard("collect").version == version + 1  # one commit for the batch
+    one = agent.claim(stage="collect")
+    assert one is not None and one.file_id == "raw/3"
+    agent.claim(stage="collect")
+    assert agent.claim(stage="collect") is None
+    assert agent.claim_many(stage="collect") == []
+
+
+def test_not_claimable_reasons(task: om.Task) -> None:
+    task.declare("a", stage="collect")
+    task.declare("b", stage="write", depends_on=["a", "later"])
+    holder = task.agent("holder")
+    claim = holder.claim("a")
+    assert claim is not None
+    with pytest.raises(om.NotClaimable) as held:
+        task.agent("other").claim("a")
+    assert "holder" in held.value.reason and "writing" in held.value.reason
+    with pytest.raises(om.NotClaimable) as waiting:
+        task.agent("w").claim("b")
+    assert "a (writing)" in waiting.value.reason
+    assert "later (not declared)" in waiting.value.reason
+    holder.put(claim, b"x")
+    with pytest.raises(om.NotClaimable) as done:
+        task.agent("other").claim("a")
+    assert "ready" in done.value.reason
+    with pytest.raises(om.NotFound):
+        task.agent("other").claim("missing")
+
+
+def test_dependency_declared_later_then_met(task: om.Task) -> None:
+    task.declare("report", stage="write", depends_on=["raw/late"])
+    assert task.agent("w").claim(stage="write") is None
+    task.declare("raw/late", stage="collect")
+    producer = task.agent("c")
+    c = producer.claim("raw/late")
+    assert c is not None
+    assert task.agent("w").claim(stage="write") is None  # writing is not ready
+    producer.put(c, b"late")
+    got = task.agent("w").claim(stage="write")
+    assert got is not None and got.file_id == "report"
+
+
+def test_consumed_dependency_counts_as_met(task: om.Task) -> None:
+    task.declare("a", stage="collect")
+    task.declare("b", stage="write", depends_on=["a"])
+    p = task.agent("p")
+    c = p.claim("a")
+    assert c is not None
+    p.put(c, b"a")
+    task.agent("q").consume("a")
+    assert task.entry("a").state is om.State.consumed
+    assert task.agent("w").claim("b") is not None
+
+
+def test_fail_then_dead_after_max_retries_and_blocked_dependents(store: om.Store) -> None:
+    task = om.Task.create(store, "retry", stages=["collect", "write"], lease_seconds=30,
+                          max_retries=2)
+    task.declare("a", stage="collect")
+    task.declare("b", stage="write", depends_on=["a"])
+    agent = task.agent("p")
+    states = []
+    for attempt in range(3):  # max_retries=2 allows three attempts
+        claim = agent.claim("a")
+        assert claim is not None and claim.epoch == attempt + 1
+        entry = agent.fail(claim, f"boom {attempt}")
+        states.append((entry.state, entry.retry_count))
+    assert states == [(om.State.failed, 1), (om.State.failed, 2), (om.State.dead, 3)]
+    assert task.entry("a").error == "boom 2"
+    with pytest.raises(om.NotClaimable, match="dead"):
+        agent.claim("a")
+    with pytest.raises(om.NotClaimable) as blocked:
+        task.agent("w").claim("b")
+    assert "dead" in blocked.value.reason and "a" in blocked.value.reason
+    status = task.status()
+    assert [(n.file_id, "dead" in n.reason) for n in status.blocked] == [("b", True)]
+    assert [n.file_id for n in status.dead] == ["a"]
+    assert status.stages["collect"]["dead"] == 1
+    assert status.totals["pending"] == 1
+
+
+def test_stale_epoch_is_fenced_and_changes_nothing(store: om.Store) -> None:
+    task = short_task(store)
+    task.declare("x", stage="collect")
+    zombie, winner = task.agent("zombie"), task.agent("winner")
+    old = zombie.claim("x")
+    assert old is not None
+    wait_expired(task, old)
+    new = winner.claim("x")
+    assert new is not None
+    assert new.epoch == old.epoch + 1
+    entry = task.entry("x")
+    assert (entry.owner, entry.retry_count) == ("winner", 1)
+    assert "expired" in (entry.error or "")
+    winner.put(new, b"winner's bytes")
+    version = task.shard("collect").version
+    for act in (lambda: zombie.put(old, b"zombie's bytes"), lambda: zombie.renew(old),
+                lambda: zombie.fail(old, "late")):
+        with pytest.raises(om.LeaseLost, match="epoch"):
+            act()
+    assert task.shard("collect").version == version
+    assert task.agent("reader").consume("x") == b"winner's bytes"
+    keys = list(task.store.list_keys("short/data/"))
+    assert keys == ["short/data/collect/x@2"]  # the zombie's bytes are not left behind
+
+
+def test_expired_lease_nobody_took_is_still_valid(store: om.Store) -> None:
+    task = short_task(store)
+    task.declare("x", stage="collect")
+    agent = task.agent("slow")
+    claim = agent.claim("x")
+    assert claim is not None
+    wait_expired(task, claim)
+    renewed = agent.renew(claim)
+    assert renewed.lease_expires_at > claim.lease_expires_at
+    assert agent.put(claim, b"late but fine").state is om.State.ready
+
+
+def test_takeover_and_reap_count_failures(store: om.Store) -> None:
+    task = short_task(store, retries=1)
+    task.declare_many([("a", "collect"), ("b", "collect")])
+    agent = task.agent("first")
+    ca, cb = agent.claim("a"), agent.claim("b")
+    assert ca is not None and cb is not None
+    wait_expired(task, cb)
+    reaped = task.reap()
+    assert sorted((e.file_id, e.state, e.retry_count) for e in reaped) == [
+        ("a", om.State.failed, 1), ("b", om.State.failed, 1)]
+    assert task.reap() == []  # nothing left to release
+    with pytest.raises(om.LeaseLost):
+        agent.put(ca, b"too late")
+    again = task.agent("second").claim("a")
+    assert again is not None and again.epoch == 2
+    wait_expired(task, again)
+    with pytest.raises(om.NotClaimable, match="dead"):
+        task.agent("third").claim("a")  # takeover is the 2nd failure: past max_retries=1
+    assert task.entry("a").state is om.State.dead
+
+
+def test_lease_uses_store_clock(task: om.Task, monkeypatch: pytest.MonkeyPatch) -> None:
+    task.declare("x", stage="collect")
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 600)  # the agent's clock is 10 min fast
+    before = store_date(task.store)
+    claim = task.agent("skewed").claim("x")
+    after = store_date(task.store)
+    assert claim is not None
+    lease = timedelta(seconds=task.lease_seconds)
+    assert before + lease - timedelta(seconds=2) <= claim.lease_expires_at
+    assert claim.lease_expires_at <= after + lease + timedelta(seconds=2)
+
+
+def test_put_renews_lease_while_writing(store: om.Store) -> None:
+    task = short_task(store, lease=1.5)
+    task.declare("big", stage="collect")
+    agent = task.agent("writer")
+    claim = agent.claim("big")
+    assert claim is not None
+    rivals: list[str] = []
+
+    class SlowFile(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def read(self, size: int = -1) -> bytes:
+            deadline = time.monotonic() + 6  # four times the lease
+            while time.monotonic() < deadline:
+                try:
+                    task.agent("rival").claim("big")
+                    rivals.append("took it")
+                except om.NotClaimable:
+                    rivals.append("refused")
+                time.sleep(1)
+            return b"slow bytes"
+
+    entry = agent.put(claim, SlowFile())  # type: ignore[arg-type]
+    assert entry.state is om.State.ready and entry.epoch == claim.epoch
+    assert rivals and set(rivals) == {"refused"}
+
+
+# -- consume ---------------------------------------------------------------------------
+
+
+def produce(task: om.Task, file_id: str, data: bytes) -> om.Entry:
+    agent = task.agent("producer")
+    claim = agent.claim(file_id)
+    assert claim is not None
+    return agent.put(claim, data)
+
+
+def test_queue_consume_once(task: om.Task, tmp_path: Path) -> None:
+    task.declare("q", stage="collect")
+    with pytest.raises(om.NotReady, match="pending"):
+        task.agent("c1").consume("q")
+    produce(task, "q", b"payload")
+    c1, c2 = task.agent("c1", role="reader"), task.agent("c2", role="reader")
+    assert c1.consume("q") == b"payload"
+    assert task.entry("q").consumed_by == ("c1",)
+    assert c1.consume("q") == b"payload"  # idempotent retry
+    with pytest.raises(om.AlreadyConsumed, match="c1"):
+        c2.consume("q")
+    entry = c1.consume("q", dest=tmp_path / "out" / "q.bin")
+    assert entry.state is om.State.consumed
+    assert (tmp_path / "out" / "q.bin").read_bytes() == b"payload"
+
+
+def test_broadcast_consume_each_role(task: om.Task) -> None:
+    task.declare("b", stage="write", consumers=["checker", "archiver"])
+    produce(task, "b", b"for all")
+    checker = task.agent("checker-1", role="checker")
+    assert checker.consume("b") == b"for all"
+    assert task.entry("b").state is om.State.ready
+    assert task.agent("checker-2", role="checker").consume("b") == b"for all"  # same role
+    assert task.entry("b").consumed_by == ("checker",)
+    with pytest.raises(om.NotAConsumer, match="outsider"):
+        task.agent("x", role="outsider").consume("b")
+    assert task.agent("archiver-1", role="archiver").consume("b") == b"for all"
+    entry = task.entry("b")
+    assert entry.state is om.State.consumed
+    assert set(entry.consumed_by) == {"checker", "archiver"}
+
+
+def test_tampered_data_is_caught_and_produced_again(task: om.Task, tmp_path: Path) -> None:
+    task.declare("t", stage="collect")
+    entry = produce(task, "t", b"original bytes")
+    assert entry.key
+    raw_put(task.store, entry.key, b"tampered bytes")
+    dest = tmp_path / "t.out"
+    with pytest.raises(om.ChecksumMismatch, match="t"):
+        task.agent("c").consume("t", dest=dest)
+    assert not dest.exists() and list(tmp_path.iterdir()) == []
+    failed = task.entry("t")
+    assert (failed.state, failed.retry_count) == (om.State.failed, 1)
+    assert "manifest recorded" in (failed.error or "")
+    again = task.agent("producer-2").claim("t")
+    assert again is not None and again.epoch == 2
+    task.agent("producer-2").put(again, b"fresh bytes")
+    assert task.agent("c").consume("t") == b"fresh bytes"
+
+
+# -- bad objects, stores, clients --------------------------------------------------------
+
+
+def test_corrupt_shard_is_reported_and_left_alone(task: om.Task) -> None:
+    task.declare("a", stage="collect")
+    key = task.shard_key("collect")
+    raw_put(task.store, key, b"{not json")
+    fresh = om.Task.open(task.store, "job")
+    for act in (lambda: fresh.entry("a"), lambda: fresh.declare("b", stage="collect"),
+                lambda: fresh.agent("x").claim(stage="collect"), fresh.status):
+        with pytest.raises(om.CorruptShard, match="shards/collect.json"):
+            act()
+    assert raw_get(task.store, key) == b"{not json"
+    raw_put(task.store, key, json.dumps({"schema_version": 1, "entries": 5}).encode())
+    with pytest.raises(om.CorruptShard):
+        fresh.entry("a")
+
+
+def test_newer_schema_is_refused_and_left_alone(task: om.Task) -> None:
+    task.declare("a", stage="collect")
+    key = task.shard_key("collect")
+    body = json.loads(raw_get(task.store, key))
+    body["schema_version"] = 99
+    raw_put(task.store, key, json.dumps(body).encode())
+    fresh = om.Task.open(task.store, "job")
+    with pytest.raises(om.UnsupportedSchema, match="99"):
+        fresh.declare("b", stage="collect")
+    assert json.loads(raw_get(task.store, key))["schema_version"] == 99
+    header = json.loads(raw_get(task.store, "job/task.json"))
+    header["schema_version"] = 7
+    raw_put(task.store, "job/task.json", json.dumps(header).encode())
+    with pytest.raises(om.UnsupportedSchema, match="7"):
+        om.Task.open(task.store, "job")
+    raw_put(task.store, "job/task.json", b"garbage")
+    with pytest.raises(om.CorruptShard, match="task.json"):
+        om.Task.open(task.store, "job")
+
+
+def test_unknown_fields_survive_a_rewrite(task: om.Task) -> None:
+    task.declare("a", stage="collect")
+    key = task.shard_key("collect")
+    body = json.loads(raw_get(task.store, key))
+    body["future_field"] = {"kept": True}
+    body["entries"]["a"]["future_note"] = "kept too"
+    raw_put(task.store, key, json.dumps(body).encode())
+    task.agent("x").claim("a")
+    after = json.loads(raw_get(task.store, key))
+    assert after["future_field"] == {"kept": True}
+    assert after["entries"]["a"]["future_note"] == "kept too"
+
+
+def test_warm_commit_is_one_put_and_unchanged_read_is_304(task: om.Task) -> None:
+    task.declare("a", stage="collect")
+    agent = task.agent("a1")
+    claim = agent.claim("a")
+    assert claim is not None
+    with requests(task.store) as seen:
+        agent.renew(claim)
+    assert seen == Counter({"PutObject": 1})
+    reads_before = task.docs.stats.not_modified
+    with requests(task.store) as seen:
+        task.entry("a")
+    assert seen == Counter({"GetObject": 2})  # index and shard, both conditional
+    assert task.docs.stats.not_modified == reads_before + 2
+
+
+def test_stale_cache_costs_a_retry_not_a_wrong_answer(store: om.Store) -> None:
+    one = om.Task.create(store, "two-views", stages=["s"], lease_seconds=30)
+    one.declare_many([("a", "s"), ("b", "s")])
+    two = om.Task.open(store, "two-views")
+    ca = two.agent("two").claim("a")  # `one` has a stale cache now
+    assert ca is not None
+    cb = one.agent("one").claim(stage="s")
+    assert cb is not None and cb.file_id == "b"
+    with pytest.raises(om.NotClaimable, match="two"):
+        one.agent("one").claim("a")
+    assert one.agent("one").claim(stage="s") is None
+    assert one.docs.stats.conflicts >= 1
+
+
+def test_client_settings_and_own_client(server: Any, prefix: str) -> None:
+    store = om.connect(f"s3://objmanifest-test/{prefix}", endpoint_url=server.endpoint_url)
+    config = store.client.meta.config
+    assert config.s3 == {"addressing_style": "path"}
+    assert config.request_checksum_calculation == "when_required"
+    assert store.client.meta.region_name
+    mine = make_client(server.endpoint_url)
+    own = om.connect(f"s3://objmanifest-test/{prefix}", client=mine)
+    assert own.client is mine
+    om.Task.create(own, "t", stages=["a"])
+    assert om.Task.open(store, "t").stages == ("a",)
+    with pytest.raises(ValueError, match="s3://"):
+        om.connect("http://bucket/x")
+
+
+def test_missing_bucket_is_a_clear_error(server: Any) -> None:
+    store = om.connect("s3://no-such-bucket-objmanifest/x", endpoint_url=server.endpoint_url)
+    with pytest.raises(om.ObjManifestError, match="no-such-bucket-objmanifest"):
+        om.Task.create(store, "t", stages=["a"])
+
+
+def test_threads_share_a_task_and_each_entry_is_produced_once(task: om.Task) -> None:
+    task.declare_many([(f"raw/{i}", "collect") for i in range(24)])
+    produced: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def work(n: int) -> None:
+        agent = task.agent(f"t{n}")
+        while (claim := agent.claim(stage="collect")) is not None:
+            agent.put(claim, claim.file_id.encode())
+            with lock:
+                produced.append((claim.file_id, claim.epoch))
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(f for f, _ in produced) == sorted(f"raw/{i}" for i in range(24))
+    for file_id, epoch in produced:
+        entry = task.entry(file_id)
+        assert (entry.state, entry.epoch, entry.retry_count) == (om.State.ready, epoch, 0)
+        assert task.agent("r").consume(file_id) == file_id.encode()
