@@ -69,7 +69,7 @@ def differences(entry: Entry, decl: Declaration) -> list[str]:
 
 
 def declare(
-    shard: Shard, decls: Iterable[Declaration], now: datetime
+    shard: Shard, now: datetime, decls: Iterable[Declaration]
 ) -> tuple[Shard | None, list[Entry]]:
     """Add entries; the same declaration again is a no-op, a different one a conflict."""
     added: dict[str, Entry] = {}
@@ -143,16 +143,28 @@ def _take(entry: Entry, agent: str, now: datetime, rules: Rules) -> Entry:
         error = f"lease of {entry.owner} (epoch {entry.epoch}) expired"
         if state is State.dead:
             return _update(
-                entry, now, state=state, retry_count=retries, error=error,
-                owner=None, lease_expires_at=None,
+                entry,
+                now,
+                state=state,
+                retry_count=retries,
+                error=error,
+                owner=None,
+                lease_expires_at=None,
             )
         return _update(
-            entry, now, state=state, owner=agent, epoch=entry.epoch + 1,
-            lease_expires_at=lease, retry_count=retries, error=error,
+            entry,
+            now,
+            state=state,
+            owner=agent,
+            epoch=entry.epoch + 1,
+            lease_expires_at=lease,
+            retry_count=retries,
+            error=error,
         )
     state = next_state(entry.state, Event.claim)
-    return _update(entry, now, state=state, owner=agent, epoch=entry.epoch + 1,
-                   lease_expires_at=lease)
+    return _update(
+        entry, now, state=state, owner=agent, epoch=entry.epoch + 1, lease_expires_at=lease
+    )
 
 
 def _claim_of(entry: Entry, rules: Rules) -> Claim:
@@ -206,11 +218,7 @@ def claim_any(
 def _held(shard: Shard, claim: Claim) -> Entry:
     """The entry, if ``claim`` still holds it; else ``LeaseLost``, changing nothing."""
     entry = _entry(shard, claim.file_id)
-    if (
-        entry.state is not State.writing
-        or entry.epoch != claim.epoch
-        or entry.owner != claim.agent
-    ):
+    if entry.state is not State.writing or entry.epoch != claim.epoch or entry.owner != claim.agent:
         raise LeaseLost(
             f"lease on {claim.file_id!r} (epoch {claim.epoch}, agent {claim.agent}) is lost: "
             f"the entry is now {entry.state.value} at epoch {entry.epoch}"
@@ -243,8 +251,14 @@ def finish(
     entry = _held(shard, claim)
     state = next_state(entry.state, Event.finish)
     ready = _update(
-        entry, now, state=state, key=key, checksum=checksum, size=size,
-        lease_expires_at=None, error=None,
+        entry,
+        now,
+        state=state,
+        key=key,
+        checksum=checksum,
+        size=size,
+        lease_expires_at=None,
+        error=None,
     )
     return shard.with_entries({claim.file_id: ready}), ready
 
@@ -254,12 +268,15 @@ def fail(
 ) -> tuple[Shard, Entry]:
     entry = _held(shard, claim)
     retries = entry.retry_count + 1
-    state = next_state(
-        entry.state, Event.fail, retry_count=retries, max_retries=rules.max_retries
-    )
+    state = next_state(entry.state, Event.fail, retry_count=retries, max_retries=rules.max_retries)
     failed = _update(
-        entry, now, state=state, retry_count=retries, error=reason,
-        owner=None, lease_expires_at=None,
+        entry,
+        now,
+        state=state,
+        retry_count=retries,
+        error=reason,
+        owner=None,
+        lease_expires_at=None,
     )
     return shard.with_entries({claim.file_id: failed}), failed
 
@@ -310,8 +327,9 @@ def mismatch(
     state = next_state(
         entry.state, Event.mismatch, retry_count=retries, max_retries=rules.max_retries
     )
-    failed = _update(entry, now, state=state, retry_count=retries, error=detail,
-                     lease_expires_at=None)
+    failed = _update(
+        entry, now, state=state, retry_count=retries, error=detail, lease_expires_at=None
+    )
     return shard.with_entries({file_id: failed}), failed
 
 
@@ -329,8 +347,12 @@ def reap(shard: Shard, now: datetime, rules: Rules) -> tuple[Shard | None, list[
             entry.state, Event.expire, retry_count=retries, max_retries=rules.max_retries
         )
         changed[entry.file_id] = _update(
-            entry, now, state=state, retry_count=retries,
+            entry,
+            now,
+            state=state,
+            retry_count=retries,
             error=f"lease of {entry.owner} (epoch {entry.epoch}) expired",
-            owner=None, lease_expires_at=None,
+            owner=None,
+            lease_expires_at=None,
         )
     return (shard.with_entries(changed) if changed else None), list(changed.values())

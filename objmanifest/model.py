@@ -67,8 +67,7 @@ def check_file_id(file_id: str) -> str:
             problem = "it has an empty, '.' or '..' path segment"
     if problem:
         raise InvalidFileId(
-            f"invalid file id {file_id!r}: {problem}. "
-            "Use a relative key such as 'raw/a.json'."
+            f"invalid file id {file_id!r}: {problem}. Use a relative key such as 'raw/a.json'."
         )
     return file_id
 
@@ -194,7 +193,7 @@ class Declaration(BaseModel):
         if isinstance(value, dict):
             fields = value
         else:
-            fields = dict(zip(("file_id", "stage", "depends_on", "consumers"), value))
+            fields = dict(zip(("file_id", "stage", "depends_on", "consumers"), value, strict=False))
         return validated(cls, f"declaration {value!r}", **fields)
 
 

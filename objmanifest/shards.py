@@ -82,9 +82,7 @@ class ShardCodec:
         except ValidationError as e:
             raise CorruptShard(key, f"does not match the shard schema: {e.errors()[:3]}") from None
         if shard.stage != self.stage or shard.task_id != self.task_id:
-            raise CorruptShard(
-                key, f"belongs to task {shard.task_id!r} stage {shard.stage!r}"
-            )
+            raise CorruptShard(key, f"belongs to task {shard.task_id!r} stage {shard.stage!r}")
         return shard
 
     def encode(self, doc: Shard) -> bytes:

@@ -8,6 +8,7 @@ them, and every botocore error is mapped to a small set of outcomes:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -332,7 +333,6 @@ def connect(
     return Store(client or make_client(endpoint_url, region), bucket, prefix)
 
 
-
 def probe_conditional_writes(store: Store, key: str) -> list[str]:
     """What this store gets wrong about conditional writes; empty when it enforces them.
 
@@ -360,8 +360,6 @@ def probe_conditional_writes(store: Store, key: str) -> list[str]:
         except PreconditionFailed:
             problems.append("If-Match with the current ETag was refused")
     finally:
-        try:
+        with contextlib.suppress(ObjManifestError):
             store.delete(key)
-        except ObjManifestError:
-            pass
     return problems

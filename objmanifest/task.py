@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
+from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 import shard_index
 
 from . import changes, leases
-from pydantic import ValidationError
-
 from .errors import AlreadyExists, CorruptShard, NotFound, UnsupportedStore
 from .model import (
     SCHEMA_VERSION,
@@ -48,9 +50,7 @@ _INDEX = IndexCodec()
 class Task:
     """The manifest of one job. Safe to share between threads."""
 
-    def __init__(
-        self, store: Store, header: TaskHeader, policy: CasPolicy | None = None
-    ) -> None:
+    def __init__(self, store: Store, header: TaskHeader, policy: CasPolicy | None = None) -> None:
         self.store = store
         self.header = header
         self.docs = Documents(store, policy or CasPolicy())
@@ -211,8 +211,12 @@ class Task:
         consumers: Iterable[str] = (),
     ) -> Entry:
         """Declare one file. The same declaration again is a no-op."""
-        decl = {"file_id": file_id, "stage": stage, "depends_on": tuple(depends_on),
-                "consumers": tuple(consumers)}
+        decl = {
+            "file_id": file_id,
+            "stage": stage,
+            "depends_on": tuple(depends_on),
+            "consumers": tuple(consumers),
+        }
         return self.declare_many([decl])[0]
 
     def declare_many(
@@ -245,9 +249,7 @@ class Task:
         declared: dict[str, Entry] = {}
         for stage, group in by_stage.items():
             entries = self.docs.commit(
-                self.shard_key(stage),
-                self.codec(stage),
-                lambda shard, now, group=group: changes.declare(shard, group, now),
+                self.shard_key(stage), self.codec(stage), partial(changes.declare, decls=group)
             )
             declared.update((e.file_id, e) for e in entries)
         return [declared[d.file_id] for d in batch]
@@ -290,32 +292,20 @@ class Task:
         everything = {fid: e for sh in shards.values() for fid, e in sh.entries.items()}
         now = self.store.now()
         counts: dict[str, dict[str, int]] = {}
-        blocked, overdue, dead = [], [], []
+        notes: dict[str, list[EntryNote]] = {"blocked": [], "overdue": [], "dead": []}
         for stage, shard in shards.items():
             counts[stage] = {s.value: 0 for s in State}
             for entry in shard.entries.values():
                 counts[stage][entry.state.value] += 1
-                if entry.state is State.dead:
-                    dead.append(EntryNote(file_id=entry.file_id, stage=stage, state=entry.state,
-                                          reason=entry.error or "retries exhausted"))
-                elif leases.expired(entry, now):
-                    overdue.append(EntryNote(
-                        file_id=entry.file_id, stage=stage, state=entry.state,
-                        reason=f"lease of {entry.owner} expired at "
-                        f"{entry.lease_expires_at.isoformat() if entry.lease_expires_at else '?'}",
-                    ))
-                elif entry.state in (State.pending, State.failed):
-                    waiting, dead_deps = changes.blockers(entry, everything.get)
-                    if dead_deps:
-                        reason = f"depends on dead entries: {', '.join(dead_deps)}"
-                    elif waiting:
-                        reason = f"waiting for {', '.join(waiting)}"
-                    else:
-                        continue
-                    blocked.append(EntryNote(file_id=entry.file_id, stage=stage,
-                                             state=entry.state, reason=reason))
-        return TaskStatus(task_id=self.task_id, store_time=now, stages=counts,
-                          blocked=blocked, overdue=overdue, dead=dead)
+                found = attention(entry, now, everything.get)
+                if found is not None:
+                    kind, reason = found
+                    notes[kind].append(
+                        EntryNote(
+                            file_id=entry.file_id, stage=stage, state=entry.state, reason=reason
+                        )
+                    )
+        return TaskStatus(task_id=self.task_id, store_time=now, stages=counts, **notes)
 
     def reap(self) -> list[Entry]:
         """Release every expired lease of the task; returns the entries released.
@@ -330,3 +320,20 @@ class Task:
                 lambda shard, now: changes.reap(shard, now, self.rules),
             )
         return released
+
+
+def attention(entry: Entry, now: datetime, lookup: changes.Lookup) -> tuple[str, str] | None:
+    """Whether a status report should name this entry: (dead|overdue|blocked, why)."""
+    if entry.state is State.dead:
+        return "dead", entry.error or "retries exhausted"
+    if leases.expired(entry, now):
+        expiry = entry.lease_expires_at.isoformat() if entry.lease_expires_at else "?"
+        return "overdue", f"lease of {entry.owner} expired at {expiry}"
+    if entry.state not in (State.pending, State.failed):
+        return None
+    waiting, dead = changes.blockers(entry, lookup)
+    if dead:
+        return "blocked", f"depends on dead entries: {', '.join(dead)}"
+    if waiting:
+        return "blocked", f"waiting for {', '.join(waiting)}"
+    return None

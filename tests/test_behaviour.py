@@ -67,8 +67,9 @@ def short_task(store: om.Store, lease: float = 1, retries: int = 3) -> om.Task:
 
 
 def test_create_open_and_exists(store: om.Store) -> None:
-    task = om.Task.create(store, "report-0001", stages=["collect", "write", "check"],
-                          lease_seconds=300, max_retries=3)
+    task = om.Task.create(
+        store, "report-0001", stages=["collect", "write", "check"], lease_seconds=300, max_retries=3
+    )
     opened = om.Task.open(store, "report-0001")
     assert opened.stages == ("collect", "write", "check")
     assert (opened.lease_seconds, opened.max_retries) == (300, 3)
@@ -95,8 +96,7 @@ def test_create_refuses_bad_stages(store: om.Store, stages: list[str]) -> None:
 def test_declare_is_idempotent_and_sets_compare(task: om.Task) -> None:
     first = task.declare("d/x", stage="write", depends_on=["a", "b"], consumers=["r1", "r2"])
     version = task.shard("write").version
-    again = task.declare("d/x", stage="write", depends_on=["b", "a", "a"],
-                         consumers=["r2", "r1"])
+    again = task.declare("d/x", stage="write", depends_on=["b", "a", "a"], consumers=["r2", "r1"])
     assert again == first
     assert task.shard("write").version == version  # nothing written
 
@@ -109,11 +109,17 @@ def test_declare_is_idempotent_and_sets_compare(task: om.Task) -> None:
         ({"consumers": ["r1"]}, "consumers"),
     ],
 )
-def test_declare_conflict_says_what_differs(task: om.Task, change: dict[str, Any],
-                                            word: str) -> None:
+def test_declare_conflict_says_what_differs(
+    task: om.Task, change: dict[str, Any], word: str
+) -> None:
     task.declare("d/x", stage="write", depends_on=["a", "b"], consumers=["r1", "r2"])
-    decl = {"file_id": "d/x", "stage": "write", "depends_on": ["a", "b"],
-            "consumers": ["r1", "r2"], **change}
+    decl = {
+        "file_id": "d/x",
+        "stage": "write",
+        "depends_on": ["a", "b"],
+        "consumers": ["r1", "r2"],
+        **change,
+    }
     with pytest.raises(om.DeclarationConflict, match=word):
         task.declare(**decl)
     assert task.entry("d/x").depends_on == ("a", "b")
@@ -164,8 +170,9 @@ def test_bad_file_ids_are_refused(task: om.Task, file_id: str) -> None:
 
 def test_interrupted_declare_is_finished_by_declaring_again(task: om.Task) -> None:
     # A crash after the index commit, before the shard commit: simulate the index part only.
-    task.docs.commit(task.index_key, om.task._INDEX,
-                     lambda idx, now: (idx.declare("half", "collect", ()), None))
+    task.docs.commit(
+        task.index_key, om.task._INDEX, lambda idx, now: (idx.declare("half", "collect", ()), None)
+    )
     with pytest.raises(om.NotFound, match="declare it again"):
         task.entry("half")
     task.declare("half", stage="collect")
@@ -181,7 +188,11 @@ def test_claim_put_consume_round_trip(task: om.Task, tmp_path: Path) -> None:
     claim = agent.claim("raw/a.json")
     assert claim is not None
     assert (claim.file_id, claim.stage, claim.epoch, claim.agent) == (
-        "raw/a.json", "collect", 1, "collector-1")
+        "raw/a.json",
+        "collect",
+        1,
+        "collector-1",
+    )
     entry = task.entry("raw/a.json")
     assert (entry.state, entry.owner, entry.epoch) == (om.State.writing, "collector-1", 1)
 
@@ -277,8 +288,9 @@ def test_consumed_dependency_counts_as_met(task: om.Task) -> None:
 
 
 def test_fail_then_dead_after_max_retries_and_blocked_dependents(store: om.Store) -> None:
-    task = om.Task.create(store, "retry", stages=["collect", "write"], lease_seconds=30,
-                          max_retries=2)
+    task = om.Task.create(
+        store, "retry", stages=["collect", "write"], lease_seconds=30, max_retries=2
+    )
     task.declare("a", stage="collect")
     task.declare("b", stage="write", depends_on=["a"])
     agent = task.agent("p")
@@ -317,8 +329,11 @@ def test_stale_epoch_is_fenced_and_changes_nothing(store: om.Store) -> None:
     assert "expired" in (entry.error or "")
     winner.put(new, b"winner's bytes")
     version = task.shard("collect").version
-    for act in (lambda: zombie.put(old, b"zombie's bytes"), lambda: zombie.renew(old),
-                lambda: zombie.fail(old, "late")):
+    for act in (
+        lambda: zombie.put(old, b"zombie's bytes"),
+        lambda: zombie.renew(old),
+        lambda: zombie.fail(old, "late"),
+    ):
         with pytest.raises(om.LeaseLost, match="epoch"):
             act()
     assert task.shard("collect").version == version
@@ -348,7 +363,9 @@ def test_takeover_and_reap_count_failures(store: om.Store) -> None:
     wait_expired(task, cb)
     reaped = task.reap()
     assert sorted((e.file_id, e.state, e.retry_count) for e in reaped) == [
-        ("a", om.State.failed, 1), ("b", om.State.failed, 1)]
+        ("a", om.State.failed, 1),
+        ("b", om.State.failed, 1),
+    ]
     assert task.reap() == []  # nothing left to release
     with pytest.raises(om.LeaseLost):
         agent.put(ca, b"too late")
@@ -469,9 +486,13 @@ def test_corrupt_shard_is_reported_and_left_alone(task: om.Task) -> None:
     key = task.shard_key("collect")
     raw_put(task.store, key, b"{not json")
     fresh = om.Task.open(task.store, "job")
-    for act in (lambda: fresh.entry("a"), lambda: fresh.declare("b", stage="collect"),
-                lambda: fresh.agent("x").claim(stage="collect"), fresh.status):
-        with pytest.raises(om.CorruptShard, match="shards/collect.json"):
+    for act in (
+        lambda: fresh.entry("a"),
+        lambda: fresh.declare("b", stage="collect"),
+        lambda: fresh.agent("x").claim(stage="collect"),
+        fresh.status,
+    ):
+        with pytest.raises(om.CorruptShard, match=r"shards/collect\.json"):
             act()
     assert raw_get(task.store, key) == b"{not json"
     raw_put(task.store, key, json.dumps({"schema_version": 1, "entries": 5}).encode())
@@ -495,7 +516,7 @@ def test_newer_schema_is_refused_and_left_alone(task: om.Task) -> None:
     with pytest.raises(om.UnsupportedSchema, match="7"):
         om.Task.open(task.store, "job")
     raw_put(task.store, "job/task.json", b"garbage")
-    with pytest.raises(om.CorruptShard, match="task.json"):
+    with pytest.raises(om.CorruptShard, match=r"task\.json"):
         om.Task.open(task.store, "job")
 
 

@@ -23,9 +23,7 @@ EXPECTED = {
 
 
 def test_states_are_exactly_the_six() -> None:
-    assert [s.value for s in State] == [
-        "pending", "writing", "ready", "consumed", "failed", "dead"
-    ]
+    assert [s.value for s in State] == ["pending", "writing", "ready", "consumed", "failed", "dead"]
 
 
 @pytest.mark.parametrize(("state", "event"), list(itertools.product(State, Event)))
