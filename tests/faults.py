@@ -1,0 +1,281 @@
+"""A fault-injection HTTP proxy in front of a real local S3 server.
+
+It lets tests stage the failures a real store and network produce but a healthy local server
+never does: a write that is applied but whose response is lost (the client must not assume
+it failed), and a store that silently ignores conditional-write headers (the client must
+detect it, not corrupt data).
+
+Requests are forwarded byte for byte (method, target, headers in order, body); only the
+hop-by-hop headers of each leg are replaced. Each request uses a fresh upstream connection,
+so a dropped response never leaves a half-read upstream connection behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+import threading
+import urllib.parse
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+
+__all__ = ["FaultProxy"]
+
+# Hop-by-hop headers (RFC 9110 7.6.1) belong to one connection and are never forwarded.
+# Expect is answered by the proxy itself (BaseHTTPRequestHandler sends 100 Continue).
+_REQUEST_HOP_HEADERS = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "upgrade", "expect"}
+)
+# The response body is re-framed with Content-Length, so its Transfer-Encoding goes too.
+_RESPONSE_HOP_HEADERS = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "upgrade", "transfer-encoding"}
+)
+_CONDITIONAL_HEADERS = frozenset({"if-match", "if-none-match"})
+_UPSTREAM_TIMEOUT = 120.0
+_MAX_LINE = 64 * 1024
+
+
+@dataclass
+class _DropRule:
+    method: str
+    path_contains: str
+    remaining: int
+
+
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, proxy: FaultProxy) -> None:
+        self.proxy = proxy
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 120  # an idle keep-alive client connection is closed after this many seconds
+    server: _ProxyServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.proxy._track(self.connection, add=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.proxy._track(self.connection, add=False)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: a test run should not print a line per request."""
+
+    def _read_body(self) -> bytes:
+        """The request body exactly as received (chunked bodies keep their chunk framing)."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked_raw()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _read_chunked_raw(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            line = self.rfile.readline(_MAX_LINE)
+            if not line:
+                raise ConnectionError("client closed the connection inside a chunked body")
+            parts.append(line)
+            size = int(line.split(b";", 1)[0].strip(), 16)
+            if size == 0:
+                break
+            data = self.rfile.read(size + 2)  # chunk data and its CRLF
+            if len(data) != size + 2:
+                raise ConnectionError("client closed the connection inside a chunk")
+            parts.append(data)
+        while True:  # trailer section, ended by an empty line
+            line = self.rfile.readline(_MAX_LINE)
+            parts.append(line)
+            if line in (b"\r\n", b"\n", b""):
+                break
+        return b"".join(parts)
+
+    def _proxy(self) -> None:
+        proxy = self.server.proxy
+        method = self.command
+        try:
+            body = self._read_body()
+        except (OSError, ValueError):  # client went away or sent a malformed body
+            self.close_connection = True
+            return
+        headers = [
+            (name, value)
+            for name, value in self.headers.items()
+            if name.lower() not in _REQUEST_HOP_HEADERS
+        ]
+        if proxy.strip_conditional_headers and method in ("PUT", "POST"):
+            headers = [(n, v) for n, v in headers if n.lower() not in _CONDITIONAL_HEADERS]
+        drop = proxy._take_drop(method, self.path)
+        proxy._log_request(method, self.path)
+
+        try:
+            status, reason, resp_headers, resp_body = proxy._forward(
+                method, self.path, headers, body
+            )
+        except (OSError, http.client.HTTPException) as err:
+            self.close_connection = True
+            message = f"fault proxy: upstream failed: {err}\n".encode()
+            self.send_response_only(502, "Bad Gateway")
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(message)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(message)
+            return
+
+        if drop:
+            # The upstream applied the request; the client never learns how it went.
+            self.close_connection = True
+            proxy._count_drop()
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+
+        self.send_response_only(status, reason)
+        for name, value in resp_headers:
+            if name.lower() not in _RESPONSE_HOP_HEADERS and name.lower() != "content-length":
+                self.send_header(name, value)
+        no_body = method == "HEAD" or status in (204, 304) or 100 <= status < 200
+        upstream_length = next((v for n, v in resp_headers if n.lower() == "content-length"), None)
+        if no_body:
+            # HEAD and 304 carry the length of the representation, not of this message.
+            if upstream_length is not None:
+                self.send_header("Content-Length", upstream_length)
+        else:
+            self.send_header("Content-Length", str(len(resp_body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if not no_body and resp_body:
+            self.wfile.write(resp_body)
+        self.wfile.flush()
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = do_PATCH = do_OPTIONS = _proxy
+
+
+class FaultProxy:
+    """A loopback HTTP proxy in front of ``upstream_url`` that can lose responses and ignore
+    conditional headers on request. Use as a context manager or call start()/stop()."""
+
+    def __init__(self, upstream_url: str) -> None:
+        parsed = urllib.parse.urlsplit(upstream_url)
+        if parsed.scheme != "http" or not parsed.hostname:
+            raise ValueError(f"FaultProxy needs an http:// upstream URL, got {upstream_url!r}")
+        self.upstream_url = upstream_url
+        self._upstream_host = parsed.hostname
+        self._upstream_port = parsed.port or 80
+        self.strip_conditional_headers = False
+        self.dropped = 0
+        self.requests: list[tuple[str, str]] = []
+        self._rules: list[_DropRule] = []
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._server = _ProxyServer(self)
+        port = self._server.server_address[1]
+        self.endpoint_url = f"http://127.0.0.1:{port}"
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ test-facing controls
+
+    def drop_response(self, method: str, path_contains: str, count: int = 1) -> None:
+        """Lose the responses of the next ``count`` requests with this method whose target
+        contains ``path_contains``: they are applied upstream, then the client's connection
+        is closed without a response."""
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        with self._lock:
+            self._rules.append(_DropRule(method.upper(), path_contains, count))
+
+    def start(self) -> None:
+        """Serve in a background thread."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"FaultProxy {self.endpoint_url}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and close every client connection (idempotent)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._server.shutdown()
+            thread.join()
+        with self._lock:
+            conns = list(self._connections)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self._server.server_close()
+
+    def __enter__(self) -> FaultProxy:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------- used by the handler
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+    def _take_drop(self, method: str, path: str) -> bool:
+        with self._lock:
+            for rule in self._rules:
+                if rule.remaining > 0 and rule.method == method and rule.path_contains in path:
+                    rule.remaining -= 1
+                    return True
+        return False
+
+    def _count_drop(self) -> None:
+        with self._lock:
+            self.dropped += 1
+
+    def _log_request(self, method: str, path: str) -> None:
+        with self._lock:
+            self.requests.append((method, path))
+
+    def _forward(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        """Send one request upstream on a fresh connection and read the whole response."""
+        conn = http.client.HTTPConnection(
+            self._upstream_host, self._upstream_port, timeout=_UPSTREAM_TIMEOUT
+        )
+        try:
+            # Host and Accept-Encoding come from the client's headers, untouched: SigV4 signs
+            # Host, so it must stay the proxy's address the client signed.
+            conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+            for name, value in headers:
+                conn.putheader(name, value)
+            conn.putheader("Connection", "close")
+            conn.endheaders()
+            if body:
+                conn.send(body)
+            resp = conn.getresponse()
+            data = resp.read()
+            return resp.status, resp.reason, resp.getheaders(), data
+        finally:
+            conn.close()
