@@ -1,0 +1,25 @@
+"""Cross-shard dependency index for objmanifest.
+
+Maps every file id of a task to its stage (shard) and dependencies, so checking an entry
+reads only the shards it needs. Pure data and (de)serialisation: no S3, no objmanifest.
+"""
+
+from shard_index.errors import (
+    DeclarationConflict,
+    DependencyCycle,
+    IndexFormatError,
+    ShardIndexError,
+    UnsupportedIndexSchema,
+)
+from shard_index.index import ShardIndex
+from shard_index.node import Node
+
+__all__ = [
+    "DeclarationConflict",
+    "DependencyCycle",
+    "IndexFormatError",
+    "Node",
+    "ShardIndex",
+    "ShardIndexError",
+    "UnsupportedIndexSchema",
+]
