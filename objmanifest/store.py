@@ -12,6 +12,7 @@ import contextlib
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -338,26 +339,34 @@ def probe_conditional_writes(store: Store, key: str) -> list[str]:
 
     The protocol is only safe on a store that refuses a second ``If-None-Match: *`` create
     and an ``If-Match`` with a stale ETag, so ``Task.create`` asks before trusting it.
+    Each probe write has a body of its own and is read back when its answer is a refusal
+    or lost, so a lost response (or a client retry meeting its own write) is not taken for
+    a refusal.
     """
+    nonce = uuid.uuid4().hex
+
+    def accepted(step: str, **condition: Any) -> bool:
+        body = f"{step}:{nonce}".encode()
+        try:
+            store.put(key, body, **condition)
+            return True
+        except (PreconditionFailed, OutcomeUnknown):
+            pass
+        try:
+            blob = store.get(key)
+        except NotFound:
+            return False
+        return blob is not None and blob.body == body
+
     problems = []
     try:
-        etag = store.put(key, b"1", if_none_match=True)
-    except PreconditionFailed:
-        return [f"a create with If-None-Match: * of a new key {store.describe(key)} was refused"]
-    try:
-        try:
-            etag = store.put(key, b"2", if_none_match=True)
+        if not accepted("create", if_none_match=True):
+            return [f"a create with If-None-Match: * of a new key {store.describe(key)} failed"]
+        if accepted("create-again", if_none_match=True):
             problems.append("If-None-Match: * is ignored (a second create of one key succeeded)")
-        except PreconditionFailed:
-            pass
-        try:
-            etag = store.put(key, b"3", if_match='"00000000000000000000000000000000"')
+        if accepted("stale", if_match='"00000000000000000000000000000000"'):
             problems.append("If-Match is ignored (a write with a stale ETag succeeded)")
-        except PreconditionFailed:
-            pass
-        try:
-            store.put(key, b"4", if_match=etag)
-        except PreconditionFailed:
+        if not accepted("current", if_match=store.head(key).etag):
             problems.append("If-Match with the current ETag was refused")
     finally:
         with contextlib.suppress(ObjManifestError):
