@@ -16,7 +16,8 @@ venv=${VENV:-.venv}
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]' \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 
 # The clock-skew tests run agents under libfaketime (Debian package `faketime`).
 if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
