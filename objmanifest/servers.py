@@ -390,7 +390,7 @@ def _stop_process(proc: subprocess.Popen[bytes], grace: float = _STOP_GRACE_SECO
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=grace)
+        proc.wait(timeout=grace or 0.01)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -416,7 +416,8 @@ class _WeedProcess:
         self.remove_dir = remove_dir
 
     def stop(self) -> None:
-        _stop_process(self.proc)
+        # A throwaway data dir is deleted next: nothing there is worth a graceful stop.
+        _stop_process(self.proc, grace=0.0 if self.remove_dir else _STOP_GRACE_SECONDS)
         with contextlib.suppress(OSError):
             self.log.close()
         for path in _socket_files(self.ports):

@@ -134,11 +134,9 @@ def test_weed_binary_is_found() -> None:
     assert Path(path).name == "weed"
 
 
+@pytest.mark.parametrize("local", ["seaweedfs"], indirect=True)
 def test_seaweedfs_listens_only_on_its_loopback_ports(local: LocalS3) -> None:
-    if local.backend != "seaweedfs":
-        pytest.skip("moto runs in-process")
-    if shutil.which("ss") is None:
-        pytest.skip("needs ss")
+    assert shutil.which("ss"), "this test needs `ss` (Debian package iproute2)"
     assert local.data_dir is not None and local.pid is not None
     chosen = set(json.loads((Path(local.data_dir) / "weed-ports.json").read_text()).values())
     out = subprocess.run(["ss", "-ltnupH"], capture_output=True, text=True, check=True).stdout
@@ -177,9 +175,8 @@ def test_seaweedfs_keeps_data_across_restart_and_stops_cleanly(tmp_path: Path) -
     assert Path(data_dir).is_dir(), "a given data_dir is kept"
 
 
+@pytest.mark.parametrize("local", ["seaweedfs"], indirect=True)
 def test_seaweedfs_data_dir_and_log_exist_while_running(local: LocalS3) -> None:
-    if local.backend != "seaweedfs":
-        pytest.skip("moto keeps no files")
     # The shared server uses a temporary directory; it must exist while running.
     assert local.data_dir is not None and Path(local.data_dir).is_dir()
     assert local.log_path is not None and Path(local.log_path).is_file()
