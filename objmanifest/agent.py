@@ -7,17 +7,27 @@ only other I/O here is the data itself (``transfer.py``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
-from . import changes, transfer
-from .errors import ChecksumMismatch, LeaseLost, NotAConsumer, NotClaimable, NotReady
+from . import changes, chunks, transfer
+from .errors import (
+    ChecksumMismatch,
+    LeaseLost,
+    NotAConsumer,
+    NotClaimable,
+    NotReady,
+    ObjManifestError,
+)
 from .leases import Renewer
-from .model import Claim, Entry
+from .model import Claim, Entry, State
 
 if TYPE_CHECKING:
     from .task import Task
+
+log = logging.getLogger(__name__)
 
 
 class Agent:
@@ -51,7 +61,7 @@ class Agent:
         if stage is not None and stage != stage_of:
             raise NotClaimable(file_id, f"it belongs to stage {stage_of!r}, not {stage!r}")
         task = self.task
-        current = task.docs.cached(task.shard_key(stage_of), task.codec(stage_of))
+        current = task.shard(stage_of)
         wanted = [current.entries[file_id]] if file_id in current.entries else []
         make_lookup = task.lookup_for(stage_of, wanted)
         result = task.docs.commit(
@@ -70,7 +80,7 @@ class Agent:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, not {limit}")
         task = self.task
-        current = task.docs.cached(task.shard_key(stage), task.codec(stage))
+        current = task.shard(stage)
         make_lookup = task.lookup_for(stage, current.entries.values())
         return task.docs.commit(
             task.shard_key(stage),
@@ -99,30 +109,124 @@ class Agent:
             lambda shard, now: changes.renew(shard, claim, now, task.rules),
         )
 
-    def put(self, claim: Claim, data: transfer.Source) -> Entry:
+    def put(
+        self,
+        claim: Claim,
+        data: transfer.Source,
+        *,
+        part_size: int | None = None,
+        concurrency: int | None = None,
+        threshold: int | None = None,
+        progress: transfer.Progress | None = None,
+    ) -> Entry:
         """Store the claim's data and make the entry ready.
+
+        ``data`` is bytes, a path, or a binary file. Up to ``threshold`` bytes it is one
+        object; above, a chunked entry: parts of ``part_size`` sent ``concurrency`` at a time
+        (memory stays within ``concurrency x part_size``; a file's parts are streamed from
+        it), recorded so that if this agent dies, the next holder with the same source adopts
+        the upload and sends only what is missing. A buffered stream of unknown size
+        (``sys.stdin.buffer``) is chunked too, with 64 MiB parts unless told otherwise (so up
+        to 625 GiB), but it cannot be resumed: its bytes are gone with its producer.
+        Defaults come from ``transfer.defaults()``. ``progress`` is called as
+        ``progress(bytes_done, total_or_None)`` from this thread, after each part.
 
         The lease is renewed in the background while the data is written, so a write that
         takes longer than the lease is not fenced while this agent is alive. A fenced
-        holder gets ``LeaseLost``; its bytes are at a key of its own and never visible.
+        holder gets ``LeaseLost`` and can never make the entry ready.
         """
         self._check_holder(claim)
         task = self.task
-        key = transfer.data_key(claim.task_id, claim.stage, claim.file_id, claim.epoch)
-        with Renewer(lambda: self.renew(claim), task.lease_seconds / 3, claim.file_id):
-            stored = transfer.upload(task.store, key, transfer.read_source(data))
+        config = transfer.defaults().with_overrides(part_size, concurrency, threshold)
+        with Renewer(lambda: self.renew(claim), task.lease_seconds / 3, claim.file_id) as renewer:
+            try:
+                stored = self._store_data(
+                    claim, data, config, part_size is not None, progress, renewer
+                )
+            except LeaseLost:
+                chunks.after_lost_lease(task, claim)
+                raise
+            except ObjManifestError as e:
+                self._raise_if_fenced(claim, renewer, e)
+                raise
         try:
-            return task.docs.commit(
-                task.shard_key(claim.stage),
-                task.codec(claim.stage),
-                lambda shard, now: changes.finish(
-                    shard, claim, stored.key, stored.checksum, stored.size, now
-                ),
-            )
+            entry = self._finish(claim, stored)
         except LeaseLost:
-            with contextlib.suppress(Exception):
-                task.store.delete(stored.key)  # nobody can reference a fenced epoch's key
+            if stored.parts_key is None:
+                with contextlib.suppress(Exception):
+                    task.store.delete(stored.key)  # nobody can reference a fenced epoch's key
+            else:
+                chunks.after_lost_lease(task, claim)  # kept for the next holder unless dead
             raise
+        if stored.parts_key is None:
+            chunks.after_single_put(task, claim)
+        if progress is not None:
+            progress(stored.size, stored.size)
+        return entry
+
+    def _store_data(
+        self,
+        claim: Claim,
+        data: transfer.Source,
+        config: transfer.TransferConfig,
+        explicit: bool,
+        progress: transfer.Progress | None,
+        renewer: Renewer,
+    ) -> transfer.Stored:
+        """One object for small data, a chunked upload for large data."""
+        task = self.task
+
+        def stop() -> None:
+            if renewer.lost is not None:
+                raise renewer.lost
+
+        with transfer.open_source(data, config.threshold) as prepared:
+            if prepared.single is not None:
+                key = transfer.data_key(claim.task_id, claim.stage, claim.file_id, claim.epoch)
+                return transfer.upload(task.store, key, prepared.single)
+            assert prepared.parts is not None
+            stored, stats = chunks.upload(
+                task,
+                claim,
+                prepared.parts,
+                config,
+                explicit_part_size=explicit,
+                progress=progress,
+                stop=stop,
+            )
+            log.info("%s: %s", claim.file_id, stats)
+            return stored
+
+    def _raise_if_fenced(self, claim: Claim, renewer: Renewer, error: Exception) -> None:
+        """A store error while the lease is lost is reported as the lost lease."""
+        lost = renewer.lost
+        if lost is None:
+            try:
+                self.renew(claim)
+            except LeaseLost as e:
+                lost = e
+            except ObjManifestError:
+                return
+        if lost is not None:
+            chunks.after_lost_lease(self.task, claim)
+            raise lost from error
+
+    def _finish(self, claim: Claim, stored: transfer.Stored) -> Entry:
+        task = self.task
+        return task.docs.commit(
+            task.shard_key(claim.stage),
+            task.codec(claim.stage),
+            lambda shard, now: changes.finish(
+                shard,
+                claim,
+                stored.key,
+                stored.checksum,
+                stored.size,
+                now,
+                part_size=stored.part_size,
+                parts_key=stored.parts_key,
+            ),
+        )
 
     def fail(self, claim: Claim, reason: str) -> Entry:
         """Give the entry up: it becomes failed (claimable again) or dead."""
@@ -148,51 +252,115 @@ class Agent:
         return self.role
 
     @overload
-    def consume(self, file_id: str, dest: None = None) -> bytes: ...
+    def consume(
+        self,
+        file_id: str,
+        dest: None = None,
+        *,
+        part_size: int | None = None,
+        concurrency: int | None = None,
+        progress: transfer.Progress | None = None,
+    ) -> bytes: ...
     @overload
-    def consume(self, file_id: str, dest: str | os.PathLike[str]) -> Entry: ...
+    def consume(
+        self,
+        file_id: str,
+        dest: str | os.PathLike[str],
+        *,
+        part_size: int | None = None,
+        concurrency: int | None = None,
+        progress: transfer.Progress | None = None,
+    ) -> Entry: ...
 
-    def consume(self, file_id: str, dest: str | os.PathLike[str] | None = None) -> bytes | Entry:
+    def consume(
+        self,
+        file_id: str,
+        dest: str | os.PathLike[str] | None = None,
+        *,
+        part_size: int | None = None,
+        concurrency: int | None = None,
+        progress: transfer.Progress | None = None,
+    ) -> bytes | Entry:
         """Download and verify the data, then mark it consumed.
 
-        Returns the bytes, or with ``dest`` streams them to that path and returns the
-        entry. Consuming again what this consumer consumed before returns the data again.
-        A checksum mismatch moves the entry to failed, so it is produced again.
+        Returns the bytes, or with ``dest`` writes them to a temporary file beside that path
+        and moves it into place once verified, and returns the entry: nothing unverified is
+        ever left at ``dest``. A chunked entry is fetched with ``concurrency`` parallel
+        ranged GETs of at most ``part_size`` bytes each (default: its recorded part), and
+        each part is verified as it streams. Consuming again what this consumer consumed
+        before returns the data again. A checksum mismatch moves the entry to failed, so it
+        is produced again; ``ChecksumMismatch`` names the part.
         """
         task = self.task
+        if part_size is not None:
+            transfer.check_part_size(part_size)
+        config = transfer.defaults().with_overrides(concurrency=concurrency)
         for _ in range(5):
             entry = task.entry(file_id)
             consumer = self._consumer(entry)
             changes.check_consumable(entry, consumer)
-            key, digest, size = entry.key, entry.checksum, entry.size
-            assert key is not None and digest is not None and size is not None
             try:
-                if dest is None:
-                    result: bytes | Path = transfer.download(task.store, file_id, key, digest, size)
-                else:
-                    result = transfer.download_to(task.store, file_id, key, digest, size, dest)
+                result = self._fetch(entry, dest, config, part_size, progress)
+            except changes.DataChanged:
+                continue  # produced again while we looked: read the new data
             except ChecksumMismatch as e:
-                failed = task.docs.commit(
-                    task.shard_key(entry.stage),
-                    task.codec(entry.stage),
-                    lambda shard, now: changes.mismatch(
-                        shard, file_id, key, digest, str(e), now, task.rules
-                    ),
-                )
-                raise ChecksumMismatch(
-                    f"{e}; the entry is now {failed.state.value}, so it will be produced again"
-                    if failed.state.value == "failed"
-                    else f"{e}; the entry is now {failed.state.value}"
-                ) from None
+                raise self._mismatch(entry, e) from None
             try:
-                marked = task.docs.commit(
-                    task.shard_key(entry.stage),
-                    task.codec(entry.stage),
-                    lambda shard, now: changes.consume(
-                        shard, file_id, consumer, key, digest, now
-                    ),
-                )
+                marked = self._mark(entry, consumer)
             except changes.DataChanged:
                 continue  # produced again while we read it: read the new data
             return result if isinstance(result, bytes) else marked
         raise NotReady(f"{file_id!r} kept being produced again while it was read; try later")
+
+    def _mark(self, entry: Entry, consumer: str) -> Entry:
+        task = self.task
+        key, digest = entry.key, entry.checksum
+        assert key is not None and digest is not None
+        return task.docs.commit(
+            task.shard_key(entry.stage),
+            task.codec(entry.stage),
+            lambda shard, now: changes.consume(shard, entry.file_id, consumer, key, digest, now),
+        )
+
+    def _fetch(
+        self,
+        entry: Entry,
+        dest: str | os.PathLike[str] | None,
+        config: transfer.TransferConfig,
+        part_size: int | None,
+        progress: transfer.Progress | None,
+    ) -> bytes | Path:
+        store = self.task.store
+        if entry.is_chunked:
+            return chunks.download(
+                self.task, entry, dest, config, range_size=part_size, progress=progress
+            )
+        key, digest, size = entry.key, entry.checksum, entry.size
+        assert key is not None and digest is not None and size is not None
+        if dest is None:
+            result: bytes | Path = transfer.download(store, entry.file_id, key, digest, size)
+        else:
+            result = transfer.download_to(store, entry.file_id, key, digest, size, dest)
+        if progress is not None:
+            progress(size, size)
+        return result
+
+    def _mismatch(self, entry: Entry, error: ChecksumMismatch) -> ChecksumMismatch:
+        """Record bad data so it is produced again; the error says what became of it."""
+        task = self.task
+        key, digest = entry.key, entry.checksum
+        assert key is not None and digest is not None
+        failed = task.docs.commit(
+            task.shard_key(entry.stage),
+            task.codec(entry.stage),
+            lambda shard, now: changes.mismatch(
+                shard, entry.file_id, key, digest, str(error), now, task.rules
+            ),
+        )
+        if failed.state is State.dead:
+            chunks.abandon(task, entry.stage, entry.file_id)
+        if failed.state.value == "failed":
+            return ChecksumMismatch(
+                f"{error}; the entry is now failed, so it will be produced again"
+            )
+        return ChecksumMismatch(f"{error}; the entry is now {failed.state.value}")

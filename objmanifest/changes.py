@@ -238,14 +238,27 @@ def renew(shard: Shard, claim: Claim, now: datetime, rules: Rules) -> tuple[Shar
 
 
 def finish(
-    shard: Shard, claim: Claim, key: str, checksum: str, size: int, now: datetime
+    shard: Shard,
+    claim: Claim,
+    key: str,
+    checksum: str,
+    size: int,
+    now: datetime,
+    *,
+    part_size: int | None = None,
+    parts_key: str | None = None,
 ) -> tuple[Shard | None, Entry]:
-    """The holder's data is stored: the entry becomes ready. Repeating it is a no-op."""
+    """The holder's data is stored: the entry becomes ready. Repeating it is a no-op.
+
+    ``part_size`` and ``parts_key`` are given for chunked data and cleared otherwise, so an
+    entry produced again as a single object does not keep an earlier attempt's parts.
+    """
     entry = _entry(shard, claim.file_id)
+    data = (key, checksum, size, part_size, parts_key)
     if (
         entry.state in (State.ready, State.consumed)
         and entry.epoch == claim.epoch
-        and (entry.key, entry.checksum, entry.size) == (key, checksum, size)
+        and (entry.key, entry.checksum, entry.size, entry.part_size, entry.parts_key) == data
     ):
         return None, entry
     entry = _held(shard, claim)
@@ -257,6 +270,8 @@ def finish(
         key=key,
         checksum=checksum,
         size=size,
+        part_size=part_size,
+        parts_key=parts_key,
         lease_expires_at=None,
         error=None,
     )
@@ -286,7 +301,7 @@ def fail(
 
 def check_consumable(entry: Entry, consumer: str) -> bool:
     """Whether ``consumer`` may read the entry's data; True if it has consumed it before."""
-    if consumer in entry.consumed_by:
+    if consumer in entry.consumed_by and entry.state in (State.ready, State.consumed):
         return True
     if entry.state is State.consumed:
         raise AlreadyConsumed(
@@ -327,10 +342,21 @@ def mismatch(
     state = next_state(
         entry.state, Event.mismatch, retry_count=retries, max_retries=rules.max_retries
     )
-    failed = _update(
-        entry, now, state=state, retry_count=retries, error=detail, lease_expires_at=None
-    )
+    failed = _update(entry, now, state=state, retry_count=retries, error=detail, **_NO_DATA)
     return shard.with_entries({file_id: failed}), failed
+
+
+_NO_DATA: dict[str, Any] = {
+    "key": None,
+    "checksum": None,
+    "size": None,
+    "part_size": None,
+    "parts_key": None,
+    "consumed_by": (),
+    "lease_expires_at": None,
+}
+"""What bad data leaves behind: nothing. Marks made on it are void too, so every consumer
+reads the data produced again."""
 
 
 # -- reaper ------------------------------------------------------------------------------

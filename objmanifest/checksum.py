@@ -1,16 +1,22 @@
-"""xxh3-128 checksums: streaming digests and the composite digest of chunked data.
+"""Checksums: xxh3-128 of the bytes, composite digests of chunked data, S3 multipart ETags.
 
-A checksum is written as ``xxh3-128:<32 hex digits>`` so a reader knows the algorithm.
+A checksum is written as ``xxh3-128:<32 hex digits>`` so a reader knows the algorithm. A
+chunked entry's checksum is a composite of its part digests (``composite``), so a consumer
+can verify each part on its own, in parallel, as it arrives.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterable
 
 import xxhash
 
 ALGORITHM = "xxh3-128"
 PREFIX = ALGORITHM + ":"
+COMPOSITE = PREFIX + "composite-"
+_MD5 = re.compile(r"[0-9a-f]{32}")
 
 
 class Digest:
@@ -38,6 +44,11 @@ def of_bytes(data: bytes | bytearray | memoryview) -> str:
     return PREFIX + xxhash.xxh3_128_hexdigest(data)
 
 
+def part_hex(data: bytes | bytearray | memoryview) -> str:
+    """The bare xxh3-128 hex digest of one part, as recorded per part of a chunked upload."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
 def composite(part_hexdigests: Iterable[str], part_size: int) -> str:
     """The digest of chunked data: xxh3-128 over the part digests and the part size.
 
@@ -50,4 +61,36 @@ def composite(part_hexdigests: Iterable[str], part_size: int) -> str:
     for hexdigest in part_hexdigests:
         h.update(bytes.fromhex(hexdigest))
         count += 1
-    return f"{PREFIX}composite-{count}-{h.hexdigest()}"
+    return f"{COMPOSITE}{count}-{h.hexdigest()}"
+
+
+def is_composite(checksum: str | None) -> bool:
+    """Whether a recorded checksum is the composite of a chunked entry."""
+    return bool(checksum) and str(checksum).startswith(COMPOSITE)
+
+
+def bare_etag(etag: str) -> str:
+    """An ETag without its quotes (and without a weak ``W/`` marker), lower-cased."""
+    etag = etag.strip()
+    if etag.startswith("W/"):
+        etag = etag[2:]
+    return etag.strip('"').lower()
+
+
+def multipart_etag(part_etags: Iterable[str]) -> str | None:
+    """The ETag S3 gives an object completed from parts with these ETags, unquoted.
+
+    MD5 over the binary MD5s of the parts, then ``-N``. Comparing it with the completed
+    object's ETag shows the object was built from exactly these parts, even on stores that
+    answer 200 to a completion that did nothing. None when a part ETag is not an MD5 (as
+    with SSE-KMS on AWS), so nothing can be implied.
+    """
+    h = hashlib.md5(usedforsecurity=False)
+    count = 0
+    for etag in part_etags:
+        bare = bare_etag(etag)
+        if not _MD5.fullmatch(bare):
+            return None
+        h.update(bytes.fromhex(bare))
+        count += 1
+    return f"{h.hexdigest()}-{count}"

@@ -12,7 +12,14 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from .errors import InvalidFileId
 
@@ -113,6 +120,16 @@ class Entry(_Model):
     key: str | None = None
     declared_at: datetime | None = None
     updated_at: datetime | None = None
+    part_size: int | None = None
+    """Set for a chunked entry: the size of every part but the last."""
+    parts_key: str | None = None
+    """Set for a chunked entry: the small object that lists its parts and their digests
+    (kept out of the shard, which every agent of the stage rewrites)."""
+
+    @property
+    def is_chunked(self) -> bool:
+        """Its data is a multipart object, verified part by part."""
+        return self.part_size is not None and self.parts_key is not None
 
     @property
     def is_queue(self) -> bool:
@@ -171,6 +188,14 @@ class Declaration(BaseModel):
     @classmethod
     def _file_id(cls, v: str) -> str:
         return check_file_id(v)
+
+    @field_validator("depends_on", "consumers", mode="before")
+    @classmethod
+    def _not_a_string(cls, v: Any, info: ValidationInfo) -> Any:
+        """A lone string would be read as its characters: refuse it, ask for a list."""
+        if isinstance(v, (str, bytes)):
+            raise ValueError(f"{info.field_name} must be a list of strings, not the string {v!r}")
+        return v
 
     @field_validator("depends_on")
     @classmethod

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -63,12 +64,15 @@ class StoreClock:
 
     Between responses it advances by this machine's monotonic clock, so the wall clock of the
     agent never matters. ``Date`` has whole seconds and is stamped before the answer
-    arrives, so the estimate is never later than the store's true time: leases look a
-    little shorter to their holder and a little longer to others, the safe direction.
+    arrives, so each observation is never later than the store's true time, and the best
+    estimate is the latest of them. Only the last ``window`` seconds of observations count:
+    if the store's clock is stepped back, or this machine's monotonic clock runs fast, the
+    estimate follows within a minute instead of staying ahead forever.
     """
 
-    def __init__(self) -> None:
-        self._offset: float | None = None
+    def __init__(self, window: float = 60.0) -> None:
+        self._window = window
+        self._seen: deque[tuple[float, float]] = deque()  # (monotonic, offset), newest last
         self._lock = threading.Lock()
 
     def observe(self, headers: dict[str, str] | None) -> None:
@@ -79,19 +83,25 @@ class StoreClock:
             store_time = parsedate_to_datetime(date).timestamp()
         except (TypeError, ValueError):
             return
-        offset = store_time - time.monotonic()
+        mono = time.monotonic()
         with self._lock:
-            if self._offset is None or offset > self._offset:
-                self._offset = offset
+            self._seen.append((mono, store_time - mono))
+            while len(self._seen) > 1 and self._seen[0][0] < mono - self._window:
+                self._seen.popleft()
+            if len(self._seen) > 256:  # many answers per second: keep the best of the old
+                best = max(self._seen, key=lambda seen: seen[1])
+                self._seen = deque([best, self._seen[-1]])
 
     @property
     def known(self) -> bool:
-        return self._offset is not None
+        return bool(self._seen)
 
     def now(self) -> datetime:
-        if self._offset is None:
-            raise StoreError("the store's time is not known yet: no response carried a Date")
-        return datetime.fromtimestamp(self._offset + time.monotonic(), tz=timezone.utc)
+        with self._lock:
+            if not self._seen:
+                raise StoreError("the store's time is not known yet: no response carried a Date")
+            offset = max(offset for _, offset in self._seen)
+        return datetime.fromtimestamp(offset + time.monotonic(), tz=timezone.utc)
 
 
 def _client_config(**overrides: Any) -> Config:

@@ -214,8 +214,8 @@ class Task:
         decl = {
             "file_id": file_id,
             "stage": stage,
-            "depends_on": tuple(depends_on),
-            "consumers": tuple(consumers),
+            "depends_on": depends_on,
+            "consumers": consumers,
         }
         return self.declare_many([decl])[0]
 
@@ -224,12 +224,19 @@ class Task:
     ) -> list[Entry]:
         """Declare many files: one commit to the index, then one per shard touched.
 
-        The index goes first: it refuses cycles and conflicting stages or dependencies for
-        the whole batch before any shard changes. Rerunning after a crash finishes it.
+        A conflict anywhere in the batch (stage, dependencies, consumers, a cycle) is found
+        before anything is written. The index goes first, so an entry is never in a shard
+        without being in the index; rerunning after a crash finishes the batch.
         """
         batch = [Declaration.of(d) for d in decls]
+        by_stage: dict[str, list[Declaration]] = {}
         for decl in batch:
             self.codec(decl.stage)
+            by_stage.setdefault(decl.stage, []).append(decl)
+        # Refuse a conflicting batch before writing anything: the index checks stages,
+        # dependencies and cycles, the shards (read fresh: 304s) check consumers.
+        for stage, group in by_stage.items():
+            changes.declare(self.shard(stage), self.store.now(), group)
         tuples = [(d.file_id, d.stage, d.depends_on) for d in batch]
 
         def add_to_index(
@@ -243,9 +250,6 @@ class Task:
 
         if batch:
             self.docs.commit(self.index_key, _INDEX, add_to_index)
-        by_stage: dict[str, list[Declaration]] = {}
-        for decl in batch:
-            by_stage.setdefault(decl.stage, []).append(decl)
         declared: dict[str, Entry] = {}
         for stage, group in by_stage.items():
             entries = self.docs.commit(
@@ -266,7 +270,11 @@ class Task:
         self, stage: str, candidates: Iterable[Entry]
     ) -> Callable[[Shard], changes.Lookup]:
         """Build dependency look-ups for entries of ``stage``: foreign shards are read once
-        here, the stage's own entries are taken from the shard the CAS loop hands over."""
+        here, the stage's own entries are taken from the shard the CAS loop hands over.
+
+        ``candidates`` must come from a fresh read of the stage (a 304 when nothing changed):
+        an entry missing from it would find its foreign dependencies "not declared".
+        """
         known_here = self.docs.cached(self.shard_key(stage), self.codec(stage)).entries
         foreign = {d for e in candidates for d in e.depends_on if d not in known_here}
         if not foreign:
