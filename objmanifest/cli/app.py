@@ -1,0 +1,79 @@
+"""Entry point: parse, dispatch, and turn every error into one line and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from . import commands, serve
+from .exits import ExitCode, UsageError
+from .output import Output
+from .parser import parse
+
+Handler = Callable[[commands.Context], int]
+
+HANDLERS: dict[str, Handler] = {
+    "init": commands.cmd_init,
+    "declare": commands.cmd_declare,
+    "claim": commands.cmd_claim,
+    "put": commands.cmd_put,
+    "renew": commands.cmd_renew,
+    "fail": commands.cmd_fail,
+    "consume": commands.cmd_consume,
+    "status": commands.cmd_status,
+    "show": commands.cmd_show,
+    "reap": commands.cmd_reap,
+}
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Hand over to ``objmanifest.demo``, which may not be installed in this version."""
+    try:
+        demo = importlib.import_module("objmanifest.demo")
+    except ModuleNotFoundError as e:
+        if e.name != "objmanifest.demo":
+            raise
+        raise UsageError("the demo is not part of this objmanifest version") from None
+    code: int = demo.main(args)
+    return code
+
+
+def dispatch(args: argparse.Namespace, out: Output) -> int:
+    if args.command == "serve":
+        return serve.run(args, out)
+    if args.command == "demo":
+        return run_demo(args)
+    return HANDLERS[args.command](commands.Context(args, out))
+
+
+def _stdout_closed(out: Output) -> int:
+    """The reader of stdout went away (``| head``): say so once, without a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    out.stderr.write("objmanifest: stdout was closed before all output was written\n")
+    return int(ExitCode.ERROR)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit code (the console script exits with it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = Output(json_mode="--json" in argv)
+    try:
+        args = parse(argv)
+    except SystemExit as e:  # --help and --version
+        return e.code if isinstance(e.code, int) else 0
+    except UsageError as e:
+        return out.error(e)
+    out.json_mode = bool(args.json)
+    try:
+        return dispatch(args, out)
+    except BrokenPipeError:
+        return _stdout_closed(out)
+    except (Exception, KeyboardInterrupt) as e:
+        return out.error(e, debug=bool(args.debug))

@@ -1,0 +1,374 @@
+"""The task commands: each takes a ``Context`` and returns an exit code.
+
+They mirror the Python API one to one and add only what a process boundary needs:
+rebuilding a claim from ``--agent``/``--epoch``, waiting for work, stdin and stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import objmanifest as om
+
+from . import progress
+from .exits import NothingClaimable, UsageError
+from .holding import held_claim, poll
+from .output import Output, claim_json, entry_json, jsonable, status_json
+from .render import claim_line, entries_table, entry_view, status_view
+
+STAGES_ARROW = " -> "
+
+
+@dataclass
+class Context:
+    """One invocation: parsed arguments, where output goes, and the task, opened once."""
+
+    args: argparse.Namespace
+    out: Output
+    _store: om.Store | None = field(default=None, repr=False)
+    _task: om.Task | None = field(default=None, repr=False)
+
+    def opt(self, name: str, default: Any = None) -> Any:
+        return getattr(self.args, name, default)
+
+    def store(self) -> om.Store:
+        if self._store is None:
+            url = self.opt("url")
+            if not url:
+                raise UsageError(
+                    "no store given: pass --url s3://BUCKET/PREFIX or set OBJMANIFEST_URL"
+                )
+            self._store = om.connect(str(url), endpoint_url=self.opt("endpoint_url"))
+        return self._store
+
+    def task_id(self) -> str:
+        task_id = self.opt("task")
+        if not task_id:
+            raise UsageError("no task given: pass --task ID or set OBJMANIFEST_TASK")
+        return str(task_id)
+
+    def policy(self) -> om.CasPolicy | None:
+        attempts = self.opt("cas_attempts")
+        return om.CasPolicy(max_attempts=int(attempts)) if attempts else None
+
+    def task(self) -> om.Task:
+        if self._task is None:
+            self._task = om.Task.open(self.store(), self.task_id(), policy=self.policy())
+        return self._task
+
+    def agent(self) -> om.Agent:
+        name = self.opt("agent")
+        if not name:
+            raise UsageError("no agent name given: pass --agent NAME or set OBJMANIFEST_AGENT")
+        return self.task().agent(str(name), self.opt("role"))
+
+    def holder_claim(self) -> tuple[om.Agent, om.Claim]:
+        """The agent and the claim named by ``FILE_ID --agent --epoch``."""
+        agent = self.agent()
+        return agent, held_claim(self.task(), self.args.file_id, agent.name, self.args.epoch)
+
+    def waiting(self, what: str) -> Callable[[], None]:
+        """A note for a human that the command waits, shown once if it has to."""
+        wait = float(self.opt("wait", 0.0))
+        return lambda: self.out.note(f"objmanifest: {what} yet; waiting up to {wait:g}s")
+
+    def show_progress(self) -> bool:
+        return progress.wanted(self.out.stderr, bool(self.opt("no_progress")))
+
+
+# -- init --------------------------------------------------------------------------------
+
+
+def cmd_init(ctx: Context) -> int:
+    """Create the task; with ``--exist-ok`` an identical existing task is success too (and
+    is looked up first, so a rerun does not probe the store again)."""
+    args = ctx.args
+    if args.exist_ok:
+        with contextlib.suppress(om.NotFound):
+            return _report_init(ctx, _same_settings(ctx.task(), args), created=False)
+    try:
+        task = om.Task.create(
+            ctx.store(),
+            ctx.task_id(),
+            args.stages,
+            args.lease,
+            args.retries,
+            policy=ctx.policy(),
+        )
+    except om.AlreadyExists:
+        if not args.exist_ok:
+            raise
+        return _report_init(ctx, _same_settings(ctx.task(), args), created=False)
+    return _report_init(ctx, task, created=True)
+
+
+def _report_init(ctx: Context, task: om.Task, created: bool) -> int:
+    header = task.header
+    verb = "created" if created else "found existing"
+    ctx.out.result(
+        {**jsonable(header), "created": created},
+        f"{verb} task {header.task_id} at {ctx.store().url}: stages "
+        f"{STAGES_ARROW.join(header.stages)}, lease {header.lease_seconds:g}s, "
+        f"up to {header.max_retries} retries",
+    )
+    return 0
+
+
+def _same_settings(task: om.Task, args: argparse.Namespace) -> om.Task:
+    wanted = (tuple(args.stages), float(args.lease), int(args.retries))
+    found = (task.stages, task.lease_seconds, task.max_retries)
+    if wanted != found:
+        raise om.AlreadyExists(
+            f"task {task.task_id!r} already exists with other settings: stages "
+            f"{list(found[0])}, lease {found[1]:g}s, {found[2]} retries"
+        )
+    return task
+
+
+# -- declare -----------------------------------------------------------------------------
+
+
+def cmd_declare(ctx: Context) -> int:
+    """Declare one file from the arguments, or many from ``--from`` (one commit per shard)."""
+    args = ctx.args
+    if args.source is not None:
+        if args.file_id is not None:
+            raise UsageError("give either FILE_ID or --from, not both")
+        decls = read_declarations(
+            _read_text(args.source), args.stage, args.depends_on, args.consumer
+        )
+    else:
+        if args.file_id is None or args.stage is None:
+            raise UsageError("declare needs FILE_ID and --stage (or --from FILE for a batch)")
+        decls = [
+            {
+                "file_id": args.file_id,
+                "stage": args.stage,
+                "depends_on": args.depends_on,
+                "consumers": args.consumer,
+            }
+        ]
+    entries = ctx.task().declare_many(decls)
+    ctx.out.result({"entries": [entry_json(e) for e in entries]}, *_declared_lines(entries))
+    return 0
+
+
+def _declared_lines(entries: list[om.Entry]) -> list[str]:
+    if len(entries) == 1:
+        e = entries[0]
+        return [f"declared {e.file_id} in stage {e.stage} ({e.state.value})"]
+    per_stage = Counter(e.stage for e in entries)
+    detail = ", ".join(f"{n} in {stage}" for stage, n in per_stage.items())
+    return [f"declared {len(entries)} entries: {detail}"]
+
+
+def _read_text(source: str) -> str:
+    if source == "-":
+        return sys.stdin.read()
+    return Path(source).read_text(encoding="utf-8")
+
+
+def read_declarations(
+    text: str, stage: str | None, depends_on: list[str], consumers: list[str]
+) -> list[dict[str, Any]]:
+    """Declarations from a JSON array, or from lines that are each a JSON object or a bare
+    file id. ``--stage``, ``--depends-on`` and ``--consumer`` fill in what an item omits."""
+    defaults: dict[str, Any] = {"depends_on": depends_on, "consumers": consumers}
+    if stage:
+        defaults["stage"] = stage
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        items = _json(stripped, "the --from input")
+        if not isinstance(items, list):
+            raise ValueError("the --from input must be a JSON array of objects")
+        numbered = list(enumerate(items, 1))
+    else:
+        numbered = [
+            (n, _json(line, f"line {n}") if line.startswith("{") else {"file_id": line})
+            for n, line in ((n, raw.strip()) for n, raw in enumerate(text.splitlines(), 1))
+            if line
+        ]
+    decls = []
+    for n, item in numbered:
+        if not isinstance(item, dict):
+            raise ValueError(f"item {n} of the --from input is not a JSON object: {item!r}")
+        decl = {**defaults, **item}
+        if "stage" not in decl:
+            raise ValueError(f"item {n} ({decl.get('file_id')!r}) has no stage; add --stage")
+        decls.append(decl)
+    return decls
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{where} is not valid JSON: {e}") from None
+
+
+# -- claim, renew, fail ------------------------------------------------------------------
+
+
+def cmd_claim(ctx: Context) -> int:
+    """Claim a file by id, or any claimable entry of a stage; ``--wait`` polls for one."""
+    args = ctx.args
+    if args.file_id is None and args.stage is None:
+        raise UsageError("claim needs a FILE_ID or --stage")
+    if args.file_id is not None and args.limit is not None:
+        raise UsageError("--limit claims by stage; give --stage instead of FILE_ID")
+    agent = ctx.agent()
+    if args.file_id is not None:
+        claim = poll(
+            lambda: agent.claim(args.file_id, stage=args.stage),
+            args.wait,
+            (om.NotClaimable,),
+            on_wait=ctx.waiting(f"{args.file_id} is not claimable"),
+        )
+        assert claim is not None
+        claims = [claim]
+    else:
+        limit = args.limit or 1
+        found = poll(
+            lambda: agent.claim_many(args.stage, limit) or None,
+            args.wait,
+            on_wait=ctx.waiting(f"nothing in stage {args.stage} is claimable"),
+        )
+        claims = found or []
+        if not claims:
+            waited = f" after waiting {args.wait:g}s" if args.wait else ""
+            raise NothingClaimable(
+                f"no entry of stage {args.stage!r} is claimable{waited}: all are taken, "
+                "done, or waiting for dependencies (see `objmanifest status`)"
+            )
+    obj = {"claims": [claim_json(c) for c in claims]} if args.limit else claim_json(claims[0])
+    ctx.out.result(obj, *(claim_line(c) for c in claims))
+    return 0
+
+
+def cmd_renew(ctx: Context) -> int:
+    agent, claim = ctx.holder_claim()
+    renewed = agent.renew(claim)
+    ctx.out.result(claim_json(renewed), claim_line(renewed))
+    return 0
+
+
+def cmd_fail(ctx: Context) -> int:
+    agent, claim = ctx.holder_claim()
+    entry = agent.fail(claim, ctx.args.reason)
+    again = "claimable again" if entry.state is om.State.failed else "retries exhausted"
+    ctx.out.result(
+        entry_json(entry),
+        f"{entry.file_id} is {entry.state.value} ({again}; "
+        f"failures {entry.retry_count}, max retries {ctx.task().max_retries})",
+    )
+    return 0
+
+
+# -- put, consume ------------------------------------------------------------------------
+
+
+def local_source(path: str) -> Path | BinaryIO:
+    """What to upload: a file, or stdin streamed as it comes (``-``), so a pipeline's
+    output needs neither memory nor disk for its whole size."""
+    if path == "-":
+        return sys.stdin.buffer
+    source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(f"cannot read {path!r}: no such file")
+    return source
+
+
+def cmd_put(ctx: Context) -> int:
+    """Upload the holder's data and make the entry ready (``LeaseLost`` if fenced)."""
+    args = ctx.args
+    agent, claim = ctx.holder_claim()
+    source = local_source(args.path)
+    with progress.bar(ctx.show_progress(), f"put {claim.file_id}", ctx.out.stderr) as bar:
+        options = progress.transfer_options(
+            agent.put,
+            bar,
+            part_size=args.part_size,
+            concurrency=args.concurrency,
+            threshold=args.threshold,
+        )
+        entry = agent.put(claim, source, **options)
+    ctx.out.result(
+        entry_json(entry),
+        f"{entry.file_id} is {entry.state.value}: {entry.size} bytes, {entry.checksum}",
+    )
+    return 0
+
+
+def cmd_consume(ctx: Context) -> int:
+    """Download, verify and mark consumed; to a file, or to stdout only once verified."""
+    args = ctx.args
+    agent = ctx.agent()
+    target = args.output
+    if target == "-":
+        ctx.out.data_on_stdout()
+        with tempfile.TemporaryDirectory(prefix="objmanifest-consume-") as tmp:
+            path = Path(tmp) / "data"
+            entry = _consume_to(ctx, agent, path)
+            with path.open("rb") as data:
+                _copy_to_stdout(data)
+        ctx.out.result(entry_json(entry))
+        return 0
+    entry = _consume_to(ctx, agent, Path(target))
+    ctx.out.result(entry_json(entry), f"consumed {entry.file_id} -> {target} ({entry.size} bytes)")
+    return 0
+
+
+def _consume_to(ctx: Context, agent: om.Agent, path: Path) -> om.Entry:
+    args = ctx.args
+    with progress.bar(ctx.show_progress(), f"consume {args.file_id}", ctx.out.stderr) as bar:
+        options = progress.transfer_options(
+            agent.consume, bar, part_size=args.part_size, concurrency=args.concurrency
+        )
+        entry = poll(
+            lambda: agent.consume(args.file_id, path, **options),
+            args.wait,
+            (om.NotReady,),
+            on_wait=ctx.waiting(f"{args.file_id} is not ready"),
+        )
+    assert entry is not None
+    return entry
+
+
+def _copy_to_stdout(data: BinaryIO) -> None:
+    stdout = sys.stdout.buffer
+    shutil.copyfileobj(data, stdout, 1024 * 1024)
+    stdout.flush()
+
+
+# -- status, show, reap ------------------------------------------------------------------
+
+
+def cmd_status(ctx: Context) -> int:
+    status = ctx.task().status()
+    ctx.out.result(status_json(status), status_view(status))
+    return 0
+
+
+def cmd_show(ctx: Context) -> int:
+    entry = ctx.task().entry(ctx.args.file_id)
+    ctx.out.result(entry_json(entry), entry_view(entry))
+    return 0
+
+
+def cmd_reap(ctx: Context) -> int:
+    released = ctx.task().reap()
+    human: list[Any] = [f"released {len(released)} expired lease(s)"]
+    if released:
+        human.append(entries_table(released, "released"))
+    ctx.out.result({"released": [entry_json(e) for e in released]}, *human)
+    return 0

@@ -1,0 +1,110 @@
+"""Exit codes and how every error the CLI can meet maps to one.
+
+Scripts and agents branch on the exit code, so each outcome a caller may want to handle
+differently (wait and retry, claim again, produce again, give up) has its own number.
+The table is documented in ``docs/cli.md``; numbers never change meaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import botocore.exceptions
+
+import objmanifest as om
+from objmanifest.servers import LocalServerError
+
+
+class ExitCode(IntEnum):
+    """What a caller needs to know about how a command ended."""
+
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+    NOTHING_CLAIMABLE = 3
+    NOT_READY = 4
+    LEASE_LOST = 5
+    CHECKSUM_MISMATCH = 6
+    CONFLICT_RETRIES_EXHAUSTED = 7
+    NOT_FOUND = 8
+    ALREADY_EXISTS = 9
+    ALREADY_CONSUMED = 10
+    NOT_A_CONSUMER = 11
+    UNSUPPORTED = 12
+    STORE_ERROR = 13
+    INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """The command line is wrong; ``prog`` names the (sub)command for the usage hint."""
+
+    def __init__(self, message: str, usage: str = "") -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class NothingClaimable(Exception):
+    """``claim --stage`` found no entry it could take (possibly after ``--wait``)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one error is reported: its exit code, a short label and extra JSON fields."""
+
+    code: ExitCode
+    label: str
+    fields: dict[str, Any]
+
+
+# Most specific first: the first class an error is an instance of decides.
+_TABLE: tuple[tuple[type[BaseException], ExitCode, str], ...] = (
+    (UsageError, ExitCode.USAGE, "usage error"),
+    (om.InvalidFileId, ExitCode.USAGE, "invalid input"),
+    (NothingClaimable, ExitCode.NOTHING_CLAIMABLE, "nothing claimable"),
+    (om.NotClaimable, ExitCode.NOTHING_CLAIMABLE, "nothing claimable"),
+    (om.NotReady, ExitCode.NOT_READY, "not ready"),
+    (om.LeaseLost, ExitCode.LEASE_LOST, "lease lost"),
+    (om.ChecksumMismatch, ExitCode.CHECKSUM_MISMATCH, "checksum mismatch"),
+    (om.ConflictRetriesExhausted, ExitCode.CONFLICT_RETRIES_EXHAUSTED, "too much contention"),
+    (om.NotFound, ExitCode.NOT_FOUND, "not found"),
+    (om.AlreadyExists, ExitCode.ALREADY_EXISTS, "already exists"),
+    (om.DeclarationConflict, ExitCode.ALREADY_EXISTS, "declaration conflict"),
+    (om.AlreadyConsumed, ExitCode.ALREADY_CONSUMED, "already consumed"),
+    (om.NotAConsumer, ExitCode.NOT_A_CONSUMER, "not a consumer"),
+    (om.UnsupportedStore, ExitCode.UNSUPPORTED, "unsupported store"),
+    (om.CorruptShard, ExitCode.UNSUPPORTED, "corrupt manifest"),
+    (om.UnsupportedSchema, ExitCode.UNSUPPORTED, "unsupported schema"),
+    (om.StoreError, ExitCode.STORE_ERROR, "store error"),
+    (botocore.exceptions.BotoCoreError, ExitCode.STORE_ERROR, "store error"),
+    (botocore.exceptions.ClientError, ExitCode.STORE_ERROR, "store error"),
+    (om.ObjManifestError, ExitCode.ERROR, "error"),
+    (LocalServerError, ExitCode.ERROR, "server error"),
+    (ValueError, ExitCode.USAGE, "invalid input"),
+    (OSError, ExitCode.ERROR, "i/o error"),
+    (KeyboardInterrupt, ExitCode.INTERRUPTED, "interrupted"),
+)
+
+
+def expected(error: BaseException) -> bool:
+    """Errors the CLI reports in one line; anything else is a bug worth a traceback."""
+    return any(isinstance(error, cls) for cls, _, _ in _TABLE)
+
+
+def classify(error: BaseException) -> Outcome:
+    """The exit code, label and structured fields for ``error``."""
+    for cls, code, label in _TABLE:
+        if isinstance(error, cls):
+            return Outcome(code, label, _fields(error))
+    return Outcome(ExitCode.ERROR, "unexpected error", {})
+
+
+def _fields(error: BaseException) -> dict[str, Any]:
+    """Structured details some errors carry, for callers that parse JSON."""
+    fields: dict[str, Any] = {}
+    if isinstance(error, om.NotClaimable):
+        fields.update(file_id=error.file_id, reason=error.reason)
+    if isinstance(error, (om.CorruptShard, om.UnsupportedSchema)):
+        fields["key"] = error.key
+    return fields

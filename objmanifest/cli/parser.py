@@ -1,0 +1,424 @@
+"""The argument parser: global options, one subcommand per API call, ``serve`` and ``demo``.
+
+Global options work before or after the subcommand (``objmanifest --json status`` and
+``objmanifest status --json`` are the same), and a bad command line raises ``UsageError``
+instead of exiting, so it is reported like every other error (as JSON with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from objmanifest import __version__, servers
+
+from .exits import UsageError
+
+ENV_URL = "OBJMANIFEST_URL"
+ENV_TASK = "OBJMANIFEST_TASK"
+ENV_AGENT = "OBJMANIFEST_AGENT"
+
+GLOBAL_DESTS = ("url", "endpoint_url", "task", "json", "debug", "no_progress", "cas_attempts")
+_VALUE_OPTIONS = {"--url", "--endpoint-url", "--task", "--cas-attempts"}
+
+EPILOG = """\
+exit codes:
+  0 ok                          7 conflict retries exhausted   13 store error (network,
+  1 error                       8 not found                       credentials, permissions)
+  2 usage or invalid input      9 already exists / conflicts  130 interrupted
+  3 nothing claimable          10 already consumed
+  4 not ready                  11 not a consumer
+  5 lease lost                 12 unsupported store, corrupt
+  6 checksum mismatch             manifest or newer schema
+
+With --json every command writes one JSON object to stdout, errors included
+({"error", "message", "exit_code", ...}); `consume -o -` writes it to stderr instead.
+See docs/cli.md for every command's output.
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that raises ``UsageError`` instead of printing and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.format_usage())
+
+
+# -- value types -------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
+    return value
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def size(text: str) -> int:
+    """Bytes, with an optional binary unit: ``8388608``, ``8MiB``, ``8M``, ``512k``."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 8MiB or 8388608)")
+    unit = (match.group(2) or "").lower()[:1]
+    value = int(match.group(1)) * _UNITS[unit]
+    if value < 1:
+        raise argparse.ArgumentTypeError("a size must be at least 1 byte")
+    return value
+
+
+# -- options -----------------------------------------------------------------------------
+
+
+def add_globals(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """The options every command takes. On subcommands their defaults are suppressed, so a
+    value given before the subcommand is not overwritten by a default after it."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    group = parser.add_argument_group("global options")
+    group.add_argument(
+        "--url",
+        default=default(os.environ.get(ENV_URL)),
+        metavar="s3://BUCKET/PREFIX",
+        help=f"where the tasks live (default: ${ENV_URL})",
+    )
+    group.add_argument(
+        "--endpoint-url",
+        default=default(None),
+        metavar="URL",
+        help="S3 endpoint of a non-AWS store (default: $AWS_ENDPOINT_URL)",
+    )
+    group.add_argument(
+        "--task",
+        default=default(os.environ.get(ENV_TASK)),
+        metavar="ID",
+        help=f"the task to work on (default: ${ENV_TASK})",
+    )
+    group.add_argument(
+        "--json",
+        action="store_true",
+        default=default(False),
+        help="write one JSON object (result or error) instead of text",
+    )
+    group.add_argument(
+        "--debug",
+        action="store_true",
+        default=default(False),
+        help="print the traceback of an error",
+    )
+    group.add_argument(
+        "--no-progress",
+        action="store_true",
+        default=default(False),
+        help="no progress bars, even on a terminal",
+    )
+    group.add_argument(
+        "--cas-attempts",
+        type=positive_int,
+        default=default(None),
+        metavar="N",
+        help="lost races a manifest change tolerates before giving up (default: 100)",
+    )
+
+
+def add_agent(parser: argparse.ArgumentParser, role: bool = False) -> None:
+    agent = os.environ.get(ENV_AGENT)
+    parser.add_argument(
+        "--agent",
+        default=agent,
+        required=agent is None,
+        metavar="NAME",
+        help=f"this agent's name (default: ${ENV_AGENT})",
+    )
+    if role:
+        parser.add_argument(
+            "--role",
+            metavar="ROLE",
+            help="consumer role, for entries declared with --consumer (default: agent name)",
+        )
+
+
+def add_holder(parser: argparse.ArgumentParser) -> None:
+    """``FILE_ID --agent NAME --epoch N``: the claim an earlier process printed."""
+    parser.add_argument("file_id", metavar="FILE_ID")
+    add_agent(parser)
+    parser.add_argument(
+        "--epoch",
+        type=non_negative_int,
+        required=True,
+        metavar="N",
+        help="the epoch `claim` printed (the fencing token)",
+    )
+
+
+def add_wait(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--wait",
+        type=seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help=f"poll up to SECONDS for {what} instead of failing at once",
+    )
+
+
+# -- subcommands -------------------------------------------------------------------------
+
+
+def _init(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("init", parents=parents, help="create a task with its stages")
+    p.add_argument("stages", nargs="+", metavar="STAGE", help="stage names, in order")
+    p.add_argument(
+        "--lease",
+        type=seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="lease length (default: 300)",
+    )
+    p.add_argument(
+        "--retries",
+        type=non_negative_int,
+        default=3,
+        metavar="N",
+        help="failures allowed before an entry is dead (default: 3)",
+    )
+    p.add_argument(
+        "--exist-ok", action="store_true", help="succeed if the task exists with the same settings"
+    )
+
+
+def _declare(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "declare",
+        parents=parents,
+        help="declare files (one, or a batch with --from)",
+        description="Declare one file, or many with --from: a JSON array of objects, or "
+        "lines that are each a JSON object or a bare file id. Objects have file_id and "
+        "optionally stage, depends_on, consumers; the options fill in what they omit.",
+    )
+    p.add_argument("file_id", nargs="?", metavar="FILE_ID")
+    p.add_argument("--stage", metavar="STAGE", help="the stage that produces the file")
+    p.add_argument(
+        "--depends-on",
+        action="append",
+        default=[],
+        metavar="FILE_ID",
+        help="a file that must be ready first (repeatable)",
+    )
+    p.add_argument(
+        "--consumer",
+        action="append",
+        default=[],
+        metavar="ROLE",
+        help="a role that must consume it (repeatable; none: a queue entry)",
+    )
+    p.add_argument(
+        "--from", dest="source", metavar="PATH", help="read declarations from PATH ('-' for stdin)"
+    )
+
+
+def _claim(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "claim",
+        parents=parents,
+        help="claim a file, or any claimable file of a stage",
+        description="Prints FILE_ID, STAGE, EPOCH and LEASE_EXPIRES_AT, tab-separated, one "
+        "line per claim; pass --agent and --epoch to put, renew or fail to act as holder.",
+    )
+    p.add_argument("file_id", nargs="?", metavar="FILE_ID")
+    p.add_argument("--stage", metavar="STAGE", help="claim any claimable entry of STAGE")
+    add_agent(p, role=True)
+    p.add_argument(
+        "--limit",
+        type=positive_int,
+        metavar="N",
+        help="claim up to N entries of --stage in one commit",
+    )
+    add_wait(p, "a claimable entry")
+
+
+def _holder_commands(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("put", parents=parents, help="upload the data of a claimed file")
+    add_holder(p)
+    p.add_argument("path", metavar="PATH", help="the file to upload ('-' for stdin)")
+    p.add_argument(
+        "--part-size", type=size, metavar="SIZE", help="part size of a chunked upload (e.g. 8MiB)"
+    )
+    p.add_argument("--concurrency", type=positive_int, metavar="N", help="parts uploaded at once")
+    p.add_argument(
+        "--threshold",
+        type=size,
+        metavar="SIZE",
+        help="larger data goes as a chunked entry (default: 64MiB)",
+    )
+    p = sub.add_parser("renew", parents=parents, help="move a claim's lease forward")
+    add_holder(p)
+    p = sub.add_parser("fail", parents=parents, help="give a claimed file up")
+    add_holder(p)
+    p.add_argument("reason", metavar="REASON", help="why, recorded in the entry")
+
+
+def _consume(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "consume",
+        parents=parents,
+        help="download, verify and mark a ready file consumed",
+        description="Nothing is written unless the checksum matches: a file output appears "
+        "only once verified, and stdout receives the bytes only after verification.",
+    )
+    p.add_argument("file_id", metavar="FILE_ID")
+    add_agent(p, role=True)
+    p.add_argument(
+        "-o",
+        "--output",
+        default="-",
+        metavar="PATH",
+        help="where to write the data ('-', the default, for stdout)",
+    )
+    p.add_argument(
+        "--part-size", type=size, metavar="SIZE", help="bytes per ranged GET of a chunked file"
+    )
+    p.add_argument("--concurrency", type=positive_int, metavar="N", help="parts downloaded at once")
+    add_wait(p, "the file to become ready")
+
+
+def _views(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    sub.add_parser(
+        "status",
+        parents=parents,
+        help="entries per stage and state; blocked, overdue and dead entries",
+    )
+    p = sub.add_parser("show", parents=parents, help="one entry, every field")
+    p.add_argument("file_id", metavar="FILE_ID")
+    sub.add_parser("reap", parents=parents, help="release every expired lease of the task")
+
+
+def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        parents=parents,
+        help="run a local S3 server on loopback",
+        description="Starts a local S3 server on 127.0.0.1, prints the environment to use it "
+        "(its own local test credentials), and runs until Ctrl-C or SIGTERM.",
+    )
+    p.add_argument(
+        "--backend",
+        choices=servers.BACKENDS,
+        default="moto",
+        help="moto (in memory, starts fast) or seaweedfs (a real store on disk)",
+    )
+    p.add_argument("--port", type=positive_int, metavar="N", help="S3 port (default: a free one)")
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        help="seaweedfs: keep data in DIR across restarts (default: temporary)",
+    )
+    p.add_argument("--bucket", metavar="NAME", help="create this bucket once it runs")
+
+
+def _demo(sub: Any, load: bool) -> None:
+    """``demo`` takes its options from ``objmanifest.demo``, imported only when it runs.
+
+    Of the global options only ``--debug`` applies to it here; ``--json`` and
+    ``--endpoint-url`` are the demo's own, and given before ``demo`` they still count.
+    """
+    p = sub.add_parser(
+        "demo",
+        help="run a multi-agent pipeline against an embedded S3 server",
+        description="The whole idea at work: agent processes, three stages, a large chunked "
+        "file and an agent killed mid-work, then every checksum verified.",
+        conflict_handler="resolve",
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the traceback of an error",
+    )
+    if not load:
+        return
+    try:
+        demo = importlib.import_module("objmanifest.demo")
+    except ModuleNotFoundError as e:
+        if e.name != "objmanifest.demo":
+            raise
+        return  # reported when the command runs
+    demo.add_arguments(p)
+    for action in p._actions:  # the demo's copies of global options must not reset them
+        if action.dest in GLOBAL_DESTS and action.default in (None, False):
+            action.default = argparse.SUPPRESS
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (skipping global options and their values)."""
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token in _VALUE_OPTIONS:
+            skip = True
+        elif not token.startswith("-"):
+            return token
+    return None
+
+
+def build(argv: Sequence[str] = ()) -> Parser:
+    """The full parser; ``argv`` only decides whether the demo's options are loaded."""
+    parser = Parser(
+        prog="objmanifest",
+        description="Hand files between agents through one S3 bucket, safely: a manifest "
+        "of stages, leases, checksums and dependencies, changed only by compare-and-swap.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"objmanifest {__version__}")
+    add_globals(parser, suppress=False)
+    common = Parser(add_help=False)
+    add_globals(common, suppress=True)
+    parents: list[argparse.ArgumentParser] = [common]
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _init(sub, parents)
+    _declare(sub, parents)
+    _claim(sub, parents)
+    _holder_commands(sub, parents)
+    _consume(sub, parents)
+    _views(sub, parents)
+    _serve(sub, parents)
+    _demo(sub, load=command_of(argv) == "demo")
+    return parser
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    return build(argv).parse_args(list(argv))

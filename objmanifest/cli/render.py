@@ -1,0 +1,150 @@
+"""Human views of results: tables for status and entries, tab-separated lines for claims.
+
+Claims print as ``FILE_ID<TAB>STAGE<TAB>EPOCH<TAB>LEASE_EXPIRES_AT`` so a shell can ``read``
+them straight into variables; everything else is for eyes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+import objmanifest as om
+from objmanifest.model import EntryNote
+
+from .output import iso
+
+STATE_STYLES = {
+    "pending": "",
+    "writing": "yellow",
+    "ready": "green",
+    "consumed": "dim green",
+    "failed": "red",
+    "dead": "bold red",
+}
+ATTENTION_STYLES = {"dead": "bold red", "overdue": "bold yellow", "blocked": "cyan"}
+
+
+def claim_line(claim: om.Claim) -> str:
+    """One claim as a tab-separated line a shell can split."""
+    expiry = claim.lease_expires_at.isoformat()
+    return f"{claim.file_id}\t{claim.stage}\t{claim.epoch}\t{expiry}"
+
+
+def state_text(state: om.State | str) -> Text:
+    value = state.value if isinstance(state, om.State) else state
+    return Text(value, style=STATE_STYLES.get(value, ""))
+
+
+def entry_view(entry: om.Entry) -> RenderableType:
+    """Every field of one entry that has a value, one per line."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    rows: list[tuple[str, str | Text]] = [
+        ("file_id", entry.file_id),
+        ("stage", entry.stage),
+        ("state", state_text(entry.state)),
+        ("owner", entry.owner or "-"),
+        ("epoch", str(entry.epoch)),
+        ("lease_expires_at", iso(entry.lease_expires_at)),
+        ("retry_count", str(entry.retry_count)),
+        ("depends_on", ", ".join(entry.depends_on) or "-"),
+        ("consumers", ", ".join(entry.consumers) or "(queue: first consumer takes it)"),
+        ("consumed_by", ", ".join(entry.consumed_by) or "-"),
+        ("size", "-" if entry.size is None else f"{entry.size} bytes"),
+        ("checksum", entry.checksum or "-"),
+        ("key", entry.key or "-"),
+        ("error", Text(entry.error, style="red") if entry.error else "-"),
+        ("declared_at", iso(entry.declared_at)),
+        ("updated_at", iso(entry.updated_at)),
+    ]
+    shown = {name for name, _ in rows}
+    for name, value in entry.model_dump().items():  # chunking fields, newer versions' fields
+        if name not in shown and value is not None:
+            rows.append((name, iso(value) if isinstance(value, datetime) else str(value)))
+    for name, value in rows:
+        grid.add_row(name, value if isinstance(value, Text) else Text(value))
+    return grid
+
+
+def _count(n: int, state: str) -> Text:
+    return Text(str(n), style=STATE_STYLES[state] if n else "dim")
+
+
+def counts_table(status: om.TaskStatus) -> Table:
+    """Entries per stage and state, with a total row."""
+    table = Table(box=box.SIMPLE_HEAD, show_footer=len(status.stages) > 1)
+    totals = status.totals
+    table.add_column("stage", footer="all stages")
+    for state in om.State:
+        table.add_column(
+            state.value, justify="right", footer=_count(totals[state.value], state.value)
+        )
+    table.add_column("total", justify="right", footer=str(sum(totals.values())))
+    for stage, counts in status.stages.items():
+        cells = [_count(counts.get(s.value, 0), s.value) for s in om.State]
+        table.add_row(Text(stage), *cells, str(sum(counts.values())))
+    return table
+
+
+def attention_table(status: om.TaskStatus) -> Table | None:
+    """Dead, overdue and blocked entries, worst first; None when nothing needs attention."""
+    notes: Iterable[tuple[str, EntryNote]] = [
+        *(("dead", n) for n in status.dead),
+        *(("overdue", n) for n in status.overdue),
+        *(("blocked", n) for n in status.blocked),
+    ]
+    table = Table(box=box.SIMPLE_HEAD, title="needs attention", title_justify="left")
+    for name in ("", "file id", "stage", "state", "why"):
+        table.add_column(name)
+    for kind, note in notes:
+        style = ATTENTION_STYLES[kind]
+        table.add_row(
+            Text(kind, style=style),
+            Text(note.file_id, style=style),
+            Text(note.stage),
+            state_text(note.state),
+            Text(note.reason),
+        )
+    return table if table.row_count else None
+
+
+def status_view(status: om.TaskStatus) -> RenderableType:
+    """The task at a glance: a headline, counts per stage, then what needs attention."""
+    total = sum(status.totals.values())
+    progress = "finished" if status.finished and total else "in progress"
+    headline = Text.assemble(
+        ("task ", "dim"),
+        (status.task_id, "bold"),
+        ("  store time ", "dim"),
+        iso(status.store_time),
+        "  ",
+        (progress, "green" if progress == "finished" else "yellow"),
+    )
+    parts: list[RenderableType] = [headline, counts_table(status)]
+    attention = attention_table(status)
+    if attention is not None:
+        parts.append(attention)
+    return Group(*parts)
+
+
+def entries_table(entries: Iterable[om.Entry], title: str) -> Table:
+    """A compact list of entries (reap's released entries)."""
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
+    for name in ("file id", "stage", "state", "retries", "error"):
+        table.add_column(name)
+    for e in entries:
+        table.add_row(
+            Text(e.file_id),
+            Text(e.stage),
+            state_text(e.state),
+            str(e.retry_count),
+            Text(e.error or ""),
+        )
+    return table

@@ -1,0 +1,771 @@
+"""The command line end to end: real processes against real servers.
+
+Every command runs as ``python -m objmanifest`` in its own process, the way a shell step or
+an agent's tool call runs it: a claim made by one process is finished by another, every
+documented exit code is reached by a real scenario, ``--json`` output is parsed, and
+``serve`` is started, used with boto3 and stopped with a signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from email.utils import formatdate
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BUCKET, Server
+from faults import FaultProxy
+
+import objmanifest as om
+from objmanifest import servers
+from objmanifest.cli import app, exits, main, parser, progress
+from objmanifest.cli.commands import read_declarations
+from objmanifest.cli.holding import poll
+
+ENTRY_KEYS = set(om.Entry.model_fields)
+CLAIM_KEYS = {"task_id", "file_id", "stage", "agent", "epoch", "lease_expires_at"}
+ERROR_KEYS = {"error", "message", "exit_code"}
+STATUS_KEYS = {
+    "task_id",
+    "store_time",
+    "stages",
+    "totals",
+    "finished",
+    "blocked",
+    "overdue",
+    "dead",
+}
+SENTINEL_SECRET = "sentinel-SECRET-9f3a7c"
+SENTINEL_KEY_ID = "sentinel-KEYID-41b2"
+E = exits.ExitCode
+
+
+# -- running the CLI -------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    args: tuple[str, ...]
+    code: int
+    stdout: bytes
+    stderr: str
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode(errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    def __str__(self) -> str:
+        return f"objmanifest {' '.join(self.args)} -> {self.code}\n{self.text}\n{self.stderr}"
+
+
+@dataclass
+class Cli:
+    """Runs ``python -m objmanifest`` with the environment of one server and prefix."""
+
+    env: dict[str, str]
+    cwd: Path
+    forbidden: tuple[str, ...] = ()
+    """Strings no output may contain: the credentials in the environment."""
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "objmanifest", *args]
+
+    def environ(self, **extra: str) -> dict[str, str]:
+        return {**self.env, **extra}
+
+    def check(self, result: Result) -> Result:
+        for secret in self.forbidden:
+            assert secret.encode() not in result.stdout, str(result)
+            assert secret not in result.stderr, str(result)
+        return result
+
+    def run(
+        self,
+        *args: str,
+        code: int = 0,
+        stdin: bytes | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> Result:
+        proc = subprocess.run(
+            self.command(*args),
+            input=stdin if stdin is not None else b"",
+            capture_output=True,
+            env=env or self.environ(),
+            cwd=self.cwd,
+            timeout=timeout,
+        )
+        result = self.check(Result(args, proc.returncode, proc.stdout, proc.stderr.decode()))
+        assert result.code == code, str(result)
+        return result
+
+    def json(self, *args: str, code: int = 0, **kw: Any) -> Any:
+        """Run with ``--json`` and return the one object it printed on stdout."""
+        result = self.run("--json", *args, code=code, **kw)
+        lines = result.text.splitlines()
+        assert len(lines) == 1, str(result)
+        obj = json.loads(lines[0])
+        if code:
+            assert set(obj) >= ERROR_KEYS and obj["exit_code"] == code, str(result)
+        return obj
+
+    def popen(self, *args: str, **extra: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self.command(*args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.environ(**extra),
+            cwd=self.cwd,
+            bufsize=0,
+        )
+
+
+def base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBJMANIFEST_")}
+    env.update(COLUMNS="200", PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.fixture
+def cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
+    """The CLI for one test's prefix. No output of any command may contain the secret key
+    in its environment; moto accepts any credentials, so there it gets sentinel ones."""
+    env = {
+        **base_env(),
+        **server.env,
+        "OBJMANIFEST_URL": f"s3://{BUCKET}/{prefix}",
+        "OBJMANIFEST_TASK": "job",
+    }
+    if server.name == "moto":
+        env.update(AWS_SECRET_ACCESS_KEY=SENTINEL_SECRET, AWS_ACCESS_KEY_ID=SENTINEL_KEY_ID)
+    return Cli(env, tmp_path, (env["AWS_SECRET_ACCESS_KEY"],))
+
+
+MOTO_ONLY = pytest.mark.parametrize("server", ["moto"], indirect=True)
+"""For what the CLI does the same on every store: run once, against the fastest one."""
+
+
+def read_line(stream: Any, timeout: float = 30) -> bytes:
+    """One line from a child's pipe, or fail after ``timeout`` seconds."""
+    ready, _, _ = select.select([stream], [], [], timeout)
+    assert ready, f"no output within {timeout}s"
+    line: bytes = stream.readline()
+    return line
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[int, bytes, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err.decode()
+
+
+def produce(task: om.Task, file_id: str, data: bytes, agent: str = "maker") -> om.Entry:
+    claim = task.agent(agent).claim(file_id)
+    assert claim is not None
+    return task.agent(agent).put(claim, data)
+
+
+def raw_put(store: om.Store, key: str, body: bytes) -> None:
+    store.client.put_object(Bucket=store.bucket, Key=store.full_key(key), Body=body)
+
+
+# -- a produce/consume hand-off between shell agents -------------------------------------
+
+
+HANDOFF_SCRIPT = r"""
+set -euo pipefail
+om() { "$PY" -m objmanifest "$@"; }
+# one process claims, the next one in the pipeline finishes the claim as its holder
+IFS=$'\t' read -r fid stage epoch expiry < <(om claim --stage collect --agent collector)
+printf 'hello from %s at epoch %s' "$fid" "$epoch" |
+    om put "$fid" - --agent collector --epoch "$epoch"
+"""
+
+
+def test_a_file_is_handed_from_shell_agent_to_shell_agent(cli: Cli, tmp_path: Path) -> None:
+    init = cli.json("init", "collect", "write", "--lease", "60", "--retries", "2")
+    assert init["created"] is True
+    assert init["stages"] == ["collect", "write"] and init["lease_seconds"] == 60
+    batch = (
+        b'raw/a.txt\n{"file_id": "out/b.txt", "stage": "write", '
+        b'"depends_on": ["raw/a.txt"], "consumers": ["checker", "archive"]}\n'
+    )
+    declared = cli.json("declare", "--from", "-", "--stage", "collect", stdin=batch)
+    assert [(e["file_id"], e["stage"], e["state"]) for e in declared["entries"]] == [
+        ("raw/a.txt", "collect", "pending"),
+        ("out/b.txt", "write", "pending"),
+    ]
+    assert declared["entries"][1]["depends_on"] == ["raw/a.txt"]
+
+    shell = subprocess.run(
+        ["bash", "-c", HANDOFF_SCRIPT],
+        env=cli.environ(PY=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout.startswith("raw/a.txt is ready: ")
+    assert shell.stderr == ""  # no progress bars, no noise when stderr is not a terminal
+
+    got = tmp_path / "got" / "a.txt"
+    consumed = cli.json("consume", "raw/a.txt", "--agent", "writer", "-o", str(got))
+    assert consumed["state"] == "consumed" and consumed["consumed_by"] == ["writer"]
+    assert got.read_bytes() == b"hello from raw/a.txt at epoch 1"
+
+    claimed = cli.run("claim", "out/b.txt", "--agent", "writer").text
+    file_id, stage, epoch, expiry = claimed.rstrip("\n").split("\t")
+    assert (file_id, stage, epoch) == ("out/b.txt", "write", "1") and "T" in expiry
+    report = tmp_path / "report.bin"
+    report.write_bytes(bytes(range(256)) * 1000)
+    put = cli.json("put", "out/b.txt", str(report), "--agent", "writer", "--epoch", epoch)
+    assert set(put) == ENTRY_KEYS
+    assert (put["state"], put["size"], put["epoch"]) == ("ready", 256_000, 1)
+    assert put["checksum"].startswith("xxh3-128:")
+
+    checker = cli.run("consume", "out/b.txt", "--agent", "c1", "--role", "checker", "-o", "-")
+    assert checker.stdout == report.read_bytes() and checker.stderr == ""
+    # Without -o the data goes to stdout too; with --json the object moves to stderr.
+    archive = cli.run("--json", "consume", "out/b.txt", "--agent", "a1", "--role", "archive")
+    assert archive.stdout == report.read_bytes()
+    final = json.loads(archive.stderr)
+    assert final["state"] == "consumed" and final["consumed_by"] == ["checker", "archive"]
+
+    status = cli.json("status")
+    assert set(status) == STATUS_KEYS
+    assert status["totals"]["consumed"] == 2 and status["finished"] is True
+    assert status["stages"]["write"]["consumed"] == 1
+
+
+# -- JSON output of every command ---------------------------------------------------------
+
+
+@MOTO_ONLY
+def test_every_command_prints_one_json_object(cli: Cli, task: om.Task, tmp_path: Path) -> None:
+    again = cli.json(
+        "init", "collect", "write", "check", "--lease", "30", "--retries", "2", "--exist-ok"
+    )
+    assert again["created"] is False and again["creation_id"] == task.header.creation_id
+    one = cli.json("declare", "in/x", "--stage", "collect", "--consumer", "checker")
+    assert len(one["entries"]) == 1 and set(one["entries"][0]) == ENTRY_KEYS
+    assert one["entries"][0]["consumers"] == ["checker"]
+    batch = json.dumps(
+        [{"file_id": "in/y"}, {"file_id": "in/z", "stage": "write", "depends_on": ["in/x"]}]
+    ).encode()
+    many = cli.json("declare", "--from", "-", "--stage", "collect", stdin=batch)
+    assert [e["stage"] for e in many["entries"]] == ["collect", "write"]
+
+    claims = cli.json("claim", "--stage", "collect", "--agent", "a", "--limit", "5")
+    assert [c["file_id"] for c in claims["claims"]] == ["in/x", "in/y"]
+    assert all(set(c) == CLAIM_KEYS and c["epoch"] == 1 for c in claims["claims"])
+    first = claims["claims"][0]
+    renewed = cli.json("renew", "in/x", "--agent", "a", "--epoch", "1")
+    assert set(renewed) == CLAIM_KEYS and renewed["lease_expires_at"] >= first["lease_expires_at"]
+    failed = cli.json("fail", "in/y", "it broke", "--agent", "a", "--epoch", "1")
+    assert (failed["state"], failed["retry_count"], failed["error"]) == ("failed", 1, "it broke")
+    shown = cli.json("show", "in/x")
+    assert set(shown) == ENTRY_KEYS and (shown["state"], shown["owner"]) == ("writing", "a")
+    assert shown["declared_at"].endswith("+00:00")
+    assert cli.json("reap") == {"released": []}
+    status = cli.json("status")
+    assert status["stages"]["collect"] == {
+        "pending": 0,
+        "writing": 1,
+        "ready": 0,
+        "consumed": 0,
+        "failed": 1,
+        "dead": 0,
+    }
+    assert [(b["file_id"], b["state"]) for b in status["blocked"]] == [("in/z", "pending")]
+    assert status["finished"] is False
+
+    # A chunked entry: the chunking options reach the API.
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(6 * 1024 * 1024))
+    chunked = (
+        "put",
+        "in/x",
+        str(big),
+        "--agent",
+        "a",
+        "--epoch",
+        "1",
+        "--threshold",
+        "5MiB",
+        "--part-size",
+        "5MiB",
+        "--concurrency",
+        "2",
+    )
+    put = cli.json(*chunked)
+    assert (put["state"], put["size"], put["part_size"]) == ("ready", 6 << 20, 5 << 20)
+    got = tmp_path / "got.bin"
+    consumed = cli.json("consume", "in/x", "--agent", "c", "--role", "checker", "-o", str(got))
+    assert consumed["state"] == "consumed" and got.read_bytes() == big.read_bytes()
+
+
+@MOTO_ONLY
+def test_overdue_and_dead_entries_stand_out_and_reap_releases_them(
+    cli: Cli, store: om.Store
+) -> None:
+    task = om.Task.create(store, "short", stages=["collect"], lease_seconds=1, max_retries=0)
+    task.declare("slow", "collect")
+    cli.env["OBJMANIFEST_TASK"] = "short"
+    claim = cli.json("claim", "slow", "--agent", "sleepy")
+    expiry = task.entry("slow").lease_expires_at
+    assert expiry is not None and expiry.isoformat() == claim["lease_expires_at"]
+    while store.now() <= expiry + timedelta(seconds=3.2):  # 2 s margin, 1 s Date rounding
+        time.sleep(0.25)
+    overdue = cli.json("status")["overdue"]
+    assert [(n["file_id"], n["state"]) for n in overdue] == [("slow", "writing")]
+    assert "lease of sleepy expired" in overdue[0]["reason"]
+
+    released = cli.json("reap")["released"]
+    assert [(e["file_id"], e["state"], e["retry_count"]) for e in released] == [("slow", "dead", 1)]
+    human = cli.run("status").text
+    assert "needs attention" in human and "dead" in human and "slow" in human
+    stale = cli.json(
+        "put",
+        "slow",
+        "-",
+        "--agent",
+        "sleepy",
+        "--epoch",
+        "1",
+        code=E.LEASE_LOST,
+        stdin=b"too late",
+    )
+    assert stale["error"] == "LeaseLost"
+
+
+# -- exit codes ---------------------------------------------------------------------------
+
+
+class LosingProxy(FaultProxy):
+    """A store where somebody else always wins: every conditional update answers 412."""
+
+    def _forward(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        if method == "PUT" and any(name.lower() == "if-match" for name, _ in headers):
+            xml = (
+                b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>PreconditionFailed'
+                b"</Code><Message>At least one of the pre-conditions you specified did "
+                b"not hold</Message></Error>"
+            )
+            headers_out = [("Content-Type", "application/xml"), ("Date", formatdate(usegmt=True))]
+            return 412, "Precondition Failed", headers_out, xml
+        return super()._forward(method, target, headers, body)
+
+
+def _stale_holder(task: om.Task) -> None:
+    """'old' claimed 'stale' at epoch 1, gave it up, and 'new' holds it at epoch 2."""
+    old = task.agent("old")
+    claim = old.claim("stale")
+    assert claim is not None and claim.epoch == 1
+    old.fail(claim, "gave up")
+    again = task.agent("new").claim("stale")
+    assert again is not None and again.epoch == 2
+
+
+def _scenarios(
+    cli: Cli, task: om.Task, tmp_path: Path
+) -> list[tuple[int, tuple[str, ...], dict[str, str]]]:
+    """Set up each failure through the API; returns (expected code, args, extra env)."""
+    store = task.store
+    task.declare_many(
+        [
+            ("a", "collect"),
+            ("b", "write", ["a"]),
+            ("stale", "collect"),
+            ("bad", "collect"),
+            ("q", "collect"),
+            ("r", "collect", [], ["checker"]),
+        ]
+    )
+    _stale_holder(task)
+    bad = produce(task, "bad", b"the real bytes")
+    assert bad.key is not None
+    raw_put(store, bad.key, b"other bytes!!!")
+    produce(task, "q", b"queued")
+    task.agent("first").consume("q")
+    produce(task, "r", b"for checkers")
+    broken = om.Task.create(store, "broken", stages=["collect"])
+    broken.declare("x", "collect")
+    raw_put(store, broken.shard_key("collect"), b"{ this is not json")
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"data")
+    out = str(tmp_path / "out")
+    return [
+        (E.USAGE, ("claim", "--agent", "x"), {}),
+        (E.USAGE, ("declare", "../escape", "--stage", "collect"), {}),
+        (
+            E.ERROR,
+            ("put", "stale", str(tmp_path / "missing"), "--agent", "new", "--epoch", "2"),
+            {},
+        ),
+        (E.NOTHING_CLAIMABLE, ("claim", "--stage", "check", "--agent", "x"), {}),
+        (E.NOTHING_CLAIMABLE, ("claim", "b", "--agent", "x"), {}),
+        (E.LEASE_LOST, ("put", "stale", str(data), "--agent", "old", "--epoch", "1"), {}),
+        (E.CHECKSUM_MISMATCH, ("consume", "bad", "--agent", "x", "-o", str(tmp_path / "bad")), {}),
+        (E.NOT_FOUND, ("--task", "nope", "status"), {}),
+        (E.ALREADY_EXISTS, ("init", "collect", "--exist-ok"), {}),
+        (E.ALREADY_EXISTS, ("declare", "a", "--stage", "write"), {}),
+        (E.ALREADY_CONSUMED, ("consume", "q", "--agent", "second", "-o", out), {}),
+        (E.NOT_A_CONSUMER, ("consume", "r", "--agent", "x", "--role", "auditor", "-o", out), {}),
+        (E.UNSUPPORTED, ("--task", "broken", "status"), {}),
+    ]
+
+
+@MOTO_ONLY
+def test_every_exit_code_is_reached(cli: Cli, task: om.Task, tmp_path: Path) -> None:
+    scenarios = _scenarios(cli, task, tmp_path)
+
+    def run(scenario: tuple[int, tuple[str, ...], dict[str, str]]) -> Any:
+        code, args, extra = scenario
+        return cli.json(*args, code=code, env=cli.environ(**extra))
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        errors = list(pool.map(run, scenarios))
+    by_args = {args: err for (_, args, _), err in zip(scenarios, errors, strict=True)}
+    waiting = by_args[("claim", "b", "--agent", "x")]
+    assert waiting["file_id"] == "b" and "waiting for dependencies" in waiting["reason"]
+    exists = by_args[("init", "collect", "--exist-ok")]
+    assert exists["error"] == "AlreadyExists" and "with other settings" in exists["message"]
+    assert by_args[("declare", "a", "--stage", "write")]["error"] == "DeclarationConflict"
+    assert by_args[("--task", "broken", "status")]["key"].endswith("broken/shards/collect.json")
+    assert task.entry("bad").state is om.State.failed  # a mismatch sends it back
+    assert not (tmp_path / "bad").exists()  # nothing unverified is left behind
+    assert task.entry("stale").owner == "new"  # the fenced holder changed nothing
+
+    # Consuming to stdout: stdout is for data only, so even the JSON error goes to stderr.
+    to_stdout = cli.run("--json", "consume", "a", "--agent", "x", code=E.NOT_READY)
+    assert to_stdout.stdout == b"" and json.loads(to_stdout.stderr)["error"] == "NotReady"
+    human = cli.run("consume", "a", "--agent", "x", code=E.NOT_READY)
+    assert human.stdout == b""
+    assert human.stderr == "objmanifest: not ready: 'a' is pending, not ready\n"
+
+
+@MOTO_ONLY
+def test_exit_codes_of_stores_that_cannot_be_trusted(cli: Cli, task: om.Task) -> None:
+    task.declare("a", "collect")
+    with LosingProxy(cli.env["AWS_ENDPOINT_URL"]) as proxy:
+        lost = cli.json(
+            "--endpoint-url",
+            proxy.endpoint_url,
+            "--cas-attempts",
+            "3",
+            "claim",
+            "a",
+            "--agent",
+            "x",
+            code=E.CONFLICT_RETRIES_EXHAUSTED,
+        )
+    assert "3 lost races" in lost["message"]
+    assert task.entry("a").state is om.State.pending
+    with FaultProxy(cli.env["AWS_ENDPOINT_URL"]) as proxy:
+        proxy.strip_conditional_headers = True  # moto checks no signatures, so this passes
+        refused = cli.json(
+            "--endpoint-url",
+            proxy.endpoint_url,
+            "--task",
+            "other",
+            "init",
+            "collect",
+            code=E.UNSUPPORTED,
+        )
+    assert refused["error"] == "UnsupportedStore"
+
+
+@MOTO_ONLY
+def test_interrupting_a_wait_exits_130(cli: Cli, task: om.Task) -> None:
+    proc = cli.popen("claim", "--stage", "check", "--agent", "x", "--wait", "60")
+    try:
+        assert b"waiting up to 60s" in read_line(proc.stderr)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        code, out, err = finish(proc)
+    cli.check(Result(("claim",), code, out, err))
+    assert (code, out) == (E.INTERRUPTED, b"")
+    assert err.endswith("objmanifest: interrupted\n")
+
+
+# -- waiting --------------------------------------------------------------------------------
+
+
+def test_consume_waits_for_the_file_and_claim_gives_up_after_its_wait(
+    cli: Cli, task: om.Task, tmp_path: Path
+) -> None:
+    task.declare("late", "collect")
+    out = tmp_path / "late.txt"
+    proc = cli.popen("consume", "late", "--agent", "reader", "-o", str(out), "--wait", "60")
+    try:
+        assert b"late is not ready yet; waiting up to 60s" in read_line(proc.stderr)
+        produce(task, "late", b"worth the wait")
+    finally:
+        code, stdout, err = finish(proc)
+    cli.check(Result(("consume",), code, stdout, err))
+    assert code == 0, err
+    assert out.read_bytes() == b"worth the wait"
+    assert stdout.decode().startswith("consumed late -> ")
+
+    started = time.monotonic()
+    gave_up = cli.json(
+        "claim", "--stage", "write", "--agent", "x", "--wait", "1", code=E.NOTHING_CLAIMABLE
+    )
+    assert time.monotonic() - started >= 1
+    assert "after waiting 1s" in gave_up["message"]
+
+
+# -- credentials and unexpected errors ------------------------------------------------------
+
+
+@MOTO_ONLY
+def test_credentials_are_not_printed_even_in_tracebacks(cli: Cli) -> None:
+    # Every run through `cli` checks its output for the sentinel credentials; --debug adds
+    # the tracebacks of an expected error and of a store error to what is checked.
+    assert cli.forbidden == (SENTINEL_SECRET,)
+    missing = cli.run("--debug", "show", "nope", code=E.NOT_FOUND)
+    assert "Traceback" in missing.stderr
+    cli.run(
+        "--debug",
+        "--url",
+        f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/p",
+        "status",
+        code=E.STORE_ERROR,
+    )
+
+
+def test_usage_errors_that_need_no_store(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("OBJMANIFEST_URL", raising=False)
+    assert main(["--task", "t", "status"]) == E.USAGE
+    assert capsys.readouterr().err == (
+        "objmanifest: error: no store given: pass --url s3://BUCKET/PREFIX or set OBJMANIFEST_URL\n"
+    )
+    assert main(["serve", "--backend", "moto", "--data", "d", "--json"]) == E.USAGE
+    assert json.loads(capsys.readouterr().out)["message"].startswith("--data needs")
+
+
+def test_an_unexpected_error_is_one_line_with_a_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def boom(ctx: Any) -> int:
+        raise RuntimeError("something nobody expected")
+
+    monkeypatch.setitem(app.HANDLERS, "status", boom)
+    assert main(["--url", "s3://b/p", "--task", "t", "status"]) == E.ERROR
+    err = capsys.readouterr().err
+    assert err == (
+        "objmanifest: unexpected error: RuntimeError: something nobody expected "
+        "(run with --debug for the traceback)\n"
+    )
+    assert main(["--json", "--task", "t", "status", "--debug", "--url", "s3://b/p"]) == E.ERROR
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {
+        "error": "RuntimeError",
+        "message": "RuntimeError: something nobody expected",
+        "exit_code": 1,
+    }
+    assert "Traceback" in captured.err and "boom" in captured.err
+
+
+# -- serve ------------------------------------------------------------------------------------
+
+
+def weed_pids(data_dir: Path) -> list[int]:
+    """``weed`` processes serving ``data_dir`` (Linux), to be sure none outlives a test."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if f"-dir={data_dir}".encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+    return pids
+
+
+@contextlib.contextmanager
+def serving(*args: str, env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``objmanifest serve`` in a child; yields it and its first line of stdout. Whatever
+    happens, nothing it started is left running: it is asked to stop (so it stops its
+    server), then killed, and so is any SeaweedFS it started."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "objmanifest", "serve", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        bufsize=0,
+    )
+    try:
+        yield proc, read_line(proc.stdout, timeout=90).decode()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=20)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if "--data" in args:
+            for pid in weed_pids(Path(args[args.index("--data") + 1])):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+def stop(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGINT) -> tuple[int, str]:
+    proc.send_signal(sig)
+    code, _, err = finish(proc, timeout=30)
+    return code, err
+
+
+def test_serve_moto_answers_s3_and_stops_on_ctrl_c() -> None:
+    port = servers.free_port()
+    env = {
+        **base_env(),
+        "AWS_SECRET_ACCESS_KEY": SENTINEL_SECRET,
+        "AWS_ACCESS_KEY_ID": SENTINEL_KEY_ID,
+    }
+    with serving("--port", str(port), "--bucket", "served", "--json", env=env) as (proc, line):
+        info = json.loads(line)
+        assert info["endpoint_url"] == f"http://127.0.0.1:{port}"
+        assert info["env"] == {
+            "AWS_ENDPOINT_URL": info["endpoint_url"],
+            "AWS_ACCESS_KEY_ID": servers.LOCAL_ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": servers.LOCAL_SECRET_KEY,
+            "AWS_DEFAULT_REGION": servers.LOCAL_REGION,
+            "OBJMANIFEST_URL": "s3://served",
+        }
+        client = servers.LocalS3("moto", info["endpoint_url"], None).client()
+        client.put_object(Bucket="served", Key="k", Body=b"v")
+        assert client.get_object(Bucket="served", Key="k")["Body"].read() == b"v"
+        code, err = stop(proc)
+    assert code == 0, err
+    assert SENTINEL_SECRET not in line + err and SENTINEL_KEY_ID not in line + err
+    assert "server stopped" not in err  # --json: nothing but the one object
+
+
+def test_serve_seaweedfs_keeps_its_data_across_a_restart(tmp_path: Path) -> None:
+    data = tmp_path / "weed"
+    env = base_env()
+    with serving(
+        "--backend", "seaweedfs", "--data", str(data), "--bucket", "kept", "--json", env=env
+    ) as (proc, line):
+        info = json.loads(line)
+        assert info["data_dir"] == str(data) and info["backend"] == "seaweedfs"
+        client = servers.LocalS3("seaweedfs", info["endpoint_url"], None).client()
+        client.put_object(Bucket="kept", Key="k", Body=b"still here")
+        code, err = stop(proc, signal.SIGTERM)
+        assert code == 0, err
+    with serving("--backend", "seaweedfs", "--data", str(data), env=env) as (proc, line):
+        exports = [line, *(read_line(proc.stdout).decode() for _ in range(3))]
+        assert exports[0].startswith("export AWS_ENDPOINT_URL=http://127.0.0.1:")
+        endpoint = exports[0].strip().split("=", 1)[1]
+        assert f"export AWS_SECRET_ACCESS_KEY={servers.LOCAL_SECRET_KEY}\n" in exports
+        client = servers.LocalS3("seaweedfs", endpoint, None).client()
+        assert client.get_object(Bucket="kept", Key="k")["Body"].read() == b"still here"
+        code, err = stop(proc)
+    assert code == 0, err
+    assert "kept across restarts" in err and "server stopped" in err
+    assert weed_pids(data) == []
+
+
+# -- pieces, in process -------------------------------------------------------------------------
+
+
+def test_batch_declarations_accept_arrays_objects_and_bare_ids() -> None:
+    lines = 'a\n\n{"file_id": "b", "stage": "write", "consumers": ["c"]}\n'
+    assert read_declarations(lines, "collect", ["dep"], []) == [
+        {"depends_on": ["dep"], "consumers": [], "stage": "collect", "file_id": "a"},
+        {"depends_on": ["dep"], "consumers": ["c"], "stage": "write", "file_id": "b"},
+    ]
+    assert read_declarations('[{"file_id": "x", "stage": "s"}]', None, [], [])[0]["stage"] == "s"
+    with pytest.raises(ValueError, match="has no stage"):
+        read_declarations("a\n", None, [], [])
+    with pytest.raises(ValueError, match="line 1 is not valid JSON"):
+        read_declarations("{nope\n", "s", [], [])
+
+
+def test_parser_details() -> None:
+    assert parser.size("8MiB") == parser.size("8m") == 8 * 1024 * 1024
+    assert parser.size("512") == 512
+    assert parser.command_of(["--url", "s3://b", "--json", "demo", "--agents", "3"]) == "demo"
+    assert parser.command_of(["--task", "status", "show", "x"]) == "show"
+    args = parser.parse(["--json", "--task", "t1", "status", "--task", "t2"])
+    assert (args.json, args.task, args.command) == (True, "t2", "status")
+    args = parser.parse(["--task", "t1", "claim", "x", "--agent", "a"])
+    assert (args.task, args.json, args.wait) == ("t1", False, 0.0)
+    # The demo brings its own --endpoint-url and --json; given before `demo` they still count.
+    args = parser.parse(["--endpoint-url", "http://s3.test", "--json", "demo", "--files", "4"])
+    assert (args.command, args.endpoint_url, args.json, args.files) == (
+        "demo",
+        "http://s3.test",
+        True,
+        4,
+    )
+
+
+def test_waiting_backs_off_and_gives_up() -> None:
+    sleeps: list[float] = []
+    attempts = iter([None, None, "got it"])
+    assert poll(lambda: next(attempts), 60, sleep=sleeps.append) == "got it"
+    assert sleeps == [0.2, pytest.approx(0.3)]
+    with pytest.raises(om.NotReady):
+        poll(lambda: (_ for _ in ()).throw(om.NotReady("no")), 0, (om.NotReady,))
+
+
+def test_transfer_options_follow_the_api() -> None:
+    def old(claim: object, data: object) -> None: ...
+
+    def new(
+        claim: object, data: object, *, part_size: int = 0, progress: object = None
+    ) -> None: ...
+
+    def report(done: int, total: int | None) -> None: ...
+
+    assert progress.transfer_options(old, report, part_size=None) == {}
+    assert progress.transfer_options(new, report, part_size=5) == {
+        "part_size": 5,
+        "progress": report,
+    }
+    with pytest.raises(exits.UsageError, match="--concurrency needs chunked transfers"):
+        progress.transfer_options(new, None, part_size=None, concurrency=4)
+
+
+def test_progress_bar_only_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert not progress.wanted(io.StringIO(), disabled=False)
+    assert not progress.wanted(Terminal(), disabled=True)
+    screen = Terminal()
+    assert progress.wanted(screen, disabled=False)
+    with progress.bar(True, "put x", screen) as update:
+        assert update is not None
+        update(512, 1024)
+        update(1024, 1024)
+    with progress.bar(False, "put x", screen) as nothing:
+        assert nothing is None
