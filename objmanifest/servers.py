@@ -318,6 +318,20 @@ def _choose_ports(host: str, s3_port: int | None, data_dir: str) -> dict[str, in
     return ports
 
 
+def _weed_env() -> dict[str, str]:
+    """weed's environment: the local credentials, and none of the caller's AWS settings.
+
+    SeaweedFS turns on signature checks when it finds ``AWS_ACCESS_KEY_ID`` and
+    ``AWS_SECRET_ACCESS_KEY`` in its environment, and accepts anything otherwise. Setting
+    the local pair always makes it behave one way (like S3: bad credentials and broken
+    signatures are refused), and never hands a user's real keys to a child process.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["AWS_ACCESS_KEY_ID"] = LOCAL_ACCESS_KEY
+    env["AWS_SECRET_ACCESS_KEY"] = LOCAL_SECRET_KEY
+    return env
+
+
 def _weed_command(weed: str, host: str, data_dir: str, ports: dict[str, int]) -> list[str]:
     return [
         weed,
@@ -494,6 +508,7 @@ def _start_weed_once(
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=data_dir,
+        env=_weed_env(),
         start_new_session=True,  # own process group: stop() signals weed and all it spawned
     )
     owner = _WeedProcess(proc, log, ports, data_dir, remove_dir)
