@@ -12,14 +12,18 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
+import botocore.exceptions
+
 from . import changes, chunks, transfer
 from .errors import (
     ChecksumMismatch,
     LeaseLost,
     NotAConsumer,
     NotClaimable,
+    NotFound,
     NotReady,
     ObjManifestError,
+    StoreError,
 )
 from .leases import Renewer
 from .model import Claim, Entry, State
@@ -305,6 +309,13 @@ class Agent:
                 continue  # produced again while we looked: read the new data
             except ChecksumMismatch as e:
                 raise self._mismatch(entry, e) from None
+            except NotFound as e:  # the data is gone: as bad as wrong data, produce it again
+                raise self._mismatch(entry, ChecksumMismatch(f"{file_id!r}: {e}")) from None
+            except botocore.exceptions.BotoCoreError as e:
+                raise StoreError(
+                    f"reading the data of {file_id!r} from {task.store.describe(entry.key or '')} "
+                    f"broke off ({type(e).__name__}); nothing was marked, consume it again"
+                ) from e
             try:
                 marked = self._mark(entry, consumer)
             except changes.DataChanged:

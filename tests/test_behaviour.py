@@ -679,3 +679,37 @@ def test_declare_many_conflict_writes_nothing(task: om.Task) -> None:
     assert task.index() == index
     with pytest.raises(om.NotFound):
         task.entry("new")
+
+
+def test_missing_data_is_produced_again(task: om.Task) -> None:
+    task.declare("gone", stage="collect")
+    entry = produce(task, "gone", b"soon deleted")
+    assert entry.key
+    task.store.client.delete_object(Bucket=task.store.bucket, Key=task.store.full_key(entry.key))
+    with pytest.raises(om.ChecksumMismatch, match="does not exist"):
+        task.agent("c").consume("gone")
+    after = task.entry("gone")
+    assert (after.state, after.retry_count) == (om.State.failed, 1)
+    produce(task, "gone", b"made again")
+    assert task.agent("c").consume("gone") == b"made again"
+
+
+def test_a_read_that_breaks_off_is_a_store_error(
+    task: om.Task, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import botocore.exceptions
+
+    from objmanifest import transfer
+
+    task.declare("cut", stage="collect")
+    produce(task, "cut", b"0123456789")
+
+    def broken(*args: Any, **kwargs: Any) -> bytes:
+        raise botocore.exceptions.IncompleteReadError(actual_bytes=5, expected_bytes=10)
+
+    monkeypatch.setattr(transfer, "download", broken)
+    with pytest.raises(om.StoreError, match="broke off"):
+        task.agent("c").consume("cut")
+    assert task.entry("cut").state is om.State.ready  # nothing marked, nothing failed
+    monkeypatch.undo()
+    assert task.agent("c").consume("cut") == b"0123456789"
