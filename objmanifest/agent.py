@@ -361,6 +361,7 @@ class Agent:
         task = self.task
         key, digest = entry.key, entry.checksum
         assert key is not None and digest is not None
+        chunks.reject_data(task, entry)  # first: a later holder must not adopt it back
         failed = task.docs.commit(
             task.shard_key(entry.stage),
             task.codec(entry.stage),

@@ -20,7 +20,8 @@ batches, so the stage shard stays small however many parts there are.
   made it ready, and a fenced holder never makes it ready (``changes.finish`` checks the
   epoch).
 * Uploads are kept while their entry may be adopted, and aborted when the entry is dead or
-  a holder starts a new upload in their place (``abandon``, ``sweep``).
+  a holder starts a new upload in their place (``abandon``, ``sweep``). Data a consumer
+  found bad is marked (``reject_data``) before the entry fails, so it is never adopted back.
 * A consumer reads the part list, checks it against the entry's composite checksum, then
   fetches parts with parallel ranged GETs, verifying each part's xxh3 as it streams.
 """
@@ -232,6 +233,14 @@ def abort(
     return doc.model_copy(update={"status": "aborted", "updated_at": now}), doc
 
 
+def reject(doc: UploadState, now: datetime, key: str) -> tuple[UploadState | None, bool]:
+    """A consumer found the completed object at ``key`` bad: it must never be adopted back.
+    A no-op if the state has moved on to another upload already."""
+    if doc.key != key or doc.status != "open":
+        return None, False
+    return doc.model_copy(update={"status": "aborted", "updated_at": now}), True
+
+
 # -- uploading -------------------------------------------------------------------------------
 
 
@@ -293,7 +302,6 @@ class _Upload:
         self.docs = Documents(self.store, self.task.docs.policy)
         self.concurrency = max(1, min(self.config.concurrency, transfer.pool_size(self.store)))
         self.done_bytes = 0
-        self.prior_key: str | None = None
 
     def advance(self, size: int) -> None:
         self.done_bytes += size
@@ -309,7 +317,7 @@ class _Upload:
     # -- the plan: adopt, or start anew ----------------------------------------------------
 
     def run(self) -> tuple[Stored, UploadStats]:
-        self.prior_key = self._held_entry().key
+        self._held_entry()
         doc = self.docs.read(self.state_key, self.codec)
         parts: list[Part] | None = None
         if doc.status == "open" and doc.upload_id and self.source.seekable:
@@ -375,8 +383,8 @@ class _Upload:
         assert doc.key is not None and doc.part_size is not None
         head = transfer.head_or_none(self.store, doc.key)
         parts = list(doc.parts)
-        if head is None or not parts or doc.key == self.prior_key:
-            return None  # aborted, or the data a consumer rejected
+        if head is None or not parts:
+            return None
         numbers_ok = [p[0] for p in parts] == list(range(1, len(parts) + 1))
         implied = checksum.multipart_etag(p[3] for p in parts)
         if not numbers_ok or implied is None or checksum.bare_etag(head.etag) != implied:
@@ -425,14 +433,14 @@ class _Upload:
         return f"{base}~{int(suffix) + 1 if suffix.isdigit() else 2}"
 
     def _retire(self, old: UploadState, keep: str) -> None:
-        """Abort the upload a new one replaces, and remove an object it completed that no
-        ready entry points at (never the data a consumer rejected: it is kept to inspect)."""
+        """Abort the upload a new one replaces, and remove an object it completed: no entry
+        points at it (ours is held by us, and a rejected one has no data any more)."""
         if old.key is None or old.key == keep:
             return
         with contextlib.suppress(ObjManifestError):
             if old.upload_id and old.status == "open":
                 transfer.abort_upload(self.store, old.key, old.upload_id)
-            if old.key != self.prior_key and transfer.head_or_none(self.store, old.key):
+            if transfer.head_or_none(self.store, old.key):
                 self.store.delete(old.key)
                 log.info("%s: removed %s, replaced by %s", self.claim.file_id, old.key, keep)
 
@@ -681,6 +689,19 @@ def abandon(task: Task, stage: str, file_id: str, epoch: int | None = None) -> s
         return None  # completed or aborted already
     log.info("%s: aborted the upload of %s", file_id, old.key)
     return old.key
+
+
+def reject_data(task: Task, entry: Entry) -> None:
+    """A consumer found the entry's chunked data bad (or missing): mark its upload so no
+    later holder adopts that object back, before the entry is failed."""
+    if not entry.is_chunked or entry.key is None or entry.parts_key is None:
+        return
+    codec = UploadCodec(task.task_id, entry.stage, entry.file_id)
+    key = entry.key
+    with contextlib.suppress(ObjManifestError):
+        Documents(task.store, task.docs.policy).commit(
+            entry.parts_key, codec, lambda doc, now: reject(doc, now, key)
+        )
 
 
 def after_lost_lease(task: Task, claim: Claim) -> None:

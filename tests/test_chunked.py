@@ -429,14 +429,16 @@ def test_a_corrupted_part_is_found_and_nothing_is_left_at_dest(
     failed = task.entry("c")
     assert (failed.state, failed.retry_count) == (om.State.failed, 1)
     assert "part 2" in (failed.error or "")
+    assert state_of(task, "c").status == "aborted"  # never to be adopted back
 
-    # Produced again from the same source: the rejected object is not adopted back.
+    # Produced again from the same source: a new upload, and the rejected object is gone.
     again = producer.claim("c")
     assert again is not None
     fixed = producer.put(again, bytes(data), part_size=PART, threshold=MiB)
-    assert fixed.key == "job/data/make/c@2" and fixed.key != entry.key
+    assert fixed.key == "job/data/make/c@2"
     assert task.agent("c").consume("c") == bytes(data)
     assert uploads(store) == []
+    assert list(store.list_keys("job/data/")) == ["job/data/make/c@2"]
 
 
 def test_a_tampered_part_list_is_a_mismatch(store: om.Store) -> None:
@@ -456,6 +458,44 @@ def test_a_tampered_part_list_is_a_mismatch(store: om.Store) -> None:
     with pytest.raises(om.ChecksumMismatch, match="part list"):
         task.agent("c").consume("l")
     assert task.entry("l").state is om.State.failed
+
+
+def test_data_a_consumer_rejected_is_never_adopted_back(
+    store: om.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object is intact (its ETag still matches its parts), but a consumer read bad bytes:
+    the next holder with the same source must upload anew rather than adopt it."""
+    data = random.Random(15).randbytes(2 * PART + 5)
+    task = task_of(store)
+    task.declare("v", stage="make")
+    producer = task.agent("p")
+    claim = producer.claim("v")
+    assert claim is not None
+    producer.put(claim, data, part_size=PART, threshold=MiB)
+    real_open = store.open
+
+    class Flipped(io.RawIOBase):
+        def __init__(self, body: Any) -> None:
+            self.body = body
+
+        def read(self, size: int = -1) -> bytes:
+            chunk = bytearray(self.body.read(size))
+            if chunk:
+                chunk[0] ^= 1
+            return bytes(chunk)
+
+    monkeypatch.setattr(
+        store, "open", lambda key, byte_range=None: Flipped(real_open(key, byte_range))
+    )
+    with pytest.raises(om.ChecksumMismatch, match="part 1 of 3"):
+        task.agent("c").consume("v", concurrency=1)
+    monkeypatch.setattr(store, "open", real_open)
+    again = producer.claim("v")
+    assert again is not None
+    with requests(store) as seen:
+        entry = producer.put(again, data, part_size=PART, threshold=MiB)
+    assert entry.key == "job/data/make/v@2" and seen["UploadPart"] == 3
+    assert task.agent("c").consume("v") == data
 
 
 def test_a_broken_download_resumes_where_it_stopped(
