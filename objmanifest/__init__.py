@@ -28,6 +28,7 @@ from .model import Claim, Declaration, Entry, State, TaskStatus
 from .shards import CasPolicy
 from .store import Store, connect
 from .task import Task
+from .transfer import TransferConfig, set_defaults
 
 __version__ = "0.1.0"
 
@@ -56,7 +57,9 @@ __all__ = [
     "StoreError",
     "Task",
     "TaskStatus",
+    "TransferConfig",
     "UnsupportedSchema",
     "UnsupportedStore",
     "connect",
+    "set_defaults",
 ]

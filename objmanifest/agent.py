@@ -236,11 +236,14 @@ class Agent:
         """Give the entry up: it becomes failed (claimable again) or dead."""
         self._check_holder(claim)
         task = self.task
-        return task.docs.commit(
+        failed = task.docs.commit(
             task.shard_key(claim.stage),
             task.codec(claim.stage),
             lambda shard, now: changes.fail(shard, claim, reason, now, task.rules),
         )
+        if failed.state is State.dead:  # nobody will adopt its upload: free the parts
+            chunks.abandon(task, failed.stage, failed.file_id)
+        return failed
 
     # -- consuming ---------------------------------------------------------------------
 

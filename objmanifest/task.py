@@ -320,6 +320,8 @@ class Task:
 
         Any agent may call it at any time: the CAS makes each release happen once.
         """
+        from . import chunks  # chunks builds on Task: import it when it is needed
+
         released: list[Entry] = []
         for stage in self.stages:
             released += self.docs.commit(
@@ -327,6 +329,9 @@ class Task:
                 self.codec(stage),
                 lambda shard, now: changes.reap(shard, now, self.rules),
             )
+        for entry in released:
+            if entry.state is State.dead:  # nobody will adopt its upload: free the parts
+                chunks.abandon(self, entry.stage, entry.file_id)
         return released
 
 
