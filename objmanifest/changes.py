@@ -222,7 +222,7 @@ def _held(shard: Shard, claim: Claim) -> Entry:
         raise LeaseLost(
             f"lease on {claim.file_id!r} (epoch {claim.epoch}, agent {claim.agent}) is lost: "
             f"the entry is now {entry.state.value} at epoch {entry.epoch}"
-            + (f", held by {entry.owner}" if entry.owner else "")
+            + (f", held by {entry.owner}" if entry.state is State.writing else "")
             + ". Stop working on it; claim it again if it is still wanted."
         )
     return entry
