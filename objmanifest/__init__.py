@@ -5,6 +5,7 @@ and dependencies; it is split into per-stage shards changed only by conditional 
 """
 
 from .agent import Agent
+from .cas import CasPolicy
 from .errors import (
     AlreadyConsumed,
     AlreadyExists,
@@ -14,19 +15,22 @@ from .errors import (
     DeclarationConflict,
     DependencyCycle,
     InvalidFileId,
+    InvalidInput,
     LeaseLost,
     NotAConsumer,
     NotClaimable,
     NotFound,
     NotReady,
     ObjManifestError,
+    SourceChanged,
     StoreError,
     UnsupportedSchema,
     UnsupportedStore,
 )
+from .events import CommitEvent, Transition
 from .model import Claim, Declaration, Entry, State, TaskStatus
-from .shards import CasPolicy
-from .store import Store, connect
+from .runtime import Runtime
+from .store import MemoryStore, ObjectStore, S3Store, Store, connect
 from .task import Task
 from .transfer import TransferConfig, set_defaults
 
@@ -39,6 +43,7 @@ __all__ = [
     "CasPolicy",
     "ChecksumMismatch",
     "Claim",
+    "CommitEvent",
     "ConflictRetriesExhausted",
     "CorruptShard",
     "Declaration",
@@ -46,18 +51,25 @@ __all__ = [
     "DependencyCycle",
     "Entry",
     "InvalidFileId",
+    "InvalidInput",
     "LeaseLost",
+    "MemoryStore",
     "NotAConsumer",
     "NotClaimable",
     "NotFound",
     "NotReady",
     "ObjManifestError",
+    "ObjectStore",
+    "Runtime",
+    "S3Store",
+    "SourceChanged",
     "State",
     "Store",
     "StoreError",
     "Task",
     "TaskStatus",
     "TransferConfig",
+    "Transition",
     "UnsupportedSchema",
     "UnsupportedStore",
     "connect",

@@ -1,35 +1,35 @@
 """An agent: claims entries, writes their data under a lease, consumes what others made.
 
-Every change goes through the task's CAS loop with a pure change from ``changes.py``; the
-only other I/O here is the data itself (``transfer.py``).
+Every change goes through the task's CAS loop as a named command from ``changes.py``; the
+only other I/O here is the data itself (``transfer.py`` for one object, ``uploads/`` for a
+chunked entry). Side effects of the transitions an agent causes (an upload to abort) run
+from the task's commit events, not from here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, overload
+from typing import overload
 
-import botocore.exceptions
-
-from . import changes, chunks, transfer
+from . import changes, sources, transfer, uploads
 from .errors import (
     ChecksumMismatch,
+    DataChanged,
+    InvalidInput,
     LeaseLost,
     NotAConsumer,
     NotClaimable,
     NotFound,
     NotReady,
     ObjManifestError,
+    ReadBrokeOff,
     StoreError,
 )
 from .leases import Renewer
-from .model import Claim, Entry, State
-
-if TYPE_CHECKING:
-    from .task import Task
+from .manifest import Manifest
+from .model import Claim, Entry, State, Stored
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,9 @@ class Agent:
     same logical worker: a claim is bound to the name and the epoch.
     """
 
-    def __init__(self, task: Task, name: str, role: str | None = None) -> None:
+    def __init__(self, task: Manifest, name: str, role: str | None = None) -> None:
         if not name or not isinstance(name, str):
-            raise ValueError(f"an agent needs a non-empty name, not {name!r}")
+            raise InvalidInput(f"an agent needs a non-empty name, not {name!r}")
         self.task = task
         self.name = name
         self.role = role or name
@@ -58,41 +58,43 @@ class Agent:
         ``stage`` (None if there is none)."""
         if file_id is None:
             if stage is None:
-                raise ValueError("claim() needs a file id, or stage= to take any entry of it")
+                raise InvalidInput("claim() needs a file id, or stage= to take any entry of it")
             claims = self.claim_many(stage=stage, limit=1)
             return claims[0] if claims else None
-        stage_of = self.task.stage_of(file_id)
+        task = self.task
+        stage_of = task.stage_of(file_id)
         if stage is not None and stage != stage_of:
             raise NotClaimable(file_id, f"it belongs to stage {stage_of!r}, not {stage!r}")
-        task = self.task
-        current = task.shard(stage_of)
+        shard = task.layout.shard_of(stage_of, file_id)
+        current = task.read_shard(shard)
         wanted = [current.entries[file_id]] if file_id in current.entries else []
-        make_lookup = task.lookup_for(stage_of, wanted)
         result = task.docs.commit(
-            task.shard_key(stage_of),
-            task.codec(stage_of),
-            lambda shard, now: changes.claim(
-                shard, file_id, self.name, now, task.rules, make_lookup(shard)
-            ),
+            task.layout.shard(shard),
+            task.codec(shard),
+            changes.ClaimEntry(file_id, self.name, task.rules, task.lookup_for(shard, wanted)),
         )
         if isinstance(result, NotClaimable):
             raise result
         return result
 
     def claim_many(self, stage: str, limit: int = 50) -> list[Claim]:
-        """Claim up to ``limit`` claimable entries of ``stage`` in one commit."""
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, not {limit}")
+        """Claim up to ``limit`` claimable entries of ``stage`` in one commit per shard."""
+        if not isinstance(limit, int) or limit < 1:
+            raise InvalidInput(f"limit must be a whole number of at least 1, not {limit!r}")
         task = self.task
-        current = task.shard(stage)
-        make_lookup = task.lookup_for(stage, current.entries.values())
-        return task.docs.commit(
-            task.shard_key(stage),
-            task.codec(stage),
-            lambda shard, now: changes.claim_any(
-                shard, self.name, limit, now, task.rules, make_lookup(shard)
-            ),
-        )
+        task.shard(stage)  # refuses an unknown stage
+        claims: list[Claim] = []
+        for shard in task.layout.shards_of(stage):
+            current = task.read_shard(shard)
+            lookups = task.lookup_for(shard, current.entries.values())
+            claims += task.docs.commit(
+                task.layout.shard(shard),
+                task.codec(shard),
+                changes.ClaimAny(self.name, limit - len(claims), task.rules, lookups),
+            )
+            if len(claims) >= limit:
+                break
+        return claims
 
     # -- holding -----------------------------------------------------------------------
 
@@ -108,15 +110,15 @@ class Agent:
         self._check_holder(claim)
         task = self.task
         return task.docs.commit(
-            task.shard_key(claim.stage),
-            task.codec(claim.stage),
-            lambda shard, now: changes.renew(shard, claim, now, task.rules),
+            task.layout.shard(claim.shard),
+            task.codec(claim.shard),
+            changes.Renew(claim, task.rules),
         )
 
     def put(
         self,
         claim: Claim,
-        data: transfer.Source,
+        data: sources.Source,
         *,
         part_size: int | None = None,
         concurrency: int | None = None,
@@ -132,7 +134,7 @@ class Agent:
         the upload and sends only what is missing. A buffered stream of unknown size
         (``sys.stdin.buffer``) is chunked too, with 64 MiB parts unless told otherwise (so up
         to 625 GiB), but it cannot be resumed: its bytes are gone with its producer.
-        Defaults come from ``transfer.defaults()``. ``progress`` is called as
+        Defaults come from the task's ``transfer`` settings. ``progress`` is called as
         ``progress(bytes_done, total_or_None)`` from this thread, after each part.
 
         The lease is renewed in the background while the data is written, so a write that
@@ -141,14 +143,16 @@ class Agent:
         """
         self._check_holder(claim)
         task = self.task
-        config = transfer.defaults().with_overrides(part_size, concurrency, threshold)
-        with Renewer(lambda: self.renew(claim), task.lease_seconds / 3, claim.file_id) as renewer:
+        config = task.transfer.with_overrides(part_size, concurrency, threshold)
+        renewer = Renewer(
+            lambda: self.renew(claim), task.lease_seconds / 3, claim.file_id, task.store.runtime
+        )
+        with renewer:
             try:
                 stored = self._store_data(
                     claim, data, config, part_size is not None, progress, renewer
                 )
             except LeaseLost:
-                chunks.after_lost_lease(task, claim)
                 raise
             except ObjManifestError as e:
                 self._raise_if_fenced(claim, renewer, e)
@@ -157,26 +161,30 @@ class Agent:
             entry = self._finish(claim, stored)
         except LeaseLost:
             if stored.parts_key is None:
-                with contextlib.suppress(Exception):
-                    task.store.delete(stored.key)  # nobody can reference a fenced epoch's key
-            else:
-                chunks.after_lost_lease(task, claim)  # kept for the next holder unless dead
+                self._drop_fenced_object(stored.key)
             raise
-        if stored.parts_key is None:
-            chunks.after_single_put(task, claim)
         if progress is not None:
             progress(stored.size, stored.size)
         return entry
 
+    def _drop_fenced_object(self, key: str) -> None:
+        """A fenced holder's single object: no entry can ever point at its epoch's key."""
+        try:
+            self.task.store.delete(key)
+        except ObjManifestError as e:
+            log.warning(
+                "could not remove the fenced object %s: %s", self.task.store.describe(key), e
+            )
+
     def _store_data(
         self,
         claim: Claim,
-        data: transfer.Source,
+        data: sources.Source,
         config: transfer.TransferConfig,
         explicit: bool,
         progress: transfer.Progress | None,
         renewer: Renewer,
-    ) -> transfer.Stored:
+    ) -> Stored:
         """One object for small data, a chunked upload for large data."""
         task = self.task
 
@@ -184,13 +192,13 @@ class Agent:
             if renewer.lost is not None:
                 raise renewer.lost
 
-        with transfer.open_source(data, config.threshold) as prepared:
+        with sources.open_source(data, config.threshold) as prepared:
             if prepared.single is not None:
-                key = transfer.data_key(claim.task_id, claim.stage, claim.file_id, claim.epoch)
+                key = task.layout.data(claim.stage, claim.file_id, claim.epoch)
                 return transfer.upload(task.store, key, prepared.single)
             assert prepared.parts is not None
-            stored, stats = chunks.upload(
-                task,
+            stored, stats = uploads.upload(
+                task.uploads,
                 claim,
                 prepared.parts,
                 config,
@@ -212,38 +220,23 @@ class Agent:
             except ObjManifestError:
                 return
         if lost is not None:
-            chunks.after_lost_lease(self.task, claim)
             raise lost from error
 
-    def _finish(self, claim: Claim, stored: transfer.Stored) -> Entry:
+    def _finish(self, claim: Claim, stored: Stored) -> Entry:
         task = self.task
         return task.docs.commit(
-            task.shard_key(claim.stage),
-            task.codec(claim.stage),
-            lambda shard, now: changes.finish(
-                shard,
-                claim,
-                stored.key,
-                stored.checksum,
-                stored.size,
-                now,
-                part_size=stored.part_size,
-                parts_key=stored.parts_key,
-            ),
+            task.layout.shard(claim.shard), task.codec(claim.shard), changes.Finish(claim, stored)
         )
 
     def fail(self, claim: Claim, reason: str) -> Entry:
         """Give the entry up: it becomes failed (claimable again) or dead."""
         self._check_holder(claim)
         task = self.task
-        failed = task.docs.commit(
-            task.shard_key(claim.stage),
-            task.codec(claim.stage),
-            lambda shard, now: changes.fail(shard, claim, reason, now, task.rules),
+        return task.docs.commit(
+            task.layout.shard(claim.shard),
+            task.codec(claim.shard),
+            changes.Fail(claim, reason, task.rules),
         )
-        if failed.state is State.dead:  # nobody will adopt its upload: free the parts
-            chunks.abandon(task, failed.stage, failed.file_id)
-        return failed
 
     # -- consuming ---------------------------------------------------------------------
 
@@ -301,27 +294,27 @@ class Agent:
         task = self.task
         if part_size is not None:
             transfer.check_part_size(part_size)
-        config = transfer.defaults().with_overrides(concurrency=concurrency)
+        config = task.transfer.with_overrides(concurrency=concurrency)
         for _ in range(5):
             entry = task.entry(file_id)
             consumer = self._consumer(entry)
             changes.check_consumable(entry, consumer)
             try:
                 result = self._fetch(entry, dest, config, part_size, progress)
-            except changes.DataChanged:
+            except DataChanged:
                 continue  # produced again while we looked: read the new data
             except ChecksumMismatch as e:
                 raise self._mismatch(entry, e) from None
             except NotFound as e:  # the data is gone: as bad as wrong data, produce it again
                 raise self._mismatch(entry, ChecksumMismatch(f"{file_id!r}: {e}")) from None
-            except botocore.exceptions.BotoCoreError as e:
+            except ReadBrokeOff as e:
                 raise StoreError(
                     f"reading the data of {file_id!r} from {task.store.describe(entry.key or '')} "
-                    f"broke off ({type(e).__name__}); nothing was marked, consume it again"
+                    f"broke off ({e}); nothing was marked, consume it again"
                 ) from e
             try:
                 marked = self._mark(entry, consumer)
-            except changes.DataChanged:
+            except DataChanged:
                 continue  # produced again while we read it: read the new data
             return result if isinstance(result, bytes) else marked
         raise NotReady(f"{file_id!r} kept being produced again while it was read; try later")
@@ -330,10 +323,11 @@ class Agent:
         task = self.task
         key, digest = entry.key, entry.checksum
         assert key is not None and digest is not None
+        shard = task.layout.shard_of(entry.stage, entry.file_id)
         return task.docs.commit(
-            task.shard_key(entry.stage),
-            task.codec(entry.stage),
-            lambda shard, now: changes.consume(shard, entry.file_id, consumer, key, digest, now),
+            task.layout.shard(shard),
+            task.codec(shard),
+            changes.Consume(entry.file_id, consumer, key, digest, actor=self.name),
         )
 
     def _fetch(
@@ -346,8 +340,8 @@ class Agent:
     ) -> bytes | Path:
         store = self.task.store
         if entry.is_chunked:
-            return chunks.download(
-                self.task, entry, dest, config, range_size=part_size, progress=progress
+            return uploads.download(
+                self.task.uploads, entry, dest, config, range_size=part_size, progress=progress
             )
         key, digest, size = entry.key, entry.checksum, entry.size
         assert key is not None and digest is not None and size is not None
@@ -360,21 +354,29 @@ class Agent:
         return result
 
     def _mismatch(self, entry: Entry, error: ChecksumMismatch) -> ChecksumMismatch:
-        """Record bad data so it is produced again; the error says what became of it."""
+        """Record bad data so it is produced again; the error says what became of it.
+
+        A chunked entry's upload is marked first, so no later holder adopts the bad object
+        back; if that mark cannot be written, the entry is left as it is (the next consumer
+        finds the mismatch again) and the error says so.
+        """
         task = self.task
         key, digest = entry.key, entry.checksum
         assert key is not None and digest is not None
-        chunks.reject_data(task, entry)  # first: a later holder must not adopt it back
+        try:
+            uploads.reject_data(task.uploads, entry)
+        except ObjManifestError as e:
+            return ChecksumMismatch(
+                f"{error}; the bad data could not be marked ({e}), so the entry was left "
+                "ready: consume it again to retry"
+            )
+        shard = task.layout.shard_of(entry.stage, entry.file_id)
         failed = task.docs.commit(
-            task.shard_key(entry.stage),
-            task.codec(entry.stage),
-            lambda shard, now: changes.mismatch(
-                shard, entry.file_id, key, digest, str(error), now, task.rules
-            ),
+            task.layout.shard(shard),
+            task.codec(shard),
+            changes.Mismatch(entry.file_id, key, digest, str(error), task.rules, actor=self.name),
         )
-        if failed.state is State.dead:
-            chunks.abandon(task, entry.stage, entry.file_id)
-        if failed.state.value == "failed":
+        if failed.state is State.failed:
             return ChecksumMismatch(
                 f"{error}; the entry is now failed, so it will be produced again"
             )

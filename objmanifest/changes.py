@@ -1,32 +1,42 @@
-"""The changes to a shard, as pure functions ``(shard, now, ...) -> (new shard | None, result)``.
+"""The changes to a shard: pure functions, and the named commands that carry them.
 
-The CAS loop in ``shards.py`` may apply one of these several times to fresher shards until
-its write wins, so they read nothing but their arguments and change nothing outside. A new
-shard of ``None`` means "nothing to write". Refusals are raised as ``ObjManifestError``.
+Each change is a pure function ``(shard, now, ...) -> (new shard | None, result)``. The CAS
+loop (``cas.py``) may apply one several times to fresher shards until its write wins, so
+they read nothing but their arguments and change nothing outside. A new shard of ``None``
+means "nothing to write". Refusals are raised as ``ObjManifestError``.
+
+The commands at the end (``ClaimEntry``, ``Renew``, ``Finish`` ...) name each change and
+its actor, so every commit is published as what it was: a claim, a finish, a reap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
+
+import shard_index
 
 from . import leases
 from .errors import (
     AlreadyConsumed,
+    DataChanged,
     DeclarationConflict,
     LeaseLost,
     NotClaimable,
     NotFound,
     NotReady,
-    ObjManifestError,
 )
-from .model import Claim, Declaration, Entry, Shard, State
+from .model import Claim, Declaration, Entry, Shard, State, Stored
 from .states import Event, next_state
 
 Lookup = Callable[[str], "Entry | None"]
 """Finds a dependency's entry in any shard; None when it is not declared (yet)."""
+
+Lookups = Callable[[Shard], Lookup]
+"""Makes the look-up for one version of the shard being changed (its own entries come from
+that version, other shards' from reads made before the commit)."""
 
 
 @dataclass(frozen=True)
@@ -36,10 +46,6 @@ class Rules:
     task_id: str
     lease_seconds: float
     max_retries: int
-
-
-class DataChanged(ObjManifestError):
-    """The entry no longer points at the data a consumer verified: it was produced again."""
 
 
 def _update(entry: Entry, now: datetime, **fields: Any) -> Entry:
@@ -53,18 +59,39 @@ def _entry(shard: Shard, file_id: str) -> Entry:
     return entry
 
 
+def _failure(entry: Entry, now: datetime, event: Event, error: str, rules: Rules) -> Entry:
+    """One failure (``fail``, a takeover, an expired lease, bad data): one retry more, the
+    holder released, and the state the table gives: alive again, or dead once the retries
+    are spent."""
+    retries = entry.retry_count + 1
+    state = next_state(entry.state, event, retry_count=retries, max_retries=rules.max_retries)
+    return _update(
+        entry,
+        now,
+        state=state,
+        retry_count=retries,
+        error=error,
+        owner=None,
+        lease_expires_at=None,
+    )
+
+
+def _expired_error(entry: Entry) -> str:
+    return f"lease of {entry.owner} (epoch {entry.epoch}) expired"
+
+
 # -- declare ---------------------------------------------------------------------------
 
 
 def differences(entry: Entry, decl: Declaration) -> list[str]:
     """What a declaration says differently from the entry already there."""
-    diffs = []
-    if entry.stage != decl.stage:
-        diffs.append(f"stage: {entry.stage!r} != {decl.stage!r}")
-    for name in ("depends_on", "consumers"):
-        old, new = set(getattr(entry, name)), set(getattr(decl, name))
-        if old != new:
-            diffs.append(f"{name}: declared {sorted(old)}, now {sorted(new)}")
+    diffs = shard_index.differences(
+        shard_index.Node(entry.stage, frozenset(entry.depends_on)),
+        shard_index.Node(decl.stage, frozenset(decl.depends_on)),
+    )
+    old, new = set(entry.consumers), set(decl.consumers)
+    if old != new:
+        diffs.append(f"consumers: declared {sorted(old)}, now {sorted(new)}")
     return diffs
 
 
@@ -134,40 +161,22 @@ def why_not_claimable(entry: Entry, now: datetime, lookup: Lookup) -> str | None
 
 def _take(entry: Entry, agent: str, now: datetime, rules: Rules) -> Entry:
     """Claim a claimable entry; a takeover of an expired lease counts one failure."""
-    lease = leases.expires_at(now, rules.lease_seconds)
     if entry.state is State.writing:
-        retries = entry.retry_count + 1
-        state = next_state(
-            State.writing, Event.takeover, retry_count=retries, max_retries=rules.max_retries
-        )
-        error = f"lease of {entry.owner} (epoch {entry.epoch}) expired"
-        if state is State.dead:
-            return _update(
-                entry,
-                now,
-                state=state,
-                retry_count=retries,
-                error=error,
-                owner=None,
-                lease_expires_at=None,
-            )
-        return _update(
-            entry,
-            now,
-            state=state,
-            owner=agent,
-            epoch=entry.epoch + 1,
-            lease_expires_at=lease,
-            retry_count=retries,
-            error=error,
-        )
-    state = next_state(entry.state, Event.claim)
+        entry = _failure(entry, now, Event.takeover, _expired_error(entry), rules)
+        if entry.state is State.dead:
+            return entry
+    else:
+        entry = _update(entry, now, state=next_state(entry.state, Event.claim))
     return _update(
-        entry, now, state=state, owner=agent, epoch=entry.epoch + 1, lease_expires_at=lease
+        entry,
+        now,
+        owner=agent,
+        epoch=entry.epoch + 1,
+        lease_expires_at=leases.expires_at(now, rules.lease_seconds),
     )
 
 
-def _claim_of(entry: Entry, rules: Rules) -> Claim:
+def _claim_of(shard: Shard, entry: Entry, rules: Rules) -> Claim:
     assert entry.lease_expires_at is not None and entry.owner is not None
     return Claim(
         task_id=rules.task_id,
@@ -176,6 +185,7 @@ def _claim_of(entry: Entry, rules: Rules) -> Claim:
         agent=entry.owner,
         epoch=entry.epoch,
         lease_expires_at=entry.lease_expires_at,
+        shard=shard.stage,
     )
 
 
@@ -191,7 +201,7 @@ def claim(
     new = shard.with_entries({file_id: taken})
     if taken.state is State.dead:
         return new, NotClaimable(file_id, f"state dead after {taken.retry_count} failures")
-    return new, _claim_of(taken, rules)
+    return new, _claim_of(new, taken, rules)
 
 
 def claim_any(
@@ -199,17 +209,20 @@ def claim_any(
 ) -> tuple[Shard | None, list[Claim]]:
     """Claim up to ``limit`` claimable entries, oldest declared first, in one commit."""
     changed: dict[str, Entry] = {}
-    claims: list[Claim] = []
+    taken_ok: list[Entry] = []
     for entry in shard.entries.values():
-        if len(claims) >= limit:
+        if len(taken_ok) >= limit:
             break
         if why_not_claimable(entry, now, lookup) is not None:
             continue
         taken = _take(entry, agent, now, rules)
         changed[entry.file_id] = taken
         if taken.state is State.writing:
-            claims.append(_claim_of(taken, rules))
-    return (shard.with_entries(changed) if changed else None), claims
+            taken_ok.append(taken)
+    if not changed:
+        return None, []
+    new = shard.with_entries(changed)
+    return new, [_claim_of(new, entry, rules) for entry in taken_ok]
 
 
 # -- holder's changes --------------------------------------------------------------------
@@ -234,7 +247,8 @@ def renew(shard: Shard, claim: Claim, now: datetime, rules: Rules) -> tuple[Shar
     if entry.lease_expires_at is not None and entry.lease_expires_at > expiry:
         expiry = entry.lease_expires_at  # never move a lease backwards
     renewed = _update(entry, now, lease_expires_at=expiry)
-    return shard.with_entries({claim.file_id: renewed}), _claim_of(renewed, rules)
+    new = shard.with_entries({claim.file_id: renewed})
+    return new, _claim_of(new, renewed, rules)
 
 
 def finish(
@@ -258,15 +272,15 @@ def finish(
     if (
         entry.state in (State.ready, State.consumed)
         and entry.epoch == claim.epoch
+        and entry.owner == claim.agent
         and (entry.key, entry.checksum, entry.size, entry.part_size, entry.parts_key) == data
     ):
         return None, entry
     entry = _held(shard, claim)
-    state = next_state(entry.state, Event.finish)
     ready = _update(
         entry,
         now,
-        state=state,
+        state=next_state(entry.state, Event.finish),
         key=key,
         checksum=checksum,
         size=size,
@@ -281,18 +295,7 @@ def finish(
 def fail(
     shard: Shard, claim: Claim, reason: str, now: datetime, rules: Rules
 ) -> tuple[Shard, Entry]:
-    entry = _held(shard, claim)
-    retries = entry.retry_count + 1
-    state = next_state(entry.state, Event.fail, retry_count=retries, max_retries=rules.max_retries)
-    failed = _update(
-        entry,
-        now,
-        state=state,
-        retry_count=retries,
-        error=reason,
-        owner=None,
-        lease_expires_at=None,
-    )
+    failed = _failure(_held(shard, claim), now, Event.fail, reason, rules)
     return shard.with_entries({claim.file_id: failed}), failed
 
 
@@ -331,21 +334,6 @@ def consume(
     return shard.with_entries({file_id: marked}), marked
 
 
-def mismatch(
-    shard: Shard, file_id: str, key: str, checksum: str, detail: str, now: datetime, rules: Rules
-) -> tuple[Shard | None, Entry]:
-    """A consumer found bad data: produce it again (or give up once retries are spent)."""
-    entry = _entry(shard, file_id)
-    if entry.state is not State.ready or (entry.key, entry.checksum) != (key, checksum):
-        return None, entry  # already handled, or produced again meanwhile
-    retries = entry.retry_count + 1
-    state = next_state(
-        entry.state, Event.mismatch, retry_count=retries, max_retries=rules.max_retries
-    )
-    failed = _update(entry, now, state=state, retry_count=retries, error=detail, **_NO_DATA)
-    return shard.with_entries({file_id: failed}), failed
-
-
 _NO_DATA: dict[str, Any] = {
     "key": None,
     "checksum": None,
@@ -353,10 +341,20 @@ _NO_DATA: dict[str, Any] = {
     "part_size": None,
     "parts_key": None,
     "consumed_by": (),
-    "lease_expires_at": None,
 }
 """What bad data leaves behind: nothing. Marks made on it are void too, so every consumer
 reads the data produced again."""
+
+
+def mismatch(
+    shard: Shard, file_id: str, key: str, checksum: str, detail: str, now: datetime, rules: Rules
+) -> tuple[Shard | None, Entry]:
+    """A consumer found bad data: produce it again (or give up once retries are spent)."""
+    entry = _entry(shard, file_id)
+    if entry.state is not State.ready or (entry.key, entry.checksum) != (key, checksum):
+        return None, entry  # already handled, or produced again meanwhile
+    failed = _update(_failure(entry, now, Event.mismatch, detail, rules), now, **_NO_DATA)
+    return shard.with_entries({file_id: failed}), failed
 
 
 # -- reaper ------------------------------------------------------------------------------
@@ -364,21 +362,162 @@ reads the data produced again."""
 
 def reap(shard: Shard, now: datetime, rules: Rules) -> tuple[Shard | None, list[Entry]]:
     """Release every expired lease of the shard: failed, or dead once retries are spent."""
-    changed: dict[str, Entry] = {}
-    for entry in shard.entries.values():
-        if not leases.expired(entry, now):
-            continue
-        retries = entry.retry_count + 1
-        state = next_state(
-            entry.state, Event.expire, retry_count=retries, max_retries=rules.max_retries
-        )
-        changed[entry.file_id] = _update(
-            entry,
-            now,
-            state=state,
-            retry_count=retries,
-            error=f"lease of {entry.owner} (epoch {entry.epoch}) expired",
-            owner=None,
-            lease_expires_at=None,
-        )
+    changed = {
+        entry.file_id: _failure(entry, now, Event.expire, _expired_error(entry), rules)
+        for entry in shard.entries.values()
+        if leases.expired(entry, now)
+    }
     return (shard.with_entries(changed) if changed else None), list(changed.values())
+
+
+# -- the named commands the CAS loop commits ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Declare:
+    """Add declarations to a shard."""
+
+    name: ClassVar[str] = "declare"
+    decls: Sequence[Declaration]
+    actor: str = ""
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, list[Entry]]:
+        return declare(shard, now, self.decls)
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    """Claim one named entry (a takeover if its lease expired)."""
+
+    name: ClassVar[str] = "claim"
+    file_id: str
+    agent: str
+    rules: Rules
+    lookups: Lookups
+
+    @property
+    def actor(self) -> str:
+        return self.agent
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, Claim | NotClaimable]:
+        return claim(shard, self.file_id, self.agent, now, self.rules, self.lookups(shard))
+
+
+@dataclass(frozen=True)
+class ClaimAny:
+    """Claim up to ``limit`` claimable entries of a shard in one commit."""
+
+    name: ClassVar[str] = "claim_many"
+    agent: str
+    limit: int
+    rules: Rules
+    lookups: Lookups
+
+    @property
+    def actor(self) -> str:
+        return self.agent
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, list[Claim]]:
+        return claim_any(shard, self.agent, self.limit, now, self.rules, self.lookups(shard))
+
+
+@dataclass(frozen=True)
+class Renew:
+    """The holder moves its lease forward."""
+
+    name: ClassVar[str] = "renew"
+    claim: Claim
+    rules: Rules
+
+    @property
+    def actor(self) -> str:
+        return self.claim.agent
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard, Claim]:
+        return renew(shard, self.claim, now, self.rules)
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The holder's data is stored: the entry becomes ready."""
+
+    name: ClassVar[str] = "finish"
+    claim: Claim
+    stored: Stored
+
+    @property
+    def actor(self) -> str:
+        return self.claim.agent
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, Entry]:
+        s = self.stored
+        return finish(
+            shard,
+            self.claim,
+            s.key,
+            s.checksum,
+            s.size,
+            now,
+            part_size=s.part_size,
+            parts_key=s.parts_key,
+        )
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The holder gives the entry up."""
+
+    name: ClassVar[str] = "fail"
+    claim: Claim
+    reason: str
+    rules: Rules
+
+    @property
+    def actor(self) -> str:
+        return self.claim.agent
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard, Entry]:
+        return fail(shard, self.claim, self.reason, now, self.rules)
+
+
+@dataclass(frozen=True)
+class Consume:
+    """A consumer marks the data it verified."""
+
+    name: ClassVar[str] = "consume"
+    file_id: str
+    consumer: str
+    key: str
+    checksum: str
+    actor: str
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, Entry]:
+        return consume(shard, self.file_id, self.consumer, self.key, self.checksum, now)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A consumer found the data bad: the entry is produced again."""
+
+    name: ClassVar[str] = "mismatch"
+    file_id: str
+    key: str
+    checksum: str
+    detail: str
+    rules: Rules
+    actor: str
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, Entry]:
+        return mismatch(shard, self.file_id, self.key, self.checksum, self.detail, now, self.rules)
+
+
+@dataclass(frozen=True)
+class Reap:
+    """Release every expired lease of a shard."""
+
+    name: ClassVar[str] = "reap"
+    rules: Rules
+    actor: str = ""
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, list[Entry]]:
+        return reap(shard, now, self.rules)

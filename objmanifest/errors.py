@@ -1,7 +1,12 @@
-"""The errors a user of objmanifest can see.
+"""Every error objmanifest raises, public and internal, in one place.
 
-Every expected condition is one of these, never a bare botocore traceback. Each message
-says what happened and, where there is one, what to do about it.
+Public errors derive from ``ObjManifestError``; each message says what happened and, where
+there is one, what to do about it. A user's bad argument is an ``InvalidInput`` (also a
+``ValueError``), never a bare ``ValueError`` from deep inside.
+
+The internal outcomes at the end are how the layers talk to each other (the store tells the
+CAS loop it lost a race, the upload engine that an upload vanished). They never reach a
+user: the layer above turns each into a decision or into one of the public errors.
 """
 
 from __future__ import annotations
@@ -9,6 +14,17 @@ from __future__ import annotations
 
 class ObjManifestError(Exception):
     """Base class of every error objmanifest raises on purpose."""
+
+
+# -- what a user asked for that cannot be done -------------------------------------------
+
+
+class InvalidInput(ObjManifestError, ValueError):
+    """An argument that is not valid (a name, a lease, a part size, a URL ...)."""
+
+
+class InvalidFileId(InvalidInput):
+    """A file id that cannot be a relative object key."""
 
 
 class NotFound(ObjManifestError):
@@ -19,15 +35,22 @@ class AlreadyExists(ObjManifestError):
     """A task (or object written once) that exists already."""
 
 
+class DeclarationConflict(ObjManifestError):
+    """An entry was declared again with a different stage, dependencies or consumers."""
+
+
+class DependencyCycle(DeclarationConflict):
+    """A declaration would make entries depend on themselves."""
+
+
+# -- the lifecycle refusing a move -------------------------------------------------------
+
+
 class LeaseLost(ObjManifestError):
     """The claim's epoch is stale: another holder took the entry over, or it was reaped.
 
     Nothing was changed. Stop working on this entry; claim again if it is still wanted.
     """
-
-
-class ChecksumMismatch(ObjManifestError):
-    """Bytes read from the store differ from the checksum recorded at `ready`."""
 
 
 class NotClaimable(ObjManifestError):
@@ -51,12 +74,18 @@ class NotAConsumer(ObjManifestError):
     """The agent's role is not among the entry's declared consumers."""
 
 
-class DeclarationConflict(ObjManifestError):
-    """An entry was declared again with a different stage, dependencies or consumers."""
+# -- data -----------------------------------------------------------------------------------
 
 
-class DependencyCycle(DeclarationConflict):
-    """A declaration would make entries depend on themselves."""
+class ChecksumMismatch(ObjManifestError):
+    """Bytes read from the store differ from the checksum recorded at `ready`."""
+
+
+class SourceChanged(ObjManifestError):
+    """The source's bytes changed while they were uploaded (the file grew or shrank)."""
+
+
+# -- the store and the manifest objects in it ------------------------------------------------
 
 
 class ConflictRetriesExhausted(ObjManifestError):
@@ -90,9 +119,57 @@ class UnsupportedSchema(ObjManifestError):
         self.version = version
 
 
-class InvalidFileId(ObjManifestError, ValueError):
-    """A file id that cannot be a relative object key."""
-
-
 class StoreError(ObjManifestError):
     """The store answered with an unexpected error (permissions, network, server fault)."""
+
+
+class ReadBrokeOff(StoreError):
+    """A read of an object's bytes stopped before its end (the connection broke)."""
+
+
+class LocalServerError(ObjManifestError):
+    """A local S3 server (moto or SeaweedFS) could not be started or stopped."""
+
+
+# -- internal outcomes: decided on by the layer above, never shown to a user ------------------
+
+
+class PreconditionFailed(Exception):
+    """412 or 409 on a conditional write: someone else changed the object first."""
+
+
+class OutcomeUnknown(Exception):
+    """A write was sent but no answer came back: it may or may not have been applied."""
+
+
+class UploadGone(Exception):
+    """The multipart upload no longer exists: it was completed or aborted."""
+
+
+class PartsRejected(Exception):
+    """Completion named a part the store does not hold with that ETag (``InvalidPart``)."""
+
+
+class InvalidTransition(Exception):
+    """A move the lifecycle table does not allow: a bug in a change, never a user's error."""
+
+    def __init__(self, state: object, event: object) -> None:
+        super().__init__(f"no transition from {str(state)!r} on {str(event)!r}")
+        self.state = state
+        self.event = event
+
+
+class DataChanged(ObjManifestError):
+    """The entry no longer points at the data a consumer verified: it was produced again."""
+
+
+class RestartUpload(Exception):
+    """The recorded upload cannot be finished as it is: start a new one at a new key."""
+
+
+class PartDiffers(Exception):
+    """A part of the source differs from the recorded part (while verifying an object)."""
+
+
+class Cancelled(ObjManifestError):
+    """Another part of the same transfer failed first; this one stopped."""

@@ -6,12 +6,12 @@ Every time here is the store's time (see ``store.StoreClock``), never the agent'
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from .errors import LeaseLost, ObjManifestError
 from .model import Entry, State
+from .runtime import DEFAULT, Repeating, Runtime
 
 MARGIN = timedelta(seconds=2)
 """Slack for the ``Date`` header's whole seconds: a lease is expired only this long after
@@ -34,38 +34,46 @@ def expired(entry: Entry, now: datetime) -> bool:
 
 
 class Renewer:
-    """Renews a lease every ``interval`` seconds until stopped.
+    """Renews a lease every ``interval`` seconds until stopped (on the runtime's background
+    scheduler: a thread by default).
 
     A holder that is alive keeps its entry however long its write takes. If a renewal
     finds the lease lost, renewing stops and ``lost`` says why; the holder's final commit
     will be refused anyway, so this only lets it stop early.
     """
 
-    def __init__(self, renew: Callable[[], object], interval: float, name: str) -> None:
+    def __init__(
+        self,
+        renew: Callable[[], object],
+        interval: float,
+        name: str,
+        runtime: Runtime = DEFAULT,
+    ) -> None:
         self._renew = renew
         self._interval = max(0.05, interval)
-        self._stop = threading.Event()
+        self._name = name
+        self._runtime = runtime
+        self._job: Repeating | None = None
         self.lost: LeaseLost | None = None
-        self._thread = threading.Thread(target=self._run, name=f"renew-{name}", daemon=True)
 
     def __enter__(self) -> Renewer:
-        self._thread.start()
+        self._job = self._runtime.every(self._round, self._interval, f"renew-{self._name}")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+        if self._job is not None:
+            self._job.stop()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self._renew()
-            except LeaseLost as e:
-                self.lost = e
-                return
-            except ObjManifestError as e:  # a passing store fault: try again next round
-                log.warning("lease renewal failed, will retry: %s", e)
+    def _round(self) -> bool:
+        """One renewal; False once the lease is lost (nothing more to renew)."""
+        try:
+            self._renew()
+        except LeaseLost as e:
+            self.lost = e
+            return False
+        except ObjManifestError as e:  # a passing store fault: try again next round
+            log.warning("lease renewal failed, will retry: %s", e)
+        return True

@@ -21,7 +21,7 @@ from pydantic import (
     field_validator,
 )
 
-from .errors import InvalidFileId
+from .errors import InvalidFileId, InvalidInput
 
 SCHEMA_VERSION = 1
 COMMITS_KEPT = 64
@@ -48,7 +48,7 @@ class State(str, Enum):
 def check_name(kind: str, value: str) -> str:
     """Task ids and stage names become parts of object keys, so they are kept plain."""
     if not isinstance(value, str) or not _NAME.match(value):
-        raise ValueError(
+        raise InvalidInput(
             f"invalid {kind} {value!r}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
@@ -94,7 +94,7 @@ def validated(model: type[M], what: str, **fields: Any) -> M:
                 raise original from None
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"invalid {what}: {where}: {first['msg']}") from None
+        raise InvalidInput(f"invalid {what}: {where}: {first['msg']}") from None
 
 
 class _Model(BaseModel):
@@ -168,9 +168,9 @@ class TaskHeader(_Model):
         for s in v:
             check_name("stage", s)
         if not v:
-            raise ValueError("a task needs at least one stage")
+            raise InvalidInput("a task needs at least one stage")
         if len(set(v)) != len(v):
-            raise ValueError(f"stages must be distinct: {list(v)}")
+            raise InvalidInput(f"stages must be distinct: {list(v)}")
         return v
 
 
@@ -194,7 +194,7 @@ class Declaration(BaseModel):
     def _not_a_string(cls, v: Any, info: ValidationInfo) -> Any:
         """A lone string would be read as its characters: refuse it, ask for a list."""
         if isinstance(v, (str, bytes)):
-            raise ValueError(f"{info.field_name} must be a list of strings, not the string {v!r}")
+            raise InvalidInput(f"{info.field_name} must be a list of strings, not the string {v!r}")
         return v
 
     @field_validator("depends_on")
@@ -207,7 +207,7 @@ class Declaration(BaseModel):
     def _consumers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for role in v:
             if not role or not isinstance(role, str):
-                raise ValueError(f"invalid consumer role {role!r}")
+                raise InvalidInput(f"invalid consumer role {role!r}")
         return tuple(sorted(set(v)))
 
     @classmethod
@@ -223,8 +223,24 @@ class Declaration(BaseModel):
 
 
 @dataclass(frozen=True)
+class Stored:
+    """Where a holder's bytes landed and what they were (chunked: its part size and the
+    object that lists its parts)."""
+
+    key: str
+    checksum: str
+    size: int
+    part_size: int | None = None
+    parts_key: str | None = None
+
+
+@dataclass(frozen=True)
 class Claim:
-    """Proof that an agent holds an entry: the epoch is its fencing token."""
+    """Proof that an agent holds an entry: the epoch is its fencing token.
+
+    ``shard`` names the shard the entry lives in (the stage's own shard unless the stage is
+    split); every change the holder makes goes there.
+    """
 
     task_id: str
     file_id: str
@@ -232,6 +248,11 @@ class Claim:
     agent: str
     epoch: int
     lease_expires_at: datetime
+    shard: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.shard:
+            object.__setattr__(self, "shard", self.stage)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from enum import Enum
 
+from .errors import InvalidTransition
 from .model import State
 
 
@@ -30,14 +31,8 @@ class Event(str, Enum):
     consume = "consume"  # a consumer marks it (the last needed mark makes it consumed)
     mismatch = "mismatch"  # a consumer found the data differs from its checksum
 
-
-class InvalidTransition(Exception):
-    """A move the lifecycle does not allow; callers turn it into a user-facing error."""
-
-    def __init__(self, state: State, event: Event) -> None:
-        super().__init__(f"no transition from {state.value!r} on {event.value!r}")
-        self.state = state
-        self.event = event
+    def __str__(self) -> str:
+        return self.value
 
 
 # (state, event) -> the states it may lead to. Which one is picked by the arguments of
@@ -58,11 +53,7 @@ TABLE: dict[tuple[State, Event], frozenset[State]] = {
 FAILURES = frozenset({Event.takeover, Event.fail, Event.expire, Event.mismatch})
 """Events that count one retry."""
 
-TERMINAL = frozenset({State.consumed, State.dead})
-
-
-def allowed(state: State, event: Event) -> bool:
-    return (state, event) in TABLE
+__all__ = ["FAILURES", "TABLE", "Event", "InvalidTransition", "next_state"]
 
 
 def next_state(

@@ -11,7 +11,7 @@ from shard_index.errors import (
     ShardIndexError,
     UnsupportedIndexSchema,
 )
-from shard_index.index import ShardIndex
+from shard_index.index import ShardIndex, differences
 from shard_index.node import Node
 
 __all__ = [
@@ -22,4 +22,5 @@ __all__ = [
     "ShardIndex",
     "ShardIndexError",
     "UnsupportedIndexSchema",
+    "differences",
 ]

@@ -242,7 +242,7 @@ class _Draft:
         if old is not None:
             if old == new:
                 return
-            raise DeclarationConflict(file_id, _differences(old, new))
+            raise DeclarationConflict(file_id, differences(old, new))
         cycle = _graph.find_new_cycle(file_id, depends_on, self.dependencies, self.dependents)
         if cycle is not None:
             raise DependencyCycle(cycle)
@@ -293,7 +293,7 @@ def _unpack(decl: object) -> tuple[str, str, frozenset[str]]:
     return file_id, stage, deps
 
 
-def _differences(old: Node, new: Node) -> list[str]:
+def differences(old: Node, new: Node) -> list[str]:
     """Say exactly what a conflicting declaration changes (existing vs new)."""
     differences = []
     if old.stage != new.stage:

@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 import objmanifest as om
-from objmanifest import chunks, transfer
+from objmanifest import uploads
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -96,16 +96,16 @@ class Wire:
             os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def stop_before_complete() -> None:
-    real = transfer.complete_upload
+def stop_before_complete(store: Any) -> None:
+    real = store.complete_upload
 
     def paused(*args: Any, **kwargs: Any) -> None:
-        transfer.complete_upload = real  # type: ignore[assignment]  # once only
+        store.complete_upload = real  # once only
         emit("stopping", before="complete")
         os.kill(os.getpid(), signal.SIGSTOP)
         real(*args, **kwargs)
 
-    transfer.complete_upload = paused  # type: ignore[assignment]
+    store.complete_upload = paused
 
 
 def claim(agent: om.Agent, file_id: str, wait: float) -> om.Claim:
@@ -124,18 +124,18 @@ def claim(agent: om.Agent, file_id: str, wait: float) -> om.Claim:
 def put(task: om.Task, agent: om.Agent, args: argparse.Namespace) -> None:
     wire = Wire(task.store, args.stop_after_parts)
     if args.stop_before_complete:
-        stop_before_complete()
+        stop_before_complete(task.store)
     held = claim(agent, args.file_id, args.claim_wait)
     emit("claimed", epoch=held.epoch, rss=peak_rss_kib())
     stats: dict[str, Any] = {}
-    real_upload = chunks.upload
+    real_upload = uploads.upload
 
     def counting_upload(*a: Any, **kw: Any) -> Any:
         stored, upload_stats = real_upload(*a, **kw)
         stats.update(vars(upload_stats))
         return stored, upload_stats
 
-    chunks.upload = counting_upload  # type: ignore[assignment]
+    uploads.upload = counting_upload  # type: ignore[assignment]
     before = rss_kib()
     try:
         entry = agent.put(

@@ -18,6 +18,9 @@ from typing import Any
 import pytest
 
 import objmanifest as om
+from objmanifest.codecs import INDEX
+from objmanifest.errors import ReadBrokeOff
+from objmanifest.manifest import DeclareInIndex
 from objmanifest.store import make_client
 
 pytestmark = pytest.mark.behaviour
@@ -171,9 +174,8 @@ def test_bad_file_ids_are_refused(task: om.Task, file_id: str) -> None:
 
 def test_interrupted_declare_is_finished_by_declaring_again(task: om.Task) -> None:
     # A crash after the index commit, before the shard commit: simulate the index part only.
-    task.docs.commit(
-        task.index_key, om.task._INDEX, lambda idx, now: (idx.declare("half", "collect", ()), None)
-    )
+    half = om.Declaration(file_id="half", stage="collect")
+    task.docs.commit(task.index_key, INDEX, DeclareInIndex([half]))
     with pytest.raises(om.NotFound, match="declare it again"):
         task.entry("half")
     task.declare("half", stage="collect")
@@ -697,17 +699,27 @@ def test_missing_data_is_produced_again(task: om.Task) -> None:
 def test_a_read_that_breaks_off_is_a_store_error(
     task: om.Task, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import botocore.exceptions
-
-    from objmanifest import transfer
-
     task.declare("cut", stage="collect")
     produce(task, "cut", b"0123456789")
+    real_open = task.store.open
 
-    def broken(*args: Any, **kwargs: Any) -> bytes:
-        raise botocore.exceptions.IncompleteReadError(actual_bytes=5, expected_bytes=10)
+    class BreaksOff:
+        """The object's stream, cut after five bytes as a dropped connection cuts it."""
 
-    monkeypatch.setattr(transfer, "download", broken)
+        def __init__(self, stream: Any) -> None:
+            self.stream, self.given = stream, 0
+
+        def read(self, size: int = -1) -> bytes:
+            if self.given >= 5:
+                raise ReadBrokeOff("connection reset by peer")
+            chunk: bytes = self.stream.read(5)
+            self.given += len(chunk)
+            return chunk
+
+        def close(self) -> None:
+            self.stream.close()
+
+    monkeypatch.setattr(task.store, "open", lambda key, rng=None: BreaksOff(real_open(key, rng)))
     with pytest.raises(om.StoreError, match="broke off"):
         task.agent("c").consume("cut")
     assert task.entry("cut").state is om.State.ready  # nothing marked, nothing failed

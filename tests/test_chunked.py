@@ -31,6 +31,7 @@ from conftest import Server
 
 import objmanifest as om
 from objmanifest import checksum, chunks, transfer
+from objmanifest import uploads as uploads_pkg
 
 WORKER = Path(__file__).with_name("chunk_worker.py")
 MiB = 1024 * 1024
@@ -66,14 +67,14 @@ def task_of(store: om.Store, lease: float = 30, retries: int = 3) -> om.Task:
 
 def uploads(store: om.Store) -> list[tuple[str, str]]:
     """Unfinished multipart uploads under the store's prefix."""
-    return list(transfer.list_uploads(store, ""))
+    return list(store.list_uploads(""))
 
 
-def state_of(task: om.Task, file_id: str) -> chunks.UploadState:
-    key = chunks.parts_key(task.task_id, "make", file_id)
+def state_of(task: om.Task, file_id: str) -> uploads_pkg.UploadState:
+    key = task.layout.upload_state("make", file_id)
     blob = task.store.get(key)
     assert blob is not None
-    return chunks.UploadCodec(task.task_id, "make", file_id).decode(key, blob.body)
+    return uploads_pkg.UploadCodec(task.task_id, "make", file_id).decode(key, blob.body)
 
 
 @contextlib.contextmanager
@@ -109,7 +110,7 @@ def _clean_up(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     with contextlib.suppress(Exception):
         for key, upload_id in uploads(store):
-            transfer.abort_upload(store, key, upload_id)
+            store.abort_upload(key, upload_id)
         for key in list(store.list_keys("")):
             store.delete(key)
 
@@ -225,12 +226,14 @@ def test_part_size_grows_to_fit_10000_parts_and_explicit_ones_are_checked() -> N
 
 
 def test_defaults_can_be_changed_for_the_process() -> None:
-    before = transfer.set_defaults(threshold=1 * MiB, concurrency=3)
+    with pytest.warns(DeprecationWarning, match="transfer=TransferConfig"):
+        before = transfer.set_defaults(threshold=1 * MiB, concurrency=3)
     try:
         assert transfer.defaults().threshold == 1 * MiB
         assert transfer.defaults().with_overrides(concurrency=2).concurrency == 2
     finally:
-        transfer.set_defaults(before)
+        with pytest.warns(DeprecationWarning, match="deprecated"):
+            transfer.set_defaults(before)
     assert transfer.defaults() == before
 
 
@@ -349,15 +352,15 @@ def test_a_source_that_changes_size_is_refused(
     agent = task.agent("p")
     claim = agent.claim("g")
     assert claim is not None
-    real = transfer.upload_part
+    real = store.upload_part
 
     def growing(*args: Any) -> str:
         with src.open("ab") as f:
             f.write(b"more")
         return real(*args)
 
-    monkeypatch.setattr(transfer, "upload_part", growing)
-    with pytest.raises(transfer.SourceChanged, match=r"grow\.bin changed size \(12582912 ->"):
+    monkeypatch.setattr(store, "upload_part", growing)
+    with pytest.raises(om.SourceChanged, match=r"grow\.bin changed size \(12582912 ->"):
         agent.put(claim, src, part_size=PART, threshold=MiB)
     assert task.entry("g").state is om.State.writing
 
@@ -377,7 +380,7 @@ def test_a_file_changed_while_a_part_is_sent_is_refused(store: om.Store, tmp_pat
 
     store.client.meta.events.register("before-send.s3.UploadPart", edit_after_signing)
     try:
-        with pytest.raises(transfer.SourceChanged, match=r"edit\.bin was modified"):
+        with pytest.raises(om.SourceChanged, match=r"edit\.bin was modified"):
             agent.put(claim, src, part_size=PART, threshold=MiB, concurrency=1)
     finally:
         store.client.meta.events.unregister("before-send.s3.UploadPart", edit_after_signing)
@@ -570,8 +573,8 @@ def test_a_killed_producer_is_adopted_and_only_missing_parts_are_sent(
 
     recorded = state_of(task, "big").parts
     assert 0 < len(recorded) < parts
-    listed = transfer.list_parts(
-        store, state_of(task, "big").key or "", state_of(task, "big").upload_id or ""
+    listed = store.list_parts(
+        state_of(task, "big").key or "", state_of(task, "big").upload_id or ""
     )
     assert all(p[3] in listed[p[0]] for p in recorded)
 
@@ -691,7 +694,7 @@ def test_a_dead_entry_has_its_upload_aborted(store: om.Store) -> None:
     assert agent.fail(claim, "disk on fire").state is om.State.dead
     assert uploads(store) == []  # fail() of a dead entry aborted its upload itself
     assert state_of(task, "d").status == "aborted"
-    assert chunks.sweep(task) == []
+    assert task.sweep_uploads() == []
 
 
 def test_sweep_keeps_adoptable_uploads_and_aborts_orphans(store: om.Store) -> None:
@@ -704,8 +707,9 @@ def test_sweep_keeps_adoptable_uploads_and_aborts_orphans(store: om.Store) -> No
     with pytest.raises(OSError):
         agent.put(claim, FailingFile(data, PART), part_size=PART, threshold=MiB, concurrency=1)  # type: ignore[arg-type]
     agent.fail(claim, "retry later")
-    orphan = transfer.create_upload(store, "job/data/make/orphan@1")  # its starter died
-    assert chunks.sweep(task) == ["job/data/make/orphan@1"]
+    orphan = store.create_upload("job/data/make/orphan@1")  # its starter died
+    with pytest.warns(DeprecationWarning, match="sweep_uploads"):
+        assert chunks.sweep(task) == ["job/data/make/orphan@1"]
     assert [k for k, _ in uploads(store)] == ["job/data/make/kept@1"]
     assert orphan not in [u for _, u in uploads(store)]
 

@@ -7,7 +7,6 @@ from email.utils import format_datetime
 
 import pytest
 
-from objmanifest import store as store_module
 from objmanifest.errors import StoreError
 from objmanifest.store import StoreClock
 
@@ -21,10 +20,8 @@ class FakeMonotonic:
 
 
 @pytest.fixture
-def mono(monkeypatch: pytest.MonkeyPatch) -> FakeMonotonic:
-    fake = FakeMonotonic()
-    monkeypatch.setattr(store_module.time, "monotonic", fake)
-    return fake
+def mono() -> FakeMonotonic:
+    return FakeMonotonic()
 
 
 def date(ts: float) -> dict[str, str]:
@@ -32,7 +29,7 @@ def date(ts: float) -> dict[str, str]:
 
 
 def test_unknown_until_a_response_says(mono: FakeMonotonic) -> None:
-    clock = StoreClock()
+    clock = StoreClock(monotonic=mono)
     assert not clock.known
     with pytest.raises(StoreError):
         clock.now()
@@ -41,14 +38,14 @@ def test_unknown_until_a_response_says(mono: FakeMonotonic) -> None:
 
 
 def test_advances_by_the_monotonic_clock_between_answers(mono: FakeMonotonic) -> None:
-    clock = StoreClock()
+    clock = StoreClock(monotonic=mono)
     clock.observe(date(1_800_000_000))
     mono.now += 7.5
     assert clock.now().timestamp() == pytest.approx(1_800_000_007.5)
 
 
 def test_keeps_the_latest_estimate_of_whole_second_dates(mono: FakeMonotonic) -> None:
-    clock = StoreClock()
+    clock = StoreClock(monotonic=mono)
     clock.observe(date(1_800_000_000))  # true time 1_800_000_000.9, truncated
     mono.now += 0.5
     clock.observe(date(1_800_000_001))  # a later answer pins it closer
@@ -57,7 +54,7 @@ def test_keeps_the_latest_estimate_of_whole_second_dates(mono: FakeMonotonic) ->
 
 
 def test_a_store_clock_stepped_back_is_followed_within_the_window(mono: FakeMonotonic) -> None:
-    clock = StoreClock(window=60)
+    clock = StoreClock(window=60, monotonic=mono)
     clock.observe(date(1_800_000_000))
     mono.now += 1
     clock.observe(date(1_799_999_991))  # the store's clock went back 10 s

@@ -35,18 +35,24 @@ class Context:
 
     args: argparse.Namespace
     out: Output
-    _store: om.Store | None = field(default=None, repr=False)
+    _store: om.ObjectStore | None = field(default=None, repr=False)
     _task: om.Task | None = field(default=None, repr=False)
 
     def opt(self, name: str, default: Any = None) -> Any:
         return getattr(self.args, name, default)
 
-    def store(self) -> om.Store:
+    def store(self) -> om.ObjectStore:
         if self._store is None:
             url = self.opt("url")
             if not url:
                 raise UsageError(
                     "no store given: pass --url s3://BUCKET/PREFIX or set OBJMANIFEST_URL"
+                )
+            if str(url).startswith("memory:"):
+                raise UsageError(
+                    "memory:// stores live inside one process, and every objmanifest command "
+                    "is a process of its own: use an s3:// URL (`objmanifest serve` starts a "
+                    "local S3 server)"
                 )
             self._store = om.connect(str(url), endpoint_url=self.opt("endpoint_url"))
         return self._store

@@ -22,6 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 import objmanifest as om
 from objmanifest import servers
+from objmanifest.store import make_client
 
 _SECRET_ENV = ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE")
 
@@ -69,7 +70,7 @@ class Target:
 
     label: str
     endpoint_url: str | None
-    store: om.Store
+    store: om.S3Store
     data_dir: str | None = None
     """The embedded SeaweedFS's data, when ``--keep`` keeps it."""
 
@@ -93,7 +94,7 @@ def child_env(s: Settings) -> dict[str, str]:
     return env
 
 
-def _ensure_bucket(store: om.Store) -> None:
+def _ensure_bucket(store: om.S3Store) -> None:
     client = store.client
     try:
         client.head_bucket(Bucket=store.bucket)
@@ -120,7 +121,7 @@ def _ensure_bucket(store: om.Store) -> None:
 def open_target(s: Settings) -> Iterator[Target]:
     """The store to run against: the given endpoint, or an embedded server stopped after."""
     if s.endpoint_url:
-        store = om.connect(f"s3://{s.bucket}", endpoint_url=s.endpoint_url)
+        store = om.S3Store(make_client(s.endpoint_url), s.bucket, "")
         _ensure_bucket(store)
         yield Target("endpoint", s.endpoint_url, store)
         return
@@ -136,7 +137,7 @@ def open_target(s: Settings) -> Iterator[Target]:
             Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32)
         )
         local.create_bucket(s.bucket)
-        store = om.Store(client, s.bucket, "")
+        store = om.S3Store(client, s.bucket, "")
         yield Target(s.backend, local.endpoint_url, store, data_dir)
     finally:
         _stop_server(local, keep=s.keep)

@@ -1,0 +1,170 @@
+"""Where every object of a task lives: the one module that builds and parses keys.
+
+Under the store's prefix::
+
+    TASK_ID/task.json                      header, written once
+    TASK_ID/index.json                     cross-shard dependency index
+    TASK_ID/shards/SHARD.json              one shard per stage (SHARD is the stage name)
+    TASK_ID/data/STAGE/FILE_ID@EPOCH       an entry's bytes, written once per holder
+    TASK_ID/data/STAGE/FILE_ID@EPOCH~X     the same holder's other bytes, or a later upload
+    TASK_ID/uploads/STAGE/FILE_ID.json     a chunked entry's upload state
+    TASK_ID/journal/...                    (reserved for the history)
+    TASK_ID/archive/...                    (reserved for archived entries)
+
+Nobody else writes a key as a string or takes one apart: a stage that is later split into
+partitions changes this module and the shard references it hands out, not its callers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .model import check_file_id, check_name
+
+HEADER = "task.json"
+INDEX = "index.json"
+SHARDS = "shards/"
+DATA = "data/"
+UPLOADS = "uploads/"
+JOURNAL = "journal/"
+ARCHIVE = "archive/"
+
+Kind = Literal["header", "index", "shard", "data", "upload", "journal", "archive", "other"]
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What a key of a task is: its kind, and the stage, shard, file id and epoch it names
+    (those that apply)."""
+
+    kind: Kind
+    task_id: str
+    stage: str | None = None
+    shard: str | None = None
+    file_id: str | None = None
+    epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskLayout:
+    """The keys of one task, relative to the store's prefix."""
+
+    task_id: str
+
+    def __post_init__(self) -> None:
+        check_name("task id", self.task_id)
+
+    @property
+    def root(self) -> str:
+        return f"{self.task_id}/"
+
+    # -- manifest objects -----------------------------------------------------------------
+
+    @property
+    def header(self) -> str:
+        return f"{self.task_id}/{HEADER}"
+
+    @property
+    def index(self) -> str:
+        return f"{self.task_id}/{INDEX}"
+
+    def shard_of(self, stage: str, file_id: str | None = None) -> str:
+        """The shard an entry of ``stage`` lives in (its name). One shard per stage today;
+        partitions will route by ``file_id`` here."""
+        return stage
+
+    def shards_of(self, stage: str) -> list[str]:
+        """Every shard of ``stage``."""
+        return [stage]
+
+    def stage_of_shard(self, shard: str) -> str:
+        return shard
+
+    def shard(self, shard: str) -> str:
+        return f"{self.task_id}/{SHARDS}{shard}.json"
+
+    def upload_state(self, stage: str, file_id: str) -> str:
+        return f"{self.task_id}/{UPLOADS}{stage}/{file_id}.json"
+
+    @property
+    def uploads_prefix(self) -> str:
+        return f"{self.task_id}/{UPLOADS}"
+
+    @property
+    def journal_prefix(self) -> str:
+        return f"{self.task_id}/{JOURNAL}"
+
+    @property
+    def archive_prefix(self) -> str:
+        return f"{self.task_id}/{ARCHIVE}"
+
+    # -- data ------------------------------------------------------------------------------
+
+    def data(self, stage: str, file_id: str, epoch: int) -> str:
+        """Where the holder of ``epoch`` writes: one key per epoch, so holders never share."""
+        return f"{self.task_id}/{DATA}{stage}/{file_id}@{epoch}"
+
+    @staticmethod
+    def beside(key: str, tag: str) -> str:
+        """Another key of the same holder: ``KEY~TAG`` (other bytes, or a later upload)."""
+        return f"{key}~{tag}"
+
+    @staticmethod
+    def attempt_of(key: str, base: str) -> int | None:
+        """Which upload of one epoch ``key`` is: 1 for ``base``, N for ``base~N``; None if it
+        is not ``base`` or one of its numbered attempts."""
+        if key == base:
+            return 1
+        if not key.startswith(base + "~"):
+            return None
+        tag = key[len(base) + 1 :]
+        return int(tag) if tag.isdigit() else None
+
+    @property
+    def data_prefix(self) -> str:
+        return f"{self.task_id}/{DATA}"
+
+    # -- parsing ---------------------------------------------------------------------------
+
+    def parse(self, key: str) -> Parsed:
+        """What ``key`` is within this task (``other`` if nothing this module builds)."""
+        other = Parsed("other", self.task_id)
+        if not key.startswith(self.root):
+            return other
+        rest = key[len(self.root) :]
+        if rest == HEADER:
+            return Parsed("header", self.task_id)
+        if rest == INDEX:
+            return Parsed("index", self.task_id)
+        if rest.startswith(SHARDS) and rest.endswith(".json"):
+            shard = rest[len(SHARDS) : -len(".json")]
+            return Parsed("shard", self.task_id, self.stage_of_shard(shard), shard)
+        for prefix, kind in ((JOURNAL, "journal"), (ARCHIVE, "archive")):
+            if rest.startswith(prefix):
+                return Parsed(kind, self.task_id)  # type: ignore[arg-type]
+        if rest.startswith(UPLOADS) and rest.endswith(".json"):
+            stage, _, file_id = rest[len(UPLOADS) : -len(".json")].partition("/")
+            return Parsed("upload", self.task_id, stage, stage, file_id) if file_id else other
+        if rest.startswith(DATA):
+            stage, _, name = rest[len(DATA) :].partition("/")
+            file_id, at, tail = name.rpartition("@")
+            epoch = tail.partition("~")[0]
+            if not (stage and at and file_id and epoch.isdigit()):
+                return other
+            return Parsed("data", self.task_id, stage, stage, file_id, int(epoch))
+        return other
+
+
+def task_of(key: str) -> str | None:
+    """The task id a key belongs to (its first segment), if it is a valid one."""
+    first, sep, _ = key.partition("/")
+    if not sep:
+        return None
+    try:
+        return check_name("task id", first)
+    except ValueError:
+        return None
+
+
+__all__ = ["Parsed", "TaskLayout", "check_file_id", "task_of"]

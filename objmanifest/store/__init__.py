@@ -1,0 +1,103 @@
+"""The storage seam (``ObjectStore``) and its two implementations, ``S3Store`` and
+``MemoryStore``; ``connect`` opens either from a URL."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+from ..errors import InvalidInput
+from ..runtime import Runtime
+from .base import (
+    CREATE,
+    OVERWRITE,
+    Blob,
+    ByteStream,
+    Head,
+    Listed,
+    ObjectStore,
+    PartBody,
+    PartsListed,
+    PartStream,
+    PutMode,
+    StoreClock,
+    list_keys,
+)
+from .memory import Fault, Faults, MemoryStore
+from .probe import PROBE_PREFIX, probe_conditional_writes
+from .s3 import S3Store, make_client
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+Store = S3Store
+"""The S3 implementation under its first name (``om.Store``)."""
+
+SCHEMES = ("s3", "memory")
+
+__all__ = [
+    "CREATE",
+    "OVERWRITE",
+    "PROBE_PREFIX",
+    "SCHEMES",
+    "Blob",
+    "ByteStream",
+    "Fault",
+    "Faults",
+    "Head",
+    "Listed",
+    "MemoryStore",
+    "ObjectStore",
+    "PartBody",
+    "PartStream",
+    "PartsListed",
+    "PutMode",
+    "S3Store",
+    "Store",
+    "StoreClock",
+    "connect",
+    "list_keys",
+    "make_client",
+    "parse_url",
+    "probe_conditional_writes",
+]
+
+
+def parse_url(url: str) -> tuple[str, str, str]:
+    """``s3://bucket/prefix`` or ``memory://bucket/prefix`` -> (scheme, bucket, prefix)."""
+    parsed = urlparse(url) if isinstance(url, str) else None
+    if parsed is None or parsed.scheme not in SCHEMES or not parsed.netloc:
+        raise InvalidInput(
+            f"not a store URL: {url!r}; use s3://BUCKET[/PREFIX] (or memory://NAME[/PREFIX] "
+            "for an in-process store)"
+        )
+    if parsed.query or parsed.fragment or parsed.params:
+        raise InvalidInput(f"a store URL has no query or fragment: {url!r}")
+    prefix = parsed.path.strip("/")
+    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+        raise InvalidInput(
+            f"the prefix of {url!r} has an empty, '.' or '..' segment; use a plain path "
+            "such as s3://BUCKET/jobs/nightly"
+        )
+    return parsed.scheme, parsed.netloc, prefix
+
+
+def connect(
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    client: S3Client | None = None,
+    runtime: Runtime | None = None,
+) -> ObjectStore:
+    """Open ``s3://bucket/prefix`` (or ``memory://bucket/prefix``).
+
+    The endpoint comes from ``endpoint_url`` or the standard ``AWS_ENDPOINT_URL_S3`` /
+    ``AWS_ENDPOINT_URL``; pass ``client`` to use a boto3 client configured your own way.
+    ``memory://`` is an in-process store: every ``connect`` to the same bucket name in one
+    process sees the same objects, and nothing outlives the process.
+    """
+    scheme, bucket, prefix = parse_url(url)
+    if scheme == "memory":
+        return MemoryStore(bucket, prefix, runtime=runtime)
+    return S3Store(client or make_client(endpoint_url, region), bucket, prefix, runtime=runtime)

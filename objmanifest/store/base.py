@@ -1,0 +1,245 @@
+"""The storage seam: exactly what the manifest needs from an object store, and nothing more.
+
+``ObjectStore`` is the protocol every backend implements (``S3Store`` over boto3,
+``MemoryStore`` in one process). Keys are relative to the store's prefix. Each backend
+normalises its own quirks, so the layers above see one behaviour:
+
+* a conditional write that lost its race raises ``PreconditionFailed`` (a 409, a 412, or a
+  404 on ``If-Match``), a write whose answer was lost raises ``OutcomeUnknown``;
+* a missing object raises ``NotFound``, any other fault ``StoreError`` naming the object;
+* bytes are read through our own ``ByteStream`` (a broken read is ``ReadBrokeOff``);
+* ``now()`` is the store's clock, never the caller's.
+
+Nothing of a backend's client library crosses this line.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from typing import BinaryIO, Literal, Protocol, runtime_checkable
+
+from ..errors import StoreError
+from ..runtime import Runtime
+
+
+@dataclass(frozen=True)
+class PutMode:
+    """How a write treats an object already at the key (after ``object_store``'s PutMode).
+
+    ``OVERWRITE`` replaces anything; ``CREATE`` writes only if nothing is there
+    (``If-None-Match: *``); ``update(etag)`` only if the object is still that version
+    (``If-Match``; a missing object is a lost race too).
+    """
+
+    kind: Literal["overwrite", "create", "update"]
+    etag: str | None = None
+
+    @staticmethod
+    def update(etag: str) -> PutMode:
+        return PutMode("update", etag)
+
+    def __repr__(self) -> str:
+        return f"PutMode.update({self.etag!r})" if self.kind == "update" else self.kind.upper()
+
+
+OVERWRITE = PutMode("overwrite")
+CREATE = PutMode("create")
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A whole object: its bytes, ETag and user metadata."""
+
+    body: bytes
+    etag: str
+    metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Head:
+    """An object's ETag, size and user metadata, without its bytes."""
+
+    etag: str
+    size: int
+    metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One listing row: an object key, or (with a delimiter) a common prefix ending in it."""
+
+    key: str
+    is_prefix: bool = False
+
+
+@runtime_checkable
+class ByteStream(Protocol):
+    """An object's bytes as they arrive. ``read`` returns b"" at the end; a connection that
+    breaks raises ``ReadBrokeOff``."""
+
+    def read(self, size: int = -1) -> bytes: ...
+    def close(self) -> None: ...
+
+
+class PartStream(Protocol):
+    """A part streamed from its source: a seekable file object that knows its length (a
+    backend may read it more than once, from the start)."""
+
+    length: int
+
+    def read(self, size: int = -1) -> bytes: ...
+    def seek(self, offset: int, whence: int = 0) -> int: ...
+    def tell(self) -> int: ...
+
+
+PartBody = bytes | PartStream
+"""A part to upload: its bytes, or a ``PartStream``."""
+
+PartsListed = dict[int, dict[str, int]]
+"""Part number -> {bare ETag: size} of every stored part of an upload. A store that keeps
+every upload of a part number lists each; one that keeps the last lists one."""
+
+
+class ObjectStore(Protocol):
+    """One bucket and prefix of an object store, as the manifest uses it."""
+
+    runtime: Runtime
+
+    @property
+    def url(self) -> str:
+        """``scheme://bucket/prefix``, for messages."""
+        ...
+
+    @property
+    def connections(self) -> int:
+        """How many requests may usefully run at once (more threads than that only wait)."""
+        ...
+
+    def describe(self, key: str) -> str:
+        """The full address of ``key``, for messages."""
+        ...
+
+    # -- objects --------------------------------------------------------------------------
+
+    def get(self, key: str, if_none_match: str | None = None) -> Blob | None:
+        """The object, or None when ``if_none_match`` is still its ETag (no body sent)."""
+        ...
+
+    def head(self, key: str) -> Head: ...
+
+    def open(self, key: str, byte_range: tuple[int, int] | None = None) -> ByteStream:
+        """The object's bytes, or ``[start, end)`` of them, as a stream."""
+        ...
+
+    def put(
+        self,
+        key: str,
+        body: bytes | BinaryIO,
+        *,
+        mode: PutMode = OVERWRITE,
+        metadata: dict[str, str] | None = None,
+        content_type: str = "application/octet-stream",
+    ) -> str:
+        """Write an object and return its ETag, under ``mode``'s condition."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+    def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
+        """Keys under ``prefix`` in order, every page of them; with a ``delimiter``, keys
+        that contain it after the prefix are rolled up into one ``is_prefix`` row each."""
+        ...
+
+    # -- multipart uploads ----------------------------------------------------------------
+
+    def create_upload(self, key: str) -> str:
+        """Start a multipart upload to ``key``; its upload id."""
+        ...
+
+    def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
+        """Store part ``number`` (1..10000); its bare ETag. ``UploadGone`` if the upload was
+        completed or aborted."""
+        ...
+
+    def list_parts(self, key: str, upload_id: str) -> PartsListed: ...
+
+    def complete_upload(
+        self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
+    ) -> None:
+        """Complete with exactly these parts (numbered 1..N), under ``mode``'s condition.
+
+        ``PreconditionFailed`` when the condition fails, ``UploadGone``, ``PartsRejected``
+        when a named part is not stored with that ETag, ``OutcomeUnknown`` when no answer
+        came back.
+        """
+        ...
+
+    def abort_upload(self, key: str, upload_id: str) -> bool:
+        """Abort an upload and free its parts; False if it was already gone."""
+        ...
+
+    def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
+        """(key, upload id) of every unfinished multipart upload under ``prefix``."""
+        ...
+
+    # -- time -----------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The store's time (leases are judged on it, never on the caller's clock)."""
+        ...
+
+
+def list_keys(store: ObjectStore, prefix: str) -> Iterator[str]:
+    """Every object key under ``prefix``."""
+    return (row.key for row in store.list(prefix))
+
+
+class StoreClock:
+    """The store's time, from the ``Date`` header of every response.
+
+    Between responses it advances by the runtime's monotonic clock, so the wall clock of the
+    agent never matters. ``Date`` has whole seconds and is stamped before the answer
+    arrives, so each observation is never later than the store's true time, and the best
+    estimate is the latest of them. Only the last ``window`` seconds of observations count:
+    if the store's clock is stepped back, or this machine's monotonic clock runs fast, the
+    estimate follows within a minute instead of staying ahead forever.
+    """
+
+    def __init__(self, window: float = 60.0, monotonic: Callable[[], float] | None = None) -> None:
+        self._window = window
+        self._monotonic = monotonic or Runtime().monotonic
+        self._seen: deque[tuple[float, float]] = deque()  # (monotonic, offset), newest last
+        self._lock = threading.Lock()
+
+    def observe(self, headers: dict[str, str] | None) -> None:
+        date = (headers or {}).get("date")
+        if not date:
+            return
+        try:
+            store_time = parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError):
+            return
+        mono = self._monotonic()
+        with self._lock:
+            self._seen.append((mono, store_time - mono))
+            while len(self._seen) > 1 and self._seen[0][0] < mono - self._window:
+                self._seen.popleft()
+            if len(self._seen) > 256:  # many answers per second: keep the best of the old
+                best = max(self._seen, key=lambda seen: seen[1])
+                self._seen = deque([best, self._seen[-1]])
+
+    @property
+    def known(self) -> bool:
+        return bool(self._seen)
+
+    def now(self) -> datetime:
+        with self._lock:
+            if not self._seen:
+                raise StoreError("the store's time is not known yet: no response carried a Date")
+            offset = max(offset for _, offset in self._seen)
+        return datetime.fromtimestamp(offset + self._monotonic(), tz=timezone.utc)

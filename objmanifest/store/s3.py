@@ -1,0 +1,464 @@
+"""``S3Store``: the storage seam over boto3, for AWS S3 and S3-compatible stores.
+
+This is the only module of the library that talks to botocore. Every quirk of the stores
+tested (AWS, SeaweedFS, MinIO, LocalStack, moto) is normalised here: 409, 412 and a 404 on
+``If-Match`` are all a lost race, a connection that drops after a write was sent is an
+unknown outcome, ``NoSuchUpload`` is a vanished upload, and every other error becomes a
+``StoreError`` that names the object and the fix. The store's clock is read from the
+``Date`` header of every response, errors included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from functools import partial
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
+
+import boto3
+import botocore.exceptions
+import urllib3.exceptions
+from botocore.config import Config
+
+from .. import checksum
+from ..errors import (
+    NotFound,
+    OutcomeUnknown,
+    PartsRejected,
+    PreconditionFailed,
+    ReadBrokeOff,
+    StoreError,
+    UploadGone,
+)
+from ..runtime import DEFAULT, Runtime
+from .base import (
+    CREATE,
+    OVERWRITE,
+    Blob,
+    Head,
+    Listed,
+    PartBody,
+    PartsListed,
+    PutMode,
+    StoreClock,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+_CONNECTION_ERRORS = (
+    botocore.exceptions.ConnectionError,
+    botocore.exceptions.HTTPClientError,
+    botocore.exceptions.ReadTimeoutError,
+)
+_READ_ERRORS = (botocore.exceptions.BotoCoreError, urllib3.exceptions.HTTPError, OSError)
+_RACE_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def _client_config(**overrides: Any) -> Config:
+    settings: dict[str, Any] = {
+        "s3": {"addressing_style": "path"},
+        "request_checksum_calculation": "when_required",
+        "response_checksum_validation": "when_required",
+        "retries": {"max_attempts": 5, "mode": "standard"},
+        "max_pool_connections": 32,
+        "connect_timeout": 10,
+        "read_timeout": 60,
+    }
+    settings.update(overrides)
+    return Config(**settings)
+
+
+def make_client(
+    endpoint_url: str | None = None, region: str | None = None, **config: Any
+) -> S3Client:
+    """A boto3 S3 client with the settings S3-compatible stores need.
+
+    Path-style addressing and ``when_required`` checksums: some stores reject virtual-host
+    addressing on loopback and the aws-chunked bodies botocore >= 1.36 sends by default.
+    """
+    endpoint_url = (
+        endpoint_url
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or None
+    )
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    session = boto3.session.Session()
+    client: S3Client = session.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name=region or "us-east-1",
+        config=_client_config(**config),
+    )
+    return client
+
+
+def _error_code(e: botocore.exceptions.ClientError) -> tuple[str, int]:
+    err = e.response.get("Error", {})
+    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return str(err.get("Code", "")), status
+
+
+class _S3Stream:
+    """A response body as our ``ByteStream``: a read that breaks off is ``ReadBrokeOff``."""
+
+    def __init__(self, body: Any, where: str) -> None:
+        self._body = body
+        self._where = where
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            data: bytes = self._body.read(None if size < 0 else size)
+        except _READ_ERRORS as e:
+            raise ReadBrokeOff(f"reading {self._where} broke off ({type(e).__name__}: {e})") from e
+        return data
+
+    def close(self) -> None:
+        with contextlib.suppress(*_READ_ERRORS):  # the connection is gone either way
+            self._body.close()
+
+
+class S3Store:
+    """One bucket and prefix of an S3 store. Keys passed in are relative to the prefix."""
+
+    scheme = "s3"
+
+    def __init__(
+        self,
+        client: S3Client,
+        bucket: str,
+        prefix: str = "",
+        *,
+        runtime: Runtime | None = None,
+    ) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.runtime = runtime or DEFAULT
+        self.clock = StoreClock(monotonic=self.runtime.monotonic)
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    @property
+    def connections(self) -> int:
+        return int(getattr(self.client.meta.config, "max_pool_connections", None) or 10)
+
+    def full_key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def describe(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self.full_key(key)}"
+
+    def _observe(self, response: Any) -> None:
+        self.clock.observe(response.get("ResponseMetadata", {}).get("HTTPHeaders"))
+
+    def _fail(self, e: Exception, action: str, key: str) -> StoreError | NotFound:
+        """Turn a botocore error into one that names the object and the fix."""
+        if isinstance(e, botocore.exceptions.ClientError):
+            self._observe(e.response)
+            code, status = _error_code(e)
+            if code == "NoSuchBucket":
+                return StoreError(
+                    f"bucket {self.bucket!r} does not exist (while trying to {action} "
+                    f"{self.describe(key)}); create it first"
+                )
+            if code in ("NoSuchKey", "NotFound") or status == 404:
+                return NotFound(f"{self.describe(key)} does not exist")
+            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                return StoreError(
+                    f"the store refused to {action} {self.describe(key)} ({code}): "
+                    "check the credentials and the bucket policy"
+                )
+            if code == "EntityTooSmall":
+                return StoreError(
+                    f"the store refused to {action} {self.describe(key)}: a part is smaller "
+                    "than 5 MiB (only the last may be); use part_size >= 5 MiB"
+                )
+            return StoreError(f"could not {action} {self.describe(key)}: {code or status}")
+        if isinstance(e, botocore.exceptions.NoCredentialsError):
+            return StoreError(
+                "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                "a profile, or pass a configured boto3 client"
+            )
+        return StoreError(f"could not {action} {self.describe(key)}: {type(e).__name__}: {e}")
+
+    def _call(
+        self,
+        action: str,
+        key: str,
+        call: Callable[[], Any],
+        *,
+        conditional: bool = False,
+        upload: bool = False,
+        write: bool = False,
+    ) -> Any:
+        """Run one request and map its outcome.
+
+        ``conditional``: a lost race is ``PreconditionFailed``; ``upload``: a vanished
+        upload is ``UploadGone`` and a rejected part list ``PartsRejected``; ``write``: a
+        connection lost after sending is ``OutcomeUnknown``.
+        """
+        try:
+            response = call()
+        except botocore.exceptions.ClientError as e:
+            self._observe(e.response)
+            code, status = _error_code(e)
+            if upload and code == "NoSuchUpload":
+                raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
+            if upload and code in ("InvalidPart", "InvalidPartOrder"):
+                raise PartsRejected(f"{self.describe(key)}: {code}") from e
+            if conditional and (status in (409, 412) or code in _RACE_CODES):
+                raise PreconditionFailed(f"{self.describe(key)}: {code or status}") from e
+            raise self._fail(e, action, key) from e
+        except _CONNECTION_ERRORS as e:
+            if write:
+                raise OutcomeUnknown(f"{self.describe(key)}: {type(e).__name__}") from e
+            raise self._fail(e, action, key) from e
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._fail(e, action, key) from e
+        self._observe(response)
+        return response
+
+    # -- objects --------------------------------------------------------------------------
+
+    def get(self, key: str, if_none_match: str | None = None) -> Blob | None:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.full_key(key)}
+        if if_none_match:
+            kwargs["IfNoneMatch"] = if_none_match
+        try:
+            response = self.client.get_object(**kwargs)
+            body = _S3Stream(response["Body"], self.describe(key)).read()
+        except botocore.exceptions.ClientError as e:
+            code, status = _error_code(e)
+            if status == 304 or code in ("304", "NotModified"):
+                self._observe(e.response)
+                return None
+            raise self._fail(e, "read", key) from e
+        except ReadBrokeOff as e:
+            raise StoreError(f"could not read {self.describe(key)}: {e}") from e
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._fail(e, "read", key) from e
+        self._observe(response)
+        return Blob(body=body, etag=response["ETag"], metadata=response.get("Metadata", {}))
+
+    def open(self, key: str, byte_range: tuple[int, int] | None = None) -> _S3Stream:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.full_key(key)}
+        if byte_range is not None:
+            kwargs["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
+        response = self._call("read", key, lambda: self.client.get_object(**kwargs))
+        return _S3Stream(response["Body"], self.describe(key))
+
+    def head(self, key: str) -> Head:
+        response = self._call(
+            "inspect",
+            key,
+            lambda: self.client.head_object(Bucket=self.bucket, Key=self.full_key(key)),
+        )
+        return Head(
+            etag=response["ETag"],
+            size=int(response["ContentLength"]),
+            metadata=response.get("Metadata", {}),
+        )
+
+    def put(
+        self,
+        key: str,
+        body: bytes | BinaryIO,
+        *,
+        mode: PutMode = OVERWRITE,
+        metadata: dict[str, str] | None = None,
+        content_type: str = "application/octet-stream",
+    ) -> str:
+        """Write an object and return its ETag.
+
+        With ``PutMode.update`` a missing object is a lost race too: AWS answers 404 there
+        and SeaweedFS 412, and both mean "not the version you read".
+        """
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": self.full_key(key),
+            "Body": body,
+            "ContentType": content_type,
+        }
+        if mode.kind == "update":
+            kwargs["IfMatch"] = mode.etag
+        elif mode.kind == "create":
+            kwargs["IfNoneMatch"] = "*"
+        if metadata:
+            kwargs["Metadata"] = metadata
+        try:
+            response = self._call(
+                "write",
+                key,
+                lambda: self.client.put_object(**kwargs),
+                conditional=mode.kind != "overwrite",
+                write=True,
+            )
+        except NotFound as e:
+            if mode.kind == "update":
+                raise PreconditionFailed(f"{self.describe(key)}: gone") from e
+            raise
+        return str(response["ETag"])
+
+    def delete(self, key: str) -> None:
+        self._call(
+            "delete",
+            key,
+            lambda: self.client.delete_object(Bucket=self.bucket, Key=self.full_key(key)),
+        )
+
+    def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
+        base = len(self.full_key(""))
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.full_key(prefix)}
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        while True:
+            request = dict(kwargs)
+            page = self._call("list", prefix, partial(self.client.list_objects_v2, **request))
+            rows = [Listed(item["Key"][base:]) for item in page.get("Contents", [])]
+            rows += [Listed(p["Prefix"][base:], True) for p in page.get("CommonPrefixes", [])]
+            yield from sorted(rows, key=lambda row: row.key)
+            if not page.get("IsTruncated"):
+                return
+            kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        """Every object key under ``prefix``."""
+        return (row.key for row in self.list(prefix))
+
+    # -- multipart uploads ----------------------------------------------------------------
+
+    def create_upload(self, key: str) -> str:
+        response = self._call(
+            "start a multipart upload of",
+            key,
+            lambda: self.client.create_multipart_upload(Bucket=self.bucket, Key=self.full_key(key)),
+        )
+        return str(response["UploadId"])
+
+    def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
+        """Send one part; its bare ETag (the part's MD5 on S3 and the stores tested here).
+
+        Bytes go as a file object too: given ``bytes``, botocore copies them into one buffer
+        with the headers; ``BytesIO`` shares them and is rewound for a retry.
+        """
+        stream = io.BytesIO(body) if isinstance(body, bytes) else cast(IO[bytes], body)
+        length = len(body) if isinstance(body, bytes) else body.length
+        response = self._call(
+            f"upload part {number} of",
+            key,
+            lambda: self.client.upload_part(
+                Bucket=self.bucket,
+                Key=self.full_key(key),
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=stream,
+                ContentLength=length,
+            ),
+            upload=True,
+        )
+        return checksum.bare_etag(response["ETag"])
+
+    def list_parts(self, key: str, upload_id: str) -> PartsListed:
+        listed: PartsListed = {}
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": self.full_key(key),
+            "UploadId": upload_id,
+        }
+        while True:
+            page = dict(kwargs)
+            response = self._call(
+                "list the parts of", key, partial(self.client.list_parts, **page), upload=True
+            )
+            for part in response.get("Parts", []):
+                etag = checksum.bare_etag(part["ETag"])
+                listed.setdefault(int(part["PartNumber"]), {})[etag] = int(part["Size"])
+            if not response.get("IsTruncated"):
+                return listed
+            kwargs["PartNumberMarker"] = int(response["NextPartNumberMarker"])
+
+    def complete_upload(
+        self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
+    ) -> None:
+        parts = [{"PartNumber": n, "ETag": f'"{etag}"'} for n, etag in enumerate(etags, start=1)]
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": self.full_key(key),
+            "UploadId": upload_id,
+            "MultipartUpload": {"Parts": parts},
+        }
+        if mode.kind == "create":
+            kwargs["IfNoneMatch"] = "*"
+        elif mode.kind == "update":
+            kwargs["IfMatch"] = mode.etag
+        self._call(
+            "complete the multipart upload of",
+            key,
+            lambda: self.client.complete_multipart_upload(**kwargs),
+            conditional=mode.kind != "overwrite",
+            upload=True,
+            write=True,
+        )
+
+    def abort_upload(self, key: str, upload_id: str) -> bool:
+        try:
+            self._call(
+                "abort the multipart upload of",
+                key,
+                lambda: self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=self.full_key(key), UploadId=upload_id
+                ),
+                upload=True,
+            )
+        except UploadGone:
+            return False
+        return True
+
+    def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
+        base = len(self.full_key(""))
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.full_key(prefix)}
+        while True:
+            request = dict(kwargs)
+            response = self._call(
+                "list the multipart uploads under",
+                prefix,
+                partial(self.client.list_multipart_uploads, **request),
+            )
+            for upload in response.get("Uploads", []):
+                yield upload["Key"][base:], upload["UploadId"]
+            if not response.get("IsTruncated"):
+                return
+            kwargs["KeyMarker"] = response.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = response.get("NextUploadIdMarker", "")
+
+    # -- time -----------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The store's time; asks the store once if no response has told it yet.
+
+        The question is a listing of at most one key under the store's own prefix, so a
+        permission scoped to that prefix is enough; even a refusal carries a ``Date``.
+        """
+        if not self.clock.known:
+            try:
+                self._call(
+                    "list",
+                    "",
+                    lambda: self.client.list_objects_v2(
+                        Bucket=self.bucket, Prefix=self.full_key(""), MaxKeys=1
+                    ),
+                )
+            except StoreError:
+                if not self.clock.known:
+                    raise
+        return self.clock.now()

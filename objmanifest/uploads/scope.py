@@ -1,0 +1,29 @@
+"""What the upload code needs of a task, and nothing more."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..cas import Documents
+from ..layout import TaskLayout
+from ..model import Claim, Entry
+from ..store import ObjectStore
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The store, the CAS loop and the keys of one task, and two questions about its
+    entries. Uploads are built on these, never on ``Task``.
+
+    * ``held(claim)``: the entry, read fresh, if ``claim`` still holds it; else
+      ``LeaseLost``. The upload engine asks before it starts anew and before completing.
+    * ``entry(stage, file_id)``: the entry as the store has it now, or None.
+    """
+
+    store: ObjectStore
+    docs: Documents
+    layout: TaskLayout
+    stages: tuple[str, ...]
+    held: Callable[[Claim], Entry]
+    entry: Callable[[str, str], Entry | None]
