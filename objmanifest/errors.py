@@ -131,6 +131,10 @@ class LocalServerError(ObjManifestError):
     """A local S3 server (moto or SeaweedFS) could not be started or stopped."""
 
 
+class ServerExitedEarly(LocalServerError):
+    """A local server's process exited before it became ready."""
+
+
 # -- internal outcomes: decided on by the layer above, never shown to a user ------------------
 
 

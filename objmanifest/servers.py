@@ -41,6 +41,8 @@ import boto3.session
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from .errors import LocalServerError, ServerExitedEarly
+
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
@@ -77,10 +79,6 @@ _LOG_TAIL_LINES = 40
 
 _SESSION_LOCK = threading.Lock()
 _session: boto3.session.Session | None = None
-
-
-class LocalServerError(RuntimeError):
-    """A local S3 server could not be found, started or made ready."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -480,16 +478,12 @@ def start_seaweedfs(
     for attempt in range(1, attempts + 1):
         try:
             return _start_weed_once(weed, host, port, data_dir, remove_dir, timeout)
-        except _EarlyExit as err:
+        except ServerExitedEarly as err:
             if attempt == attempts or "address already in use" not in str(err):
                 if remove_dir:
                     shutil.rmtree(data_dir, ignore_errors=True)
                 raise LocalServerError(str(err)) from None
     raise AssertionError("unreachable")
-
-
-class _EarlyExit(LocalServerError):
-    """``weed`` exited before it became ready."""
 
 
 def _start_weed_once(
@@ -529,7 +523,7 @@ def _start_weed_once(
             tail = _log_tail(log_path)
             owner.remove_dir = False  # the caller may retry in the same directory
             local.stop()
-            raise _EarlyExit(
+            raise ServerExitedEarly(
                 f"weed server exited with code {proc.returncode} before it was ready; "
                 f"last lines of {log_path}:\n{tail}"
             )

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 
+from .. import demo
 from . import commands, serve
 from .exits import ExitCode, UsageError
 from .output import Output
@@ -29,23 +29,11 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    """Hand over to ``objmanifest.demo``, which may not be installed in this version."""
-    try:
-        demo = importlib.import_module("objmanifest.demo")
-    except ModuleNotFoundError as e:
-        if e.name != "objmanifest.demo":
-            raise
-        raise UsageError("the demo is not part of this objmanifest version") from None
-    code: int = demo.main(args)
-    return code
-
-
 def dispatch(args: argparse.Namespace, out: Output) -> int:
     if args.command == "serve":
         return serve.run(args, out)
     if args.command == "demo":
-        return run_demo(args)
+        return demo.main(args)
     return HANDLERS[args.command](commands.Context(args, out))
 
 

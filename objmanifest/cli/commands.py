@@ -196,7 +196,7 @@ def read_declarations(
     if stripped.startswith("["):
         items = _json(stripped, "the --from input")
         if not isinstance(items, list):
-            raise ValueError("the --from input must be a JSON array of objects")
+            raise om.InvalidInput("the --from input must be a JSON array of objects")
         numbered = list(enumerate(items, 1))
     else:
         numbered = [
@@ -207,10 +207,10 @@ def read_declarations(
     decls = []
     for n, item in numbered:
         if not isinstance(item, dict):
-            raise ValueError(f"item {n} of the --from input is not a JSON object: {item!r}")
+            raise om.InvalidInput(f"item {n} of the --from input is not a JSON object: {item!r}")
         decl = {**defaults, **item}
         if "stage" not in decl:
-            raise ValueError(f"item {n} ({decl.get('file_id')!r}) has no stage; add --stage")
+            raise om.InvalidInput(f"item {n} ({decl.get('file_id')!r}) has no stage; add --stage")
         decls.append(decl)
     return decls
 
@@ -219,7 +219,7 @@ def _json(text: str, where: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as e:
-        raise ValueError(f"{where} is not valid JSON: {e}") from None
+        raise om.InvalidInput(f"{where} is not valid JSON: {e}") from None
 
 
 # -- claim, renew, fail ------------------------------------------------------------------
@@ -300,14 +300,14 @@ def cmd_put(ctx: Context) -> int:
     agent, claim = ctx.holder_claim()
     source = local_source(args.path)
     with progress.bar(ctx.show_progress(), f"put {claim.file_id}", ctx.out.stderr) as bar:
-        options = progress.transfer_options(
-            agent.put,
-            bar,
+        entry = agent.put(
+            claim,
+            source,
             part_size=args.part_size,
             concurrency=args.concurrency,
             threshold=args.threshold,
+            progress=bar,
         )
-        entry = agent.put(claim, source, **options)
     ctx.out.result(
         entry_json(entry),
         f"{entry.file_id} is {entry.state.value}: {entry.size} bytes, {entry.checksum}",
@@ -337,11 +337,14 @@ def cmd_consume(ctx: Context) -> int:
 def _consume_to(ctx: Context, agent: om.Agent, path: Path) -> om.Entry:
     args = ctx.args
     with progress.bar(ctx.show_progress(), f"consume {args.file_id}", ctx.out.stderr) as bar:
-        options = progress.transfer_options(
-            agent.consume, bar, part_size=args.part_size, concurrency=args.concurrency
-        )
         entry = poll(
-            lambda: agent.consume(args.file_id, path, **options),
+            lambda: agent.consume(
+                args.file_id,
+                path,
+                part_size=args.part_size,
+                concurrency=args.concurrency,
+                progress=bar,
+            ),
             args.wait,
             (om.NotReady,),
             on_wait=ctx.waiting(f"{args.file_id} is not ready"),

@@ -11,10 +11,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-import botocore.exceptions
-
 import objmanifest as om
-from objmanifest.servers import LocalServerError
 
 
 class ExitCode(IntEnum):
@@ -61,7 +58,7 @@ class Outcome:
 # Most specific first: the first class an error is an instance of decides.
 _TABLE: tuple[tuple[type[BaseException], ExitCode, str], ...] = (
     (UsageError, ExitCode.USAGE, "usage error"),
-    (om.InvalidFileId, ExitCode.USAGE, "invalid input"),
+    (om.InvalidInput, ExitCode.USAGE, "invalid input"),
     (NothingClaimable, ExitCode.NOTHING_CLAIMABLE, "nothing claimable"),
     (om.NotClaimable, ExitCode.NOTHING_CLAIMABLE, "nothing claimable"),
     (om.NotReady, ExitCode.NOT_READY, "not ready"),
@@ -77,11 +74,8 @@ _TABLE: tuple[tuple[type[BaseException], ExitCode, str], ...] = (
     (om.CorruptShard, ExitCode.UNSUPPORTED, "corrupt manifest"),
     (om.UnsupportedSchema, ExitCode.UNSUPPORTED, "unsupported schema"),
     (om.StoreError, ExitCode.STORE_ERROR, "store error"),
-    (botocore.exceptions.BotoCoreError, ExitCode.STORE_ERROR, "store error"),
-    (botocore.exceptions.ClientError, ExitCode.STORE_ERROR, "store error"),
+    (om.errors.LocalServerError, ExitCode.ERROR, "server error"),
     (om.ObjManifestError, ExitCode.ERROR, "error"),
-    (LocalServerError, ExitCode.ERROR, "server error"),
-    (ValueError, ExitCode.USAGE, "invalid input"),
     (OSError, ExitCode.ERROR, "i/o error"),
     (KeyboardInterrupt, ExitCode.INTERRUPTED, "interrupted"),
 )

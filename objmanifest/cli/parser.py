@@ -8,13 +8,12 @@ instead of exiting, so it is reported like every other error (as JSON with ``--j
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from objmanifest import __version__, servers
+from objmanifest import __version__, demo, servers
 
 from .exits import UsageError
 
@@ -348,8 +347,8 @@ def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--bucket", metavar="NAME", help="create this bucket once it runs")
 
 
-def _demo(sub: Any, load: bool) -> None:
-    """``demo`` takes its options from ``objmanifest.demo``, imported only when it runs.
+def _demo(sub: Any) -> None:
+    """``demo`` takes its options from ``objmanifest.demo``.
 
     Of the global options only ``--debug`` applies to it here; ``--json`` and
     ``--endpoint-url`` are the demo's own, and given before ``demo`` they still count.
@@ -367,14 +366,6 @@ def _demo(sub: Any, load: bool) -> None:
         default=argparse.SUPPRESS,
         help="print the traceback of an error",
     )
-    if not load:
-        return
-    try:
-        demo = importlib.import_module("objmanifest.demo")
-    except ModuleNotFoundError as e:
-        if e.name != "objmanifest.demo":
-            raise
-        return  # reported when the command runs
     demo.add_arguments(p)
     for action in p._actions:  # the demo's copies of global options must not reset them
         if action.dest in GLOBAL_DESTS and action.default in (None, False):
@@ -395,7 +386,7 @@ def command_of(argv: Sequence[str]) -> str | None:
 
 
 def build(argv: Sequence[str] = ()) -> Parser:
-    """The full parser; ``argv`` only decides whether the demo's options are loaded."""
+    """The full parser."""
     parser = Parser(
         prog="objmanifest",
         description="Hand files between agents through one S3 bucket, safely: a manifest "
@@ -416,7 +407,7 @@ def build(argv: Sequence[str] = ()) -> Parser:
     _consume(sub, parents)
     _views(sub, parents)
     _serve(sub, parents)
-    _demo(sub, load=command_of(argv) == "demo")
+    _demo(sub)
     return parser
 
 

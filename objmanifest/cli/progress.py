@@ -1,51 +1,16 @@
-"""Progress bars for transfers, and passing transfer options only to an API that has them.
+"""Progress bars for transfers.
 
 Bars go to stderr and only when it is a terminal: a pipeline, a CI log or an agent reading
-the output sees nothing extra. ``put`` and ``consume`` take ``progress=`` (and chunking
-options) only in versions with chunked transfers, so the signature is checked, not assumed.
+the output sees nothing extra.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
-
-from .exits import UsageError
+from typing import TextIO
 
 ProgressFn = Callable[[int, "int | None"], None]
-
-
-def accepts(fn: Callable[..., Any], name: str) -> bool:
-    """Whether ``fn`` takes a keyword argument ``name``."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    param = params.get(name)
-    if param is not None:
-        return param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
-    return any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-def transfer_options(
-    fn: Callable[..., Any], progress: ProgressFn | None, **chunking: int | None
-) -> dict[str, Any]:
-    """Keyword arguments for ``fn``: progress when it can report it; chunking options
-    (``part_size=``, ``concurrency=``, ``threshold=``) when given, or a clear usage error if
-    this version cannot honour them."""
-    options: dict[str, Any] = {}
-    for name, value in chunking.items():
-        if value is None:
-            continue
-        if not accepts(fn, name):
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag} needs chunked transfers, which this objmanifest lacks")
-        options[name] = value
-    if progress is not None and accepts(fn, "progress"):
-        options["progress"] = progress
-    return options
 
 
 def wanted(stream: TextIO, disabled: bool) -> bool:

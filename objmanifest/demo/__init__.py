@@ -116,7 +116,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the demo with parsed arguments; 0 only if everything was consistent."""
+    """Run the demo with parsed arguments; 0 only if everything was consistent.
+
+    The run machinery (process pools, the live display) is imported here, when the demo
+    runs, so that every other command starts without it.
+    """
     from .run import run
     from .target import Settings
 

@@ -12,7 +12,6 @@ lease, until the orchestrator kills it with SIGKILL: a crash at the worst moment
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 import random
@@ -72,12 +71,6 @@ class WorkerSpec:
 def emit(event: str, **fields: Any) -> None:
     """One JSON line for the orchestrator."""
     print(json.dumps({"event": event, **fields}, default=str), flush=True)
-
-
-def supported(method: Any, **options: Any) -> dict[str, Any]:
-    """The options ``method`` accepts: chunked transfers use them once they exist."""
-    params = inspect.signature(method).parameters
-    return {k: v for k, v in options.items() if k in params}
 
 
 class Throttled:
@@ -222,13 +215,13 @@ class Worker:
         size = path.stat().st_size
         emit("uploading", file_id=claim.file_id, total=size)
         start = time.monotonic()
-        options = supported(
-            self.agent.put,
+        entry = self.agent.put(
+            claim,
+            path,
             part_size=PART_SIZE,
             threshold=PART_SIZE,
             progress=Throttled(claim.file_id, "up"),
         )
-        entry = self.agent.put(claim, path, **options)
         self.produced += 1
         self.bytes_up += size
         emit(
@@ -238,7 +231,7 @@ class Worker:
             size=size,
             seconds=round(time.monotonic() - start, 3),
             checksum=entry.checksum,
-            chunked="part_size" in options,
+            chunked=entry.is_chunked,
         )
 
     def prepare(self, claim: om.Claim, out: Path) -> None:
@@ -262,8 +255,7 @@ class Worker:
         checked = p.checked_by(claim.file_id)
         local = self.tmp / "input"
         try:
-            options = supported(self.agent.consume, progress=Throttled(checked, "down"))
-            self.agent.consume(checked, local, **options)
+            self.agent.consume(checked, local, progress=Throttled(checked, "down"))
             self.bytes_down += local.stat().st_size
             read = p.inspect_file(local)
         finally:

@@ -1,6 +1,7 @@
 """``S3Store``: the storage seam over boto3, for AWS S3 and S3-compatible stores.
 
-This is the only module of the library that talks to botocore. Every quirk of the stores
+No layer of the manifest above it sees botocore (only the local-server tooling, the demo
+and the tests make boto3 clients of their own). Every quirk of the stores
 tested (AWS, SeaweedFS, MinIO, LocalStack, moto) is normalised here: 409, 412 and a 404 on
 ``If-Match`` are all a lost race, a connection that drops after a write was sent is an
 unknown outcome, ``NoSuchUpload`` is a vanished upload, and every other error becomes a
