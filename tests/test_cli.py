@@ -736,24 +736,6 @@ def test_waiting_backs_off_and_gives_up() -> None:
         poll(lambda: (_ for _ in ()).throw(om.NotReady("no")), 0, (om.NotReady,))
 
 
-def test_transfer_options_follow_the_api() -> None:
-    def old(claim: object, data: object) -> None: ...
-
-    def new(
-        claim: object, data: object, *, part_size: int = 0, progress: object = None
-    ) -> None: ...
-
-    def report(done: int, total: int | None) -> None: ...
-
-    assert progress.transfer_options(old, report, part_size=None) == {}
-    assert progress.transfer_options(new, report, part_size=5) == {
-        "part_size": 5,
-        "progress": report,
-    }
-    with pytest.raises(exits.UsageError, match="--concurrency needs chunked transfers"):
-        progress.transfer_options(new, None, part_size=None, concurrency=4)
-
-
 def test_progress_bar_only_on_a_terminal() -> None:
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
