@@ -26,11 +26,10 @@ from .make import RULES, STAGE, T0, at, claim_on, entry, exactly, lookup, shard
 def test_an_invalid_transition_names_the_state_and_the_event() -> None:
     with pytest.raises(InvalidTransition, match=exactly("no transition from 'dead' on 'claim'")):
         next_state(State.dead, Event.claim)
-    try:
+    with pytest.raises(InvalidTransition, match=r"^no transition from 'ready'") as info:
         next_state(State.ready, Event.finish)
-    except InvalidTransition as e:
-        assert (e.state, e.event) == (State.ready, Event.finish)
-        assert e.args == ("no transition from 'ready' on 'finish'",)
+    assert (info.value.state, info.value.event) == (State.ready, Event.finish)
+    assert info.value.args == ("no transition from 'ready' on 'finish'",)
 
 
 def test_next_state_defaults_count_no_retry_allow_none_and_mark_nothing_complete() -> None:
