@@ -353,7 +353,9 @@ def mismatch(
     entry = _entry(shard, file_id)
     if entry.state is not State.ready or (entry.key, entry.checksum) != (key, checksum):
         return None, entry  # already handled, or produced again meanwhile
-    failed = _update(_failure(entry, now, Event.mismatch, detail, rules), now, **_NO_DATA)
+    failed = _failure(entry, now, Event.mismatch, detail, rules)
+    # The producer's name stays: it says whose data was bad.
+    failed = _update(failed, now, owner=entry.owner, **_NO_DATA)
     return shard.with_entries({file_id: failed}), failed
 
 

@@ -15,19 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 import objmanifest as om
-from objmanifest.model import EntryNote
+from objmanifest.model import EntryNote, State
+from objmanifest.styles import ATTENTION_STYLES, STATE_STYLES
 
 from .output import iso
-
-STATE_STYLES = {
-    "pending": "",
-    "writing": "yellow",
-    "ready": "green",
-    "consumed": "dim green",
-    "failed": "red",
-    "dead": "bold red",
-}
-ATTENTION_STYLES = {"dead": "bold red", "overdue": "bold yellow", "blocked": "cyan"}
 
 
 def claim_line(claim: om.Claim) -> str:
@@ -37,8 +28,9 @@ def claim_line(claim: om.Claim) -> str:
 
 
 def state_text(state: om.State | str) -> Text:
-    value = state.value if isinstance(state, om.State) else state
-    return Text(value, style=STATE_STYLES.get(value, ""))
+    known = State(state) if state in {s.value for s in State} else None
+    value = state.value if isinstance(state, State) else str(state)
+    return Text(value, style=STATE_STYLES[known] if known is not None else "")
 
 
 def entry_view(entry: om.Entry) -> RenderableType:
@@ -74,7 +66,7 @@ def entry_view(entry: om.Entry) -> RenderableType:
 
 
 def _count(n: int, state: str) -> Text:
-    return Text(str(n), style=STATE_STYLES[state] if n else "dim")
+    return Text(str(n), style=STATE_STYLES[State(state)] if n else "dim")
 
 
 def counts_table(status: om.TaskStatus) -> Table:

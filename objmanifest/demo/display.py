@@ -18,15 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from objmanifest.model import State
+from objmanifest.styles import STATE_STYLES
 
-STATE_STYLES = {
-    State.pending: "dim",
-    State.writing: "yellow",
-    State.ready: "green",
-    State.consumed: "blue",
-    State.failed: "red",
-    State.dead: "bold red",
-}
 PLAIN_EVERY = 2.0
 
 

@@ -140,7 +140,7 @@ def test_a_different_declaration_in_the_same_batch_is_a_conflict() -> None:
     with pytest.raises(
         DeclarationConflict,
         match=exactly(
-            "'a' is already declared differently: depends_on: declared [], now ['x']. "
+            "'a' is already declared differently: depends_on: +{'x'}. "
             "Declare it as before, or use a new file id."
         ),
     ):
@@ -153,7 +153,7 @@ def test_a_different_declaration_says_everything_that_differs() -> None:
         DeclarationConflict,
         match=exactly(
             "'a' is already declared differently: stage: 't' != 's'; "
-            "depends_on: declared ['x'], now ['y']; "
+            "depends_on: +{'y'} -{'x'}; "
             "consumers: declared ['r1'], now ['r1', 'r2']. "
             "Declare it as before, or use a new file id."
         ),
@@ -174,7 +174,7 @@ def test_differences_compare_dependencies_and_consumers_as_sets() -> None:
     ("fields", "expected"),
     [
         ({"stage": "t"}, ["stage: 's' != 't'"]),
-        ({"depends_on": ["b", "a"]}, ["depends_on: declared [], now ['a', 'b']"]),
+        ({"depends_on": ["b", "a"]}, ["depends_on: +{'a', 'b'}"]),
         ({"consumers": ["r"]}, ["consumers: declared [], now ['r']"]),
     ],
 )
