@@ -2,8 +2,10 @@
 
 It lets tests stage the failures a real store and network produce but a healthy local server
 never does: a write that is applied but whose response is lost (the client must not assume
-it failed), and a store that silently ignores conditional-write headers (the client must
-detect it, not corrupt data).
+it failed), a store that silently ignores conditional-write headers (the client must
+detect it, not corrupt data), a store whose clock is far from the client's (the ``Date`` of
+every response shifted), and a client that stalls (its requests held until it resumes, as
+if its process had been stopped).
 
 Requests are forwarded byte for byte (method, target, headers in order, body); only the
 hop-by-hop headers of each leg are replaced. Each request uses a fresh upstream connection,
@@ -18,6 +20,8 @@ import socket
 import threading
 import urllib.parse
 from dataclasses import dataclass
+from datetime import timedelta
+from email.utils import format_datetime, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
@@ -35,6 +39,7 @@ _RESPONSE_HOP_HEADERS = frozenset(
 _CONDITIONAL_HEADERS = frozenset({"if-match", "if-none-match"})
 _UPSTREAM_TIMEOUT = 120.0
 _MAX_LINE = 64 * 1024
+_LONGEST_PAUSE = 300.0  # a request held longer than this goes on anyway: a test forgot resume()
 
 
 @dataclass
@@ -114,6 +119,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         ]
         if proxy.strip_conditional_headers and method in ("PUT", "POST"):
             headers = [(n, v) for n, v in headers if n.lower() not in _CONDITIONAL_HEADERS]
+        proxy._hold_while_paused()
         drop = proxy._take_drop(method, self.path)
         proxy._log_request(method, self.path)
 
@@ -140,6 +146,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 self.connection.shutdown(socket.SHUT_RDWR)
             return
 
+        resp_headers = proxy._shift_dates(resp_headers)
         self.send_response_only(status, reason)
         for name, value in resp_headers:
             if name.lower() not in _RESPONSE_HOP_HEADERS and name.lower() != "content-length":
@@ -163,10 +170,15 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
 
 class FaultProxy:
-    """A loopback HTTP proxy in front of ``upstream_url`` that can lose responses and ignore
-    conditional headers on request. Use as a context manager or call start()/stop()."""
+    """A loopback HTTP proxy in front of ``upstream_url`` that can lose responses, ignore
+    conditional headers, shift the store's clock and stall the client on request. Use as a
+    context manager or call start()/stop().
 
-    def __init__(self, upstream_url: str) -> None:
+    ``date_offset`` (seconds, or a timedelta) is added to the ``Date`` header of every
+    response: to a client behind this proxy the store's clock runs that far from its own.
+    """
+
+    def __init__(self, upstream_url: str, date_offset: float | timedelta = 0.0) -> None:
         parsed = urllib.parse.urlsplit(upstream_url)
         if parsed.scheme != "http" or not parsed.hostname:
             raise ValueError(f"FaultProxy needs an http:// upstream URL, got {upstream_url!r}")
@@ -174,7 +186,14 @@ class FaultProxy:
         self._upstream_host = parsed.hostname
         self._upstream_port = parsed.port or 80
         self.strip_conditional_headers = False
+        self.date_offset = (
+            date_offset if isinstance(date_offset, timedelta) else timedelta(seconds=date_offset)
+        )
         self.dropped = 0
+        self.held = 0
+        """Requests waiting now because the proxy is paused."""
+        self._running = threading.Event()
+        self._running.set()
         self.requests: list[tuple[str, str]] = []
         self._rules: list[_DropRule] = []
         self._lock = threading.Lock()
@@ -195,6 +214,15 @@ class FaultProxy:
         with self._lock:
             self._rules.append(_DropRule(method.upper(), path_contains, count))
 
+    def pause(self) -> None:
+        """Hold every request that arrives from now on (a request already forwarded still
+        gets its answer): to the store the client has stopped, as a stopped process would."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        """Forward the held requests, in no particular order, and every later one."""
+        self._running.set()
+
     def start(self) -> None:
         """Serve in a background thread."""
         if self._thread is not None:
@@ -209,6 +237,7 @@ class FaultProxy:
 
     def stop(self) -> None:
         """Stop serving and close every client connection (idempotent)."""
+        self.resume()
         thread, self._thread = self._thread, None
         if thread is not None:
             self._server.shutdown()
@@ -240,6 +269,29 @@ class FaultProxy:
                 self._connections.add(conn)
             else:
                 self._connections.discard(conn)
+
+    def _hold_while_paused(self) -> None:
+        if self._running.is_set():
+            return
+        with self._lock:
+            self.held += 1
+        try:
+            self._running.wait(_LONGEST_PAUSE)
+        finally:
+            with self._lock:
+                self.held -= 1
+
+    def _shift_dates(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        if not self.date_offset:
+            return headers
+        shifted = []
+        for name, value in headers:
+            if name.lower() == "date":
+                with contextlib.suppress(TypeError, ValueError):
+                    moved = parsedate_to_datetime(value) + self.date_offset
+                    value = format_datetime(moved, usegmt=True)
+            shifted.append((name, value))
+        return shifted
 
     def _take_drop(self, method: str, path: str) -> bool:
         with self._lock:

@@ -360,6 +360,44 @@ def test_overdue_and_dead_entries_stand_out_and_reap_releases_them(
     assert stale["error"] == "LeaseLost"
 
 
+def test_a_rerun_step_with_a_stale_epoch_is_fenced(cli: Cli, store: om.Store) -> None:
+    """Every step of a pipeline uses ``--agent fetcher``: the first claim's lease expires and
+    a rerun claims the entry again (epoch 2). A late step still holding epoch 1 is refused
+    (exit 5) and changes nothing, although its agent name is the holder's; the step with
+    epoch 2 finishes the entry."""
+    task = om.Task.create(store, "rerun", stages=["collect"], lease_seconds=1, max_retries=3)
+    task.declare("raw/a.json", "collect")
+    cli.env["OBJMANIFEST_TASK"] = "rerun"
+    first = cli.json("claim", "raw/a.json", "--agent", "fetcher")
+    assert first["epoch"] == 1
+    expiry = task.entry("raw/a.json").lease_expires_at
+    assert expiry is not None
+    deadline = time.monotonic() + 30
+    while store.now() <= expiry + timedelta(seconds=3.2):  # 2 s margin, 1 s Date rounding
+        assert time.monotonic() < deadline, "the store's clock did not pass the lease"
+        time.sleep(0.25)
+    second = cli.json("claim", "raw/a.json", "--agent", "fetcher")
+    assert second["epoch"] == 2
+    held = task.entry("raw/a.json")
+
+    stale = ("--agent", "fetcher", "--epoch", "1")
+    for args, stdin in [
+        (("put", "raw/a.json", "-", *stale), b"the late step's bytes"),
+        (("renew", "raw/a.json", *stale), b""),
+        (("fail", "raw/a.json", "late step gave up", *stale), b""),
+    ]:
+        refused = cli.json(*args, code=E.LEASE_LOST, stdin=stdin)
+        assert refused["error"] == "LeaseLost" and "epoch 1" in refused["message"], args[0]
+        assert task.entry("raw/a.json") == held, args[0]
+
+    put = cli.json(
+        "put", "raw/a.json", "-", "--agent", "fetcher", "--epoch", "2", stdin=b"the rerun's bytes"
+    )
+    assert (put["state"], put["epoch"]) == ("ready", 2)
+    assert task.agent("reader").consume("raw/a.json") == b"the rerun's bytes"
+    assert list(store.list_keys("rerun/data/")) == ["rerun/data/collect/raw/a.json@2"]
+
+
 # -- exit codes ---------------------------------------------------------------------------
 
 

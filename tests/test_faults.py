@@ -6,8 +6,11 @@ import http.client
 import io
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import botocore.auth
@@ -192,6 +195,43 @@ def test_drop_response_applies_the_request_and_closes(echo_proxy: FaultProxy) ->
     conn.request("PUT", "/lost/1", body=b"data")  # the rule is used up
     assert conn.getresponse().status == 200
     assert echo_proxy.dropped == 2
+
+
+def test_date_offset_shifts_the_date_of_every_answer(echo: str) -> None:
+    for offset in (3600, -3600):
+        with FaultProxy(echo, date_offset=offset) as proxy:
+            for method in ("GET", "HEAD"):
+                conn = _conn(proxy)
+                conn.request(method, "/dated")
+                resp = conn.getresponse()
+                resp.read()
+                shifted = parsedate_to_datetime(resp.getheader("Date") or "")
+                drift = (shifted - datetime.now(timezone.utc)).total_seconds() - offset
+                assert abs(drift) < 5, (method, offset, drift)
+                assert len(resp.msg.get_all("Date") or []) == 1
+
+
+def test_pause_holds_requests_until_resume(echo_proxy: FaultProxy) -> None:
+    echo_proxy.pause()
+    answers: list[int] = []
+
+    def ask() -> None:
+        conn = _conn(echo_proxy)
+        conn.request("PUT", "/held", body=b"data")
+        answers.append(conn.getresponse().status)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while echo_proxy.held < 1:
+        assert time.monotonic() < deadline, "the request never reached the proxy"
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert _Echo.seen == [] and answers == []  # held: not forwarded, not answered
+    echo_proxy.resume()
+    thread.join(10)
+    assert answers == [200] and [r["path"] for r in _Echo.seen] == ["/held"]
+    assert echo_proxy.held == 0
 
 
 def test_upstream_down_is_a_502() -> None:
