@@ -59,21 +59,18 @@ def _entry(shard: Shard, file_id: str) -> Entry:
     return entry
 
 
-def _failure(entry: Entry, now: datetime, event: Event, error: str, rules: Rules) -> Entry:
-    """One failure (``fail``, a takeover, an expired lease, bad data): one retry more, the
-    holder released, and the state the table gives: alive again, or dead once the retries
-    are spent."""
+def _failure(entry: Entry, event: Event, error: str, rules: Rules) -> dict[str, Any]:
+    """What one failure (``fail``, a takeover, an expired lease, bad data) changes: one
+    retry more, the holder released, and the state the table gives: alive again, or dead
+    once the retries are spent."""
     retries = entry.retry_count + 1
-    state = next_state(entry.state, event, retry_count=retries, max_retries=rules.max_retries)
-    return _update(
-        entry,
-        now,
-        state=state,
-        retry_count=retries,
-        error=error,
-        owner=None,
-        lease_expires_at=None,
-    )
+    return {
+        "state": next_state(entry.state, event, retry_count=retries, max_retries=rules.max_retries),
+        "retry_count": retries,
+        "error": error,
+        "owner": None,
+        "lease_expires_at": None,
+    }
 
 
 def _expired_error(entry: Entry) -> str:
@@ -162,17 +159,16 @@ def why_not_claimable(entry: Entry, now: datetime, lookup: Lookup) -> str | None
 def _take(entry: Entry, agent: str, now: datetime, rules: Rules) -> Entry:
     """Claim a claimable entry; a takeover of an expired lease counts one failure."""
     if entry.state is State.writing:
-        entry = _failure(entry, now, Event.takeover, _expired_error(entry), rules)
-        if entry.state is State.dead:
-            return entry
+        fields = _failure(entry, Event.takeover, _expired_error(entry), rules)
+        if fields["state"] is State.dead:
+            return _update(entry, now, **fields)
     else:
-        entry = _update(entry, now, state=next_state(entry.state, Event.claim))
+        fields = {"state": next_state(entry.state, Event.claim)}
+    lease = leases.expires_at(now, rules.lease_seconds)
     return _update(
         entry,
         now,
-        owner=agent,
-        epoch=entry.epoch + 1,
-        lease_expires_at=leases.expires_at(now, rules.lease_seconds),
+        **{**fields, "owner": agent, "epoch": entry.epoch + 1, "lease_expires_at": lease},
     )
 
 
@@ -295,7 +291,8 @@ def finish(
 def fail(
     shard: Shard, claim: Claim, reason: str, now: datetime, rules: Rules
 ) -> tuple[Shard, Entry]:
-    failed = _failure(_held(shard, claim), now, Event.fail, reason, rules)
+    entry = _held(shard, claim)
+    failed = _update(entry, now, **_failure(entry, Event.fail, reason, rules))
     return shard.with_entries({claim.file_id: failed}), failed
 
 
@@ -353,9 +350,9 @@ def mismatch(
     entry = _entry(shard, file_id)
     if entry.state is not State.ready or (entry.key, entry.checksum) != (key, checksum):
         return None, entry  # already handled, or produced again meanwhile
-    failed = _failure(entry, now, Event.mismatch, detail, rules)
+    fields = _failure(entry, Event.mismatch, detail, rules)
     # The producer's name stays: it says whose data was bad.
-    failed = _update(failed, now, owner=entry.owner, **_NO_DATA)
+    failed = _update(entry, now, **{**fields, "owner": entry.owner, **_NO_DATA})
     return shard.with_entries({file_id: failed}), failed
 
 
@@ -365,7 +362,9 @@ def mismatch(
 def reap(shard: Shard, now: datetime, rules: Rules) -> tuple[Shard | None, list[Entry]]:
     """Release every expired lease of the shard: failed, or dead once retries are spent."""
     changed = {
-        entry.file_id: _failure(entry, now, Event.expire, _expired_error(entry), rules)
+        entry.file_id: _update(
+            entry, now, **_failure(entry, Event.expire, _expired_error(entry), rules)
+        )
         for entry in shard.entries.values()
         if leases.expired(entry, now)
     }

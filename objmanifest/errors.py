@@ -135,6 +135,30 @@ class ServerExitedEarly(LocalServerError):
     """A local server's process exited before it became ready."""
 
 
+# -- the command line and the demo -------------------------------------------------------
+
+
+class UsageError(InvalidInput):
+    """The command line is wrong; ``usage`` names the (sub)command for the usage hint."""
+
+    def __init__(self, message: str, usage: str = "") -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class NothingClaimable(ObjManifestError):
+    """``claim --stage`` found no entry it could take (possibly after ``--wait``)."""
+
+
+class SetupError(ObjManifestError):
+    """The demo could not start: no server, no bucket, no task."""
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP: stop like on Ctrl-C, leaving no agent or server behind. A
+    BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
+
+
 # -- internal outcomes: decided on by the layer above, never shown to a user ------------------
 
 

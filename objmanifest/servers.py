@@ -211,6 +211,7 @@ def _create_bucket(client: S3Client, name: str) -> None:
 
 def start_moto(port: int | None = None, host: str = "127.0.0.1") -> LocalS3:
     """Start moto's threaded server in this process and wait until it answers HTTP."""
+    # moto is an optional dependency (the `servers` extra): imported only when asked for.
     from moto.server import ThreadedMotoServer
 
     if port is not None and not _port_is_free(host, port):

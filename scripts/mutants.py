@@ -62,9 +62,7 @@ class Mutant:
 FENCING = "tests/test_fencing.py"
 # The holder-check mutants keep the real refusal (``_held``, with its message) for what they
 # still check, and let through only what they stop checking.
-IN_FINISH = (
-    r"(\s+)entry = _held\(shard, claim\)\n(\s+state = next_state\(entry\.state, Event\.finish\))"
-)
+IN_FINISH = r"(\s+)entry = _held\(shard, claim\)\n(\s+ready = _update\()"
 """The holder check of ``changes.finish``."""
 SAME_NAME_ZOMBIE = (
     f"{FENCING}::test_a_stale_epoch_is_refused_while_the_new_holder_writes",
@@ -123,7 +121,7 @@ MUTANTS = (
     ),
     Mutant(
         "cas-believes-stale-refusal",
-        "objmanifest/shards.py",
+        "objmanifest/cas.py",
         r"(except ObjManifestError:\n\s+)if validated:",
         r"\1if True:",
         ("tests/test_views.py::test_a_holder_acting_through_a_stale_view_is_not_refused",),
@@ -131,7 +129,7 @@ MUTANTS = (
     ),
     Mutant(
         "cas-believes-stale-noop",
-        "objmanifest/shards.py",
+        "objmanifest/cas.py",
         r"(if new_doc is None:\n\s+)if validated:",
         r"\1if True:",
         ("tests/test_views.py::test_reap_on_a_stale_view_releases_a_lease_it_has_not_seen",),
@@ -148,26 +146,45 @@ MUTANTS = (
     Mutant(
         "data-written-without-if-none-match",
         "objmanifest/transfer.py",
-        r"(def _write_once\((?:.*\n)*?\s+store\.put\(key, body, )if_none_match=True",
-        r"\1if_none_match=False",
+        r"(def _write_once\((?:.*\n)*?\s+store\.put\(key, body, )mode=CREATE, ",
+        r"\1",
         (f"{FENCING}::test_a_put_repeated_after_ready_keeps_the_first_bytes",),
         "a holder's data is written without If-None-Match",
     ),
     Mutant(
         "store-clock-is-local-clock",
-        "objmanifest/store.py",
+        "objmanifest/store/s3.py",
         r"return self\.clock\.now\(\)",
-        "return datetime.now(timezone.utc)",
+        "return datetime.now().astimezone()",
         ("tests/test_leases.py::test_leases_follow_the_store_clock_not_the_agents",),
         "Store.now() is this machine's wall clock",
     ),
     Mutant(
         "reap-keeps-dead-upload",
-        "objmanifest/task.py",
-        r"chunks\.abandon\(self, entry\.stage, entry\.file_id\)",
-        "pass",
-        ("tests/test_leases.py::test_reaping_a_dead_chunked_entry_aborts_its_upload",),
+        "objmanifest/effects.py",
+        r"if parsed\.kind != \"shard\" or parsed\.stage is None:",
+        'if parsed.kind != "shard" or parsed.stage is None or event.command == "reap":',
+        (
+            "tests/test_leases.py::test_reaping_a_dead_chunked_entry_aborts_its_upload",
+            "tests/test_effects.py::test_every_path_to_dead_aborts_the_upload",
+        ),
         "reap does not abort the upload of an entry it made dead",
+    ),
+    Mutant(
+        "takeover-keeps-dead-upload",
+        "objmanifest/effects.py",
+        r"if parsed\.kind != \"shard\" or parsed\.stage is None:",
+        'if parsed.kind != "shard" or parsed.stage is None or event.command.startswith("claim"):',
+        ("tests/test_effects.py::test_every_path_to_dead_aborts_the_upload",),
+        "a takeover in claim or claim_many that makes an entry dead keeps its upload",
+    ),
+    Mutant(
+        "lost-answer-applied-twice",
+        "objmanifest/cas.py",
+        r"if commit_id in sent:",
+        "if False:",
+        ("tests/test_races.py::test_a_write_whose_response_is_lost_is_applied_exactly_once",),
+        "a commit whose answer was lost is applied again instead of recognised",
     ),
 )
 

@@ -12,6 +12,7 @@ from enum import IntEnum
 from typing import Any
 
 import objmanifest as om
+from objmanifest.errors import NothingClaimable, UsageError
 
 
 class ExitCode(IntEnum):
@@ -32,18 +33,6 @@ class ExitCode(IntEnum):
     UNSUPPORTED = 12
     STORE_ERROR = 13
     INTERRUPTED = 130
-
-
-class UsageError(Exception):
-    """The command line is wrong; ``prog`` names the (sub)command for the usage hint."""
-
-    def __init__(self, message: str, usage: str = "") -> None:
-        super().__init__(message)
-        self.usage = usage
-
-
-class NothingClaimable(Exception):
-    """``claim --stage`` found no entry it could take (possibly after ``--wait``)."""
 
 
 @dataclass(frozen=True)
@@ -102,3 +91,6 @@ def _fields(error: BaseException) -> dict[str, Any]:
     if isinstance(error, (om.CorruptShard, om.UnsupportedSchema)):
         fields["key"] = error.key
     return fields
+
+
+__all__ = ["ExitCode", "NothingClaimable", "Outcome", "UsageError", "classify", "expected"]

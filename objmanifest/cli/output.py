@@ -13,16 +13,14 @@ import sys
 import traceback
 from datetime import datetime
 from enum import Enum
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from pydantic import BaseModel
+from rich.console import Console, RenderableType
 
 import objmanifest as om
 
 from .exits import UsageError, classify, expected
-
-if TYPE_CHECKING:
-    from rich.console import Console, RenderableType
 
 PROG = "objmanifest"
 
@@ -84,8 +82,6 @@ class Output:
     def console(self) -> Console:
         """A rich console on stdout, built on first use."""
         if self._console is None:
-            from rich.console import Console
-
             self._console = Console(file=self.stdout, highlight=False, soft_wrap=False)
         return self._console
 

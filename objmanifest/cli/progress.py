@@ -10,6 +10,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
 ProgressFn = Callable[[int, "int | None"], None]
 
 
@@ -31,16 +41,6 @@ def bar(enabled: bool, description: str, stream: TextIO) -> Iterator[ProgressFn 
     if not enabled:
         yield None
         return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

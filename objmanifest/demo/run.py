@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import objmanifest as om
+from objmanifest.errors import SetupError, Stopped
 from objmanifest.model import State
 
 from . import display as d
@@ -30,7 +31,7 @@ from . import plan as p
 from . import verify as v
 from .agents import VICTIM, Pool, Proc, Role, roster
 from .summary import build_summary, print_summary
-from .target import Settings, SetupError, Target, child_env, cleanup, open_target
+from .target import Settings, Target, child_env, cleanup, open_target
 from .worker import WorkerSpec
 
 POLL_SECONDS = 0.5
@@ -246,11 +247,6 @@ class Demo:
                 )
             problems += [f"{pr.name}: {e}" for e in pr.errors if "LeaseLost" in e]
         return problems
-
-
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP: stop like on Ctrl-C, leaving no agent or server behind. A
-    BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
 
 
 @contextlib.contextmanager

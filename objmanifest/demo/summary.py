@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import objmanifest as om
 from objmanifest.model import State
@@ -12,10 +11,23 @@ from objmanifest.model import State
 from . import display as d
 from . import plan as p
 from . import verify as v
+from .agents import Pool
+from .target import Settings, Target
 from .worker import PART_SIZE
 
-if TYPE_CHECKING:
-    from .run import Demo
+
+class Demo(Protocol):
+    """What a summary reads of one run of the demo."""
+
+    s: Settings
+    target: Target
+    pool: Pool
+    task_id: str
+    kill: v.Kill | None
+    takeovers: list[dict[str, Any]]
+    problems: list[str]
+
+    def elapsed(self) -> float: ...
 
 
 def _stat_total(demo: Demo, task: om.Task) -> dict[str, int]:
@@ -35,10 +47,13 @@ def _large_file(task: om.Task, entries: dict[str, om.Entry]) -> dict[str, Any]:
     e = entries.get(p.ARCHIVE)
     info: dict[str, Any] = {"file_id": p.ARCHIVE, "size": e.size if e else None}
     parts = 1
-    with contextlib.suppress(om.ObjManifestError, AttributeError, ValueError):
-        assert e is not None and e.key is not None
-        etag = task.store.head(e.key).etag.strip('"')
-        parts = int(etag.rsplit("-", 1)[1]) if "-" in etag else 1
+    if e is not None and e.key is not None:
+        try:
+            etag = task.store.head(e.key).etag.strip('"')
+        except om.ObjManifestError:
+            etag = ""  # gone already: the audit says so
+        tail = etag.rpartition("-")[2]
+        parts = int(tail) if "-" in etag and tail.isdigit() else 1
     info.update(parts=parts, chunked=parts > 1)
     return info
 

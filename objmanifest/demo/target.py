@@ -23,13 +23,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 import objmanifest as om
 from objmanifest import servers
+from objmanifest.errors import SetupError
 from objmanifest.store import make_client
 
 _SECRET_ENV = ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE")
-
-
-class SetupError(Exception):
-    """The demo could not start: no server, no bucket, no task."""
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,8 @@ MOVES = {
 
 def check_move(before: Entry, after: Entry) -> None:
     """One change of one entry obeys the lifecycle and the fencing rules."""
-    assert before.state not in (State.consumed, State.dead), f"{before.state} is terminal but changed"
+    terminal = (State.consumed, State.dead)
+    assert before.state not in terminal, f"{before.state} is terminal but changed"
     if after.state is not before.state:
         assert (before.state, after.state) in MOVES, (before.state, after.state)
     assert after.retry_count in (before.retry_count, before.retry_count + 1)

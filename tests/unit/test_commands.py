@@ -1,0 +1,168 @@
+"""The named commands: each carries its change, its name and its actor, and applies exactly
+the pure change it names, with its own arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from objmanifest import changes
+from objmanifest.errors import LeaseLost
+from objmanifest.model import Claim, Declaration, Shard, State, Stored
+
+from .make import RULES, at, claim_on, entry, exactly, held, lookup, ready, shard
+
+NOW = at(100)
+
+
+def same(got: tuple[Any, Any], want: tuple[Any, Any]) -> None:
+    """A command's outcome equals the pure change's (new shard, result)."""
+    assert got == want
+    assert got[0] is not None or want[0] is None
+
+
+def test_declare() -> None:
+    decls = [Declaration(file_id="a", stage="s"), Declaration(file_id="b", stage="s")]
+    command = changes.Declare(decls)
+    assert (command.name, command.actor) == ("declare", "")
+    same(command.apply(shard(), NOW), changes.declare(shard(), NOW, decls))
+    assert changes.Declare(decls, actor="cli").actor == "cli"
+
+
+def test_claim_entry() -> None:
+    before = shard(entry("a"), held("b", lease=10))
+    deps = lookup()
+    command = changes.ClaimEntry("a", "ann", RULES, lambda doc: deps)
+    assert (command.name, command.actor) == ("claim", "ann")
+    new, result = command.apply(before, NOW)
+    same((new, result), changes.claim(before, "a", "ann", NOW, RULES, deps))
+    assert isinstance(result, Claim) and (result.agent, result.epoch) == ("ann", 1)
+
+
+def test_claim_entry_hands_its_lookups_the_version_it_changes() -> None:
+    seen: list[Shard] = []
+    before = shard(entry("a"))
+
+    def lookups(doc: Shard) -> changes.Lookup:
+        seen.append(doc)
+        return doc.entries.get
+
+    changes.ClaimEntry("a", "ann", RULES, lookups).apply(before, NOW)
+    changes.ClaimAny("ann", 1, RULES, lookups).apply(before, NOW)
+    assert seen == [before, before]
+
+
+def test_claim_any() -> None:
+    before = shard(entry("a"), entry("b"), entry("c"))
+    command = changes.ClaimAny("ann", 2, RULES, lambda doc: doc.entries.get)
+    assert (command.name, command.actor) == ("claim_many", "ann")
+    new, claims = command.apply(before, NOW)
+    same((new, claims), changes.claim_any(before, "ann", 2, NOW, RULES, before.entries.get))
+    assert [c.file_id for c in claims] == ["a", "b"]
+
+
+def test_renew() -> None:
+    e = held("a", owner="bob", epoch=3, lease=10)
+    claim = claim_on(e)
+    command = changes.Renew(claim, RULES)
+    assert (command.name, command.actor) == ("renew", "bob")
+    new, renewed = command.apply(shard(e), NOW)
+    same((new, renewed), changes.renew(shard(e), claim, NOW, RULES))
+    assert renewed.lease_expires_at == at(130)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_finish(chunked: bool) -> None:
+    e = held("a", owner="bob", epoch=3)
+    claim = claim_on(e)
+    stored = Stored("k@3", "xxh3-128:00", 5, 16 if chunked else None, "p" if chunked else None)
+    command = changes.Finish(claim, stored)
+    assert (command.name, command.actor) == ("finish", "bob")
+    new, done = command.apply(shard(e), NOW)
+    want = changes.finish(
+        shard(e),
+        claim,
+        "k@3",
+        "xxh3-128:00",
+        5,
+        NOW,
+        part_size=stored.part_size,
+        parts_key=stored.parts_key,
+    )
+    same((new, done), want)
+    assert (done.state, done.key, done.part_size, done.parts_key, done.updated_at) == (
+        State.ready,
+        "k@3",
+        stored.part_size,
+        stored.parts_key,
+        NOW,
+    )
+
+
+def test_fail() -> None:
+    e = held("a", owner="bob", epoch=3)
+    claim = claim_on(e)
+    command = changes.Fail(claim, "no disk", RULES)
+    assert (command.name, command.actor) == ("fail", "bob")
+    new, failed = command.apply(shard(e), NOW)
+    same((new, failed), changes.fail(shard(e), claim, "no disk", NOW, RULES))
+    assert (failed.state, failed.error) == (State.failed, "no disk")
+
+
+def test_fail_of_a_stale_claim_is_refused() -> None:
+    e = held("a", owner="bob", epoch=3)
+    with pytest.raises(
+        LeaseLost,
+        match=exactly(
+            "lease on 'a' (epoch 2, agent bob) is lost: the entry is now writing at epoch 3, "
+            "held by bob. Stop working on it; claim it again if it is still wanted."
+        ),
+    ):
+        changes.Fail(claim_on(e, epoch=2), "late", RULES).apply(shard(e), NOW)
+
+
+def test_consume() -> None:
+    e = ready("a", key="k", checksum="c")
+    command = changes.Consume("a", "reader", "k", "c", actor="reader-1")
+    assert (command.name, command.actor) == ("consume", "reader-1")
+    new, marked = command.apply(shard(e), NOW)
+    same((new, marked), changes.consume(shard(e), "a", "reader", "k", "c", NOW))
+    assert (marked.state, marked.consumed_by) == (State.consumed, ("reader",))
+
+
+def test_mismatch() -> None:
+    e = ready("a", key="k", checksum="c", retry_count=0)
+    command = changes.Mismatch("a", "k", "c", "part 1 differs", RULES, actor="reader")
+    assert (command.name, command.actor) == ("mismatch", "reader")
+    new, failed = command.apply(shard(e), NOW)
+    same((new, failed), changes.mismatch(shard(e), "a", "k", "c", "part 1 differs", NOW, RULES))
+    assert (failed.state, failed.error, failed.key, failed.updated_at) == (
+        State.failed,
+        "part 1 differs",
+        None,
+        NOW,
+    )
+
+
+def test_reap() -> None:
+    before = shard(held("a", lease=10), held("b", lease=500))
+    command = changes.Reap(RULES)
+    assert (command.name, command.actor) == ("reap", "")
+    new, released = command.apply(before, NOW)
+    same((new, released), changes.reap(before, NOW, RULES))
+    assert [(r.file_id, r.state, r.updated_at) for r in released] == [("a", State.failed, NOW)]
+    assert changes.Reap(RULES, actor="janitor").actor == "janitor"
+
+
+def test_a_claim_names_the_shard_its_entry_lives_in() -> None:
+    """Not the entry's stage: a stage split into partitions has shards of other names."""
+    part = Shard(task_id="job", stage="s.part-3", entries={"a": entry("a")})
+    _, claim = changes.claim(part, "a", "ann", NOW, RULES, lookup())
+    assert isinstance(claim, Claim) and (claim.stage, claim.shard) == ("s", "s.part-3")
+    _, many = changes.claim_any(part, "ann", 1, NOW, RULES, lookup())
+    assert [(c.stage, c.shard) for c in many] == [("s", "s.part-3")]
+    renewed = changes.renew(
+        part.with_entries({"a": held("a", owner="ann", epoch=1)}), claim, NOW, RULES
+    )[1]
+    assert renewed.shard == "s.part-3"
