@@ -34,7 +34,7 @@ def date(ts: float) -> dict[str, str]:
 def test_unknown_until_a_response_says(mono: FakeMonotonic) -> None:
     clock = StoreClock()
     assert not clock.known
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError, match="the store's time is not known yet"):
         clock.now()
     clock.observe({})
     assert not clock.known
