@@ -9,10 +9,15 @@ error, never a skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
 
 import pytest
 
@@ -103,3 +108,44 @@ def task(store: om.Store) -> om.Task:
     return om.Task.create(
         store, "job", stages=["collect", "write", "check"], lease_seconds=30, max_retries=2
     )
+
+
+# -- raw objects -------------------------------------------------------------------------
+# Tests that must reach objects behind the manifest's back (tampering, corrupting, deleting)
+# go through these, so there is one place to point them at another storage backend.
+
+
+def raw_put(store: om.Store, key: str, body: bytes) -> None:
+    """Write ``key`` (relative to the store's prefix) unconditionally."""
+    store.client.put_object(Bucket=store.bucket, Key=store.full_key(key), Body=body)
+
+
+def raw_get(store: om.Store, key: str) -> bytes:
+    """The bytes of ``key`` as the store has them."""
+    return store.client.get_object(Bucket=store.bucket, Key=store.full_key(key))["Body"].read()
+
+
+def raw_delete(store: om.Store, key: str) -> None:
+    store.client.delete_object(Bucket=store.bucket, Key=store.full_key(key))
+
+
+def store_date(store: om.Store) -> datetime:
+    """The store's clock, from the ``Date`` of a fresh response (whole seconds)."""
+    r = store.client.list_objects_v2(Bucket=store.bucket, MaxKeys=1)
+    return parsedate_to_datetime(r["ResponseMetadata"]["HTTPHeaders"]["date"])
+
+
+@contextlib.contextmanager
+def requests(store: om.Store) -> Iterator[Counter[str]]:
+    """Count the S3 operations the store's client sends while the block runs."""
+    seen: Counter[str] = Counter()
+
+    def count(model: Any, **_: Any) -> None:
+        seen[model.name] += 1
+
+    events = store.client.meta.events
+    events.register("before-call.s3", count)
+    try:
+        yield seen
+    finally:
+        events.unregister("before-call.s3", count)

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import builtins
 import io
 import json
+import re
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import raw_delete, raw_get, raw_put, requests
 
 import objmanifest as om
 from objmanifest.codecs import INDEX
@@ -24,29 +25,7 @@ from objmanifest.store import make_client
 
 pytestmark = pytest.mark.behaviour
 
-
-@contextmanager
-def requests(store: om.Store) -> Iterator[Counter[str]]:
-    """Count the S3 operations the store's client sends while the block runs."""
-    seen: Counter[str] = Counter()
-
-    def count(model: Any, **_: Any) -> None:
-        seen[model.name] += 1
-
-    events = store.client.meta.events
-    events.register("before-call.s3", count)
-    try:
-        yield seen
-    finally:
-        events.unregister("before-call.s3", count)
-
-
-def raw_put(store: om.Store, key: str, body: bytes) -> None:
-    store.client.put_object(Bucket=store.bucket, Key=store.full_key(key), Body=body)
-
-
-def raw_get(store: om.Store, key: str) -> bytes:
-    return store.client.get_object(Bucket=store.bucket, Key=store.full_key(key))["Body"].read()
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def wait_expired(task: om.Task, claim: om.Claim) -> None:
@@ -59,6 +38,51 @@ def short_task(store: om.Store, lease: float = 1, retries: int = 3) -> om.Task:
     return om.Task.create(
         store, "short", stages=["collect", "write"], lease_seconds=lease, max_retries=retries
     )
+
+
+# -- errors ----------------------------------------------------------------------------
+
+
+def documented_names(text: str, opening: str, end: str = "\n\n") -> list[str]:
+    """The names in backquotes after ``opening``, up to ``end``."""
+    start = text.index(opening) + len(opening)
+    return re.findall(r"`(?:om\.)?([A-Za-z]+)`", text[start : text.index(end, start)])
+
+
+def test_every_public_error_derives_from_objmanifest_error() -> None:
+    exported = {name: getattr(om, name) for name in om.__all__}
+    errors = {
+        name: obj
+        for name, obj in exported.items()
+        if isinstance(obj, type) and issubclass(obj, BaseException)
+    }
+    assert len(errors) >= 16, sorted(errors)
+    assert [n for n, cls in errors.items() if not issubclass(cls, om.ObjManifestError)] == []
+
+    # The README's list of errors: each one is exported, and derives from the base.
+    readme = (ROOT / "README.md").read_text()
+    listed = documented_names(readme, "Every error derives from `om.ObjManifestError`:")
+    assert len(listed) >= 15, listed
+    assert [n for n in listed if n not in errors] == []
+    assert set(errors) == {*listed, "ObjManifestError"}, "README and om.__all__ disagree"
+    assert issubclass(om.DependencyCycle, om.DeclarationConflict)
+    assert issubclass(om.InvalidFileId, ValueError)
+
+    # The errors docs/cli.md says `--json` reports: ours, the command line's, or Python's.
+    from objmanifest.cli import exits
+
+    cli_doc = (ROOT / "docs" / "cli.md").read_text()
+    named = documented_names(cli_doc, "`error` is the exception class (", ")")
+    assert len(named) >= 20, named
+    unknown = [
+        n
+        for n in named
+        if n not in errors
+        and not isinstance(getattr(exits, n, None), type)
+        and not isinstance(getattr(builtins, n, None), type)
+    ]
+    assert unknown == []
+    assert {"NothingClaimable", "UsageError"} <= set(named)
 
 
 # -- tasks -----------------------------------------------------------------------------
@@ -79,12 +103,19 @@ def test_create_open_and_exists(store: om.Store) -> None:
 
 
 @pytest.mark.parametrize(
-    "stages", [[], ["a", "a"], ["bad/stage"], [""]], ids=["none", "dup", "slash", "empty"]
+    ("stages", "why"),
+    [
+        ([], "a task needs at least one stage"),
+        (["a", "a"], r"stages must be distinct: \['a', 'a'\]"),
+        (["bad/stage"], "invalid stage 'bad/stage': use 1-128 letters"),
+        ([""], "invalid stage '': use 1-128 letters"),
+    ],
+    ids=["none", "dup", "slash", "empty"],
 )
-def test_create_refuses_bad_stages(store: om.Store, stages: list[str]) -> None:
-    with pytest.raises(ValueError):
+def test_create_refuses_bad_stages(store: om.Store, stages: list[str], why: str) -> None:
+    with pytest.raises(ValueError, match=why):
         om.Task.create(store, "bad", stages=stages)
-    with pytest.raises(om.NotFound):
+    with pytest.raises(om.NotFound, match="task 'bad' does not exist"):
         om.Task.open(store, "bad")
 
 
@@ -141,11 +172,11 @@ def test_declare_many_one_commit_per_shard(task: om.Task) -> None:
 def test_declare_refuses_cycles_across_shards(task: om.Task) -> None:
     task.declare("a", stage="collect", depends_on=["c"])
     task.declare("b", stage="write", depends_on=["a"])
-    with pytest.raises(om.DependencyCycle, match="a"):
+    with pytest.raises(om.DependencyCycle, match="dependency cycle: c -> b -> a -> c"):
         task.declare("c", stage="check", depends_on=["b"])
-    with pytest.raises(om.DependencyCycle):
+    with pytest.raises(om.DependencyCycle, match=r"self -> self \(an entry may not depend"):
         task.declare("self", stage="check", depends_on=["self"])
-    with pytest.raises(om.NotFound):
+    with pytest.raises(om.NotFound, match="'c' is not declared in task 'job'"):
         task.entry("c")
     assert om.DependencyCycle.__mro__[1] is om.DeclarationConflict
 
@@ -159,9 +190,10 @@ def test_declare_unknown_stage_is_refused(task: om.Task) -> None:
     "file_id", ["", "/abs", "a/../b", "..", "a//b", "a/./b", "tab\there", "nul\x00", "a\\b", "a/"]
 )
 def test_bad_file_ids_are_refused(task: om.Task, file_id: str) -> None:
-    with pytest.raises(om.InvalidFileId, match="file id"):
+    named = re.escape(f"invalid file id {file_id!r}: ")
+    with pytest.raises(om.InvalidFileId, match=named):
         task.declare(file_id, stage="collect")
-    with pytest.raises(om.InvalidFileId):
+    with pytest.raises(om.InvalidFileId, match=named):
         task.declare("ok", stage="write", depends_on=[file_id])
     assert task.shard("collect").entries == {}
 
@@ -244,18 +276,18 @@ def test_not_claimable_reasons(task: om.Task) -> None:
     holder = task.agent("holder")
     claim = holder.claim("a")
     assert claim is not None
-    with pytest.raises(om.NotClaimable) as held:
+    with pytest.raises(om.NotClaimable, match="'a' is not claimable: state writing") as held:
         task.agent("other").claim("a")
     assert "holder" in held.value.reason and "writing" in held.value.reason
-    with pytest.raises(om.NotClaimable) as waiting:
+    with pytest.raises(om.NotClaimable, match="'b' is not claimable: waiting for") as waiting:
         task.agent("w").claim("b")
     assert "a (writing)" in waiting.value.reason
     assert "later (not declared)" in waiting.value.reason
     holder.put(claim, b"x")
-    with pytest.raises(om.NotClaimable) as done:
+    with pytest.raises(om.NotClaimable, match="'a' is not claimable: state ready") as done:
         task.agent("other").claim("a")
     assert "ready" in done.value.reason
-    with pytest.raises(om.NotFound):
+    with pytest.raises(om.NotFound, match="'missing' is not declared in task 'job'"):
         task.agent("other").claim("missing")
 
 
@@ -299,9 +331,9 @@ def test_fail_then_dead_after_max_retries_and_blocked_dependents(store: om.Store
         states.append((entry.state, entry.retry_count))
     assert states == [(om.State.failed, 1), (om.State.failed, 2), (om.State.dead, 3)]
     assert task.entry("a").error == "boom 2"
-    with pytest.raises(om.NotClaimable, match="dead"):
+    with pytest.raises(om.NotClaimable, match="'a' is not claimable: state dead after 3"):
         agent.claim("a")
-    with pytest.raises(om.NotClaimable) as blocked:
+    with pytest.raises(om.NotClaimable, match="depends on dead entries: a") as blocked:
         task.agent("w").claim("b")
     assert "dead" in blocked.value.reason and "a" in blocked.value.reason
     status = task.status()
@@ -331,7 +363,7 @@ def test_stale_epoch_is_fenced_and_changes_nothing(store: om.Store) -> None:
         lambda: zombie.renew(old),
         lambda: zombie.fail(old, "late"),
     ):
-        with pytest.raises(om.LeaseLost, match="epoch"):
+        with pytest.raises(om.LeaseLost, match=r"lease on 'x' \(epoch 1, agent zombie\) is lost"):
             act()
     assert task.shard("collect").version == version
     assert task.agent("reader").consume("x") == b"winner's bytes"
@@ -351,6 +383,21 @@ def test_expired_lease_nobody_took_is_still_valid(store: om.Store) -> None:
     assert agent.put(claim, b"late but fine").state is om.State.ready
 
 
+def test_expired_lease_nobody_took_is_still_valid_for_fail(store: om.Store) -> None:
+    task = short_task(store, retries=3)
+    task.declare("x", stage="collect")
+    agent = task.agent("slow")
+    claim = agent.claim("x")
+    assert claim is not None
+    wait_expired(task, claim)
+    failed = agent.fail(claim, "gave up late")
+    assert (failed.state, failed.epoch, failed.retry_count) == (om.State.failed, claim.epoch, 1)
+    assert (failed.owner, failed.error) == (None, "gave up late")
+    again = task.agent("next").claim("x")  # claimable again, as a plain retry
+    assert again is not None and again.epoch == claim.epoch + 1
+    assert task.entry("x").retry_count == 1  # the fail counted once, the expiry not at all
+
+
 def test_takeover_and_reap_count_failures(store: om.Store) -> None:
     task = short_task(store, retries=1)
     task.declare_many([("a", "collect"), ("b", "collect")])
@@ -364,12 +411,12 @@ def test_takeover_and_reap_count_failures(store: om.Store) -> None:
         ("b", om.State.failed, 1),
     ]
     assert task.reap() == []  # nothing left to release
-    with pytest.raises(om.LeaseLost):
+    with pytest.raises(om.LeaseLost, match=r"lease on 'a' \(epoch 1, agent first\) is lost"):
         agent.put(ca, b"too late")
     again = task.agent("second").claim("a")
     assert again is not None and again.epoch == 2
     wait_expired(task, again)
-    with pytest.raises(om.NotClaimable, match="dead"):
+    with pytest.raises(om.NotClaimable, match="'a' is not claimable: state dead after 2"):
         task.agent("third").claim("a")  # takeover is the 2nd failure: past max_retries=1
     assert task.entry("a").state is om.State.dead
 
@@ -450,7 +497,9 @@ def test_tampered_data_is_caught_and_produced_again(task: om.Task, tmp_path: Pat
     assert entry.key
     raw_put(task.store, entry.key, b"tampered bytes")
     dest = tmp_path / "t.out"
-    with pytest.raises(om.ChecksumMismatch, match="t"):
+    with pytest.raises(
+        om.ChecksumMismatch, match=r"^'t': .*/job/data/collect/t@1 holds 14 bytes with xxh3-128:"
+    ):
         task.agent("c").consume("t", dest=dest)
     assert not dest.exists() and list(tmp_path.iterdir()) == []
     failed = task.entry("t")
@@ -460,6 +509,40 @@ def test_tampered_data_is_caught_and_produced_again(task: om.Task, tmp_path: Pat
     assert again is not None and again.epoch == 2
     task.agent("producer-2").put(again, b"fresh bytes")
     assert task.agent("c").consume("t") == b"fresh bytes"
+
+
+def test_checksum_mismatch_past_max_retries_is_dead_and_blocks_dependents(
+    store: om.Store,
+) -> None:
+    task = om.Task.create(
+        store, "bad-data", stages=["collect", "write"], lease_seconds=30, max_retries=1
+    )
+    task.declare("t", stage="collect")
+    task.declare("uses-t", stage="write", depends_on=["t"])
+    reader = task.agent("reader")
+    outcomes = []
+    for attempt in (1, 2):  # max_retries=1: two productions, each read back wrong
+        entry = produce(task, "t", f"attempt {attempt}".encode())
+        assert entry.key and entry.epoch == attempt
+        raw_put(task.store, entry.key, b"tampered in the store")
+        with pytest.raises(om.ChecksumMismatch, match=r"'t'.*now (failed|dead)") as caught:
+            reader.consume("t")
+        after = task.entry("t")
+        outcomes.append((after.state, after.retry_count, after.key))
+    assert outcomes == [(om.State.failed, 1, None), (om.State.dead, 2, None)]
+    assert "now dead" in str(caught.value)
+    with pytest.raises(om.NotClaimable, match=r"state dead"):
+        task.agent("producer").claim("t")
+    with pytest.raises(om.NotReady, match=r"'t' is dead"):
+        reader.consume("t")
+    with pytest.raises(om.NotClaimable, match=r"depends on dead entries: t") as blocked:
+        task.agent("writer").claim("uses-t")
+    assert blocked.value.reason == "depends on dead entries: t"
+    status = task.status()
+    assert [(n.file_id, n.state) for n in status.dead] == [("t", om.State.dead)]
+    assert [(n.file_id, n.reason) for n in status.blocked] == [
+        ("uses-t", "depends on dead entries: t")
+    ]
 
 
 # -- bad objects, stores, clients --------------------------------------------------------
@@ -480,7 +563,9 @@ def test_corrupt_shard_is_reported_and_left_alone(task: om.Task) -> None:
             act()
     assert raw_get(task.store, key) == b"{not json"
     raw_put(task.store, key, json.dumps({"schema_version": 1, "entries": 5}).encode())
-    with pytest.raises(om.CorruptShard):
+    with pytest.raises(
+        om.CorruptShard, match=r"'job/shards/collect\.json' is corrupt \(does not match the shard"
+    ):
         fresh.entry("a")
 
 
@@ -502,6 +587,38 @@ def test_newer_schema_is_refused_and_left_alone(task: om.Task) -> None:
     raw_put(task.store, "job/task.json", b"garbage")
     with pytest.raises(om.CorruptShard, match=r"task\.json"):
         om.Task.open(task.store, "job")
+
+
+@pytest.mark.parametrize("problem", ["corrupt", "newer-schema"])
+def test_a_bad_index_is_reported_through_the_task_and_left_alone(
+    task: om.Task, problem: str
+) -> None:
+    task.declare("a", stage="collect")
+    key = task.index_key
+    if problem == "corrupt":
+        bad = b'{"schema_version": 1, "stages": '
+        error, match = om.CorruptShard, r"'job/index\.json' is corrupt"
+    else:
+        body = json.loads(raw_get(task.store, key))
+        body["schema_version"] = 99
+        bad = json.dumps(body).encode()
+        error, match = om.UnsupportedSchema, r"'job/index\.json' has schema_version 99"
+    raw_put(task.store, key, bad)
+    fresh = om.Task.open(task.store, "job")
+    shards = {s: raw_get(task.store, task.shard_key(s)) for s in ("collect",)}
+    for act in (
+        lambda: fresh.entry("a"),
+        lambda: fresh.declare("b", stage="collect"),
+        lambda: fresh.declare_many([("c", "write", ["a"])]),
+        lambda: fresh.agent("x").claim("a"),
+        lambda: fresh.agent("x").consume("a"),
+    ):
+        with pytest.raises(error, match=match) as caught:
+            act()
+        assert caught.value.key == key
+        assert raw_get(task.store, key) == bad  # never overwritten
+    assert {s: raw_get(task.store, task.shard_key(s)) for s in shards} == shards
+    assert [e.file_id for e in fresh.entries()] == ["a"]  # nothing declared past the index
 
 
 def test_unknown_fields_survive_a_rewrite(task: om.Task) -> None:
@@ -569,41 +686,82 @@ def test_client_settings_and_own_client(server: Any, prefix: str) -> None:
 def test_missing_bucket_is_a_clear_error(server: Any) -> None:
     bucket = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
     store = om.connect(f"s3://{bucket}/x", endpoint_url=server.endpoint_url)
+    # Opening a task or listing what is under it: every store refuses a missing bucket.
+    for act in (
+        lambda: om.Task.open(store, "t"),
+        lambda: list(store.list_keys("t/")),
+    ):
+        with pytest.raises(om.StoreError, match=rf"bucket '{bucket}' does not exist") as caught:
+            act()
+        assert "Traceback" not in str(caught.value) and "create it first" in str(caught.value)
+    # Creating one: a clear error too, except on SeaweedFS, which makes the bucket on a
+    # first write by its admin identity; then the task must really be there.
     try:
         om.Task.create(store, "t", stages=["a"])
     except om.ObjManifestError as e:
-        assert server.name != "seaweedfs"
-        assert bucket in str(e)
+        assert server.name != "seaweedfs", repr(e)
+        assert isinstance(e, om.StoreError), repr(e)
+        assert f"bucket '{bucket}' does not exist" in str(e)
         assert "Traceback" not in str(e)
-        return
-    # SeaweedFS creates a bucket on the first write by its admin identity: then the task
-    # must really be there.
-    assert server.name == "seaweedfs"
-    assert om.Task.open(store, "t").stages == ("a",)
+    else:
+        assert server.name == "seaweedfs"
+        assert om.Task.open(store, "t").stages == ("a",)
+        assert list(store.list_keys("")) == ["t/task.json"]
 
 
-def test_threads_share_a_task_and_each_entry_is_produced_once(task: om.Task) -> None:
-    task.declare_many([(f"raw/{i}", "collect") for i in range(24)])
-    produced: list[tuple[str, int]] = []
+def test_threads_race_at_the_store_and_each_entry_is_produced_once(task: om.Task) -> None:
+    """Each thread opens the task itself (its own cache and locks), so nothing in the
+    process serialises them: their commits race at the store, where only the ETag
+    condition keeps two of them from taking one entry."""
+    ids = [f"raw/{i}" for i in range(40)]
+    task.declare_many([(f, "collect") for f in ids])
+    threads_n = 8
+    produced: list[tuple[str, str, int]] = []
+    conflicts: list[int] = []
+    errors: list[BaseException] = []
     lock = threading.Lock()
+    start = threading.Barrier(threads_n)
 
     def work(n: int) -> None:
-        agent = task.agent(f"t{n}")
-        while (claim := agent.claim(stage="collect")) is not None:
-            agent.put(claim, claim.file_id.encode())
+        mine = om.Task.open(task.store, task.task_id)  # its own cache and per-key locks
+        mine.shard("collect")  # everyone starts from the same ETag
+        agent = mine.agent(f"t{n}")
+        try:
+            start.wait(timeout=30)
+            while (claim := agent.claim(stage="collect")) is not None:
+                agent.put(claim, f"{claim.file_id} by t{n}".encode())
+                with lock:
+                    produced.append((claim.file_id, agent.name, claim.epoch))
+        except BaseException as e:
             with lock:
-                produced.append((claim.file_id, claim.epoch))
+                errors.append(e)
+        finally:
+            with lock:
+                conflicts.append(mine.docs.stats.conflicts)
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(threads_n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
-    assert sorted(f for f, _ in produced) == sorted(f"raw/{i}" for i in range(24))
-    for file_id, epoch in produced:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    counts = Counter(f for f, _, _ in produced)
+    assert [f for f, n in counts.items() if n > 1] == [], "an entry was produced twice"
+    assert sorted(counts) == sorted(ids)
+    assert len(conflicts) == threads_n
+    assert sum(conflicts) > 0, "the threads never lost a race: the test proved nothing"
+    reader = om.Task.open(task.store, task.task_id).agent("r")
+    for file_id, name, epoch in produced:
         entry = task.entry(file_id)
-        assert (entry.state, entry.epoch, entry.retry_count) == (om.State.ready, epoch, 0)
-        assert task.agent("r").consume(file_id) == file_id.encode()
+        assert (entry.state, entry.owner, entry.epoch, entry.retry_count) == (
+            om.State.ready,
+            name,
+            epoch,
+            0,
+        )
+        assert epoch == 1
+        assert reader.consume(file_id) == f"{file_id} by {name}".encode()
 
 
 def test_stale_cache_does_not_hide_an_entry_with_a_foreign_dependency(store: om.Store) -> None:
@@ -628,7 +786,7 @@ def test_reproduced_data_voids_earlier_marks(task: om.Task) -> None:
     assert ra.consume("b") == b"version 1"
     assert first.key
     raw_put(task.store, first.key, b"tampered!")
-    with pytest.raises(om.ChecksumMismatch):
+    with pytest.raises(om.ChecksumMismatch, match=r"^'b': .*/b@1 holds 9 bytes .* now failed"):
         rb.consume("b")
     failed = task.entry("b")
     assert failed.consumed_by == () and failed.key is None and failed.checksum is None
@@ -660,7 +818,7 @@ def test_declare_many_conflict_writes_nothing(task: om.Task) -> None:
         )
     assert {s: task.shard(s).version for s in task.stages} == versions
     assert task.index() == index
-    with pytest.raises(om.NotFound):
+    with pytest.raises(om.NotFound, match="'new' is not declared in task 'job'"):
         task.entry("new")
 
 
@@ -668,7 +826,7 @@ def test_missing_data_is_produced_again(task: om.Task) -> None:
     task.declare("gone", stage="collect")
     entry = produce(task, "gone", b"soon deleted")
     assert entry.key
-    task.store.client.delete_object(Bucket=task.store.bucket, Key=task.store.full_key(entry.key))
+    raw_delete(task.store, entry.key)
     with pytest.raises(om.ChecksumMismatch, match="does not exist"):
         task.agent("c").consume("gone")
     after = task.entry("gone")

@@ -9,16 +9,18 @@ documented exit code is reached by a real scenario, ``--json`` output is parsed,
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import io
 import json
 import os
+import re
 import select
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BUCKET, Server
+from conftest import BUCKET, Server, raw_get, raw_put
 from faults import FaultProxy
 
 import objmanifest as om
@@ -185,10 +187,6 @@ def produce(task: om.Task, file_id: str, data: bytes, agent: str = "maker") -> o
     claim = task.agent(agent).claim(file_id)
     assert claim is not None
     return task.agent(agent).put(claim, data)
-
-
-def raw_put(store: om.Store, key: str, body: bytes) -> None:
-    store.client.put_object(Bucket=store.bucket, Key=store.full_key(key), Body=body)
 
 
 # -- a produce/consume hand-off between shell agents -------------------------------------
@@ -398,6 +396,103 @@ def test_a_rerun_step_with_a_stale_epoch_is_fenced(cli: Cli, store: om.Store) ->
     assert list(store.list_keys("rerun/data/")) == ["rerun/data/collect/raw/a.json@2"]
 
 
+class DyingFile(io.RawIOBase):
+    """A seekable file whose producer dies at ``fail_at`` while its parts are sent."""
+
+    def __init__(self, data: bytes, fail_at: int) -> None:
+        self.inner, self.fail_at = io.BytesIO(data), fail_at
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.inner.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        if self.inner.tell() >= self.fail_at:
+            raise OSError("the producer died")
+        return self.inner.readinto(memoryview(buffer)[: self.fail_at - self.inner.tell()])
+
+
+MiB = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("stdin", "parts_sent", "key"),
+    [
+        ("redirected-file", [3, 4, 5], "job/data/collect/big@1"),  # adopted: the rest sent
+        ("pipe", [1, 2, 3, 4, 5], "job/data/collect/big@2"),  # a new upload: all sent
+    ],
+    ids=["put-from-file", "put-from-pipe"],
+)
+def test_put_from_stdin_adopts_only_when_stdin_is_a_file(
+    cli: Cli, task: om.Task, tmp_path: Path, stdin: str, parts_sent: list[int], key: str
+) -> None:
+    """docs/cli.md: after a crash the next holder given the same file adopts the upload and
+    sends only the missing parts; a pipe on stdin cannot be re-read, a file redirected to
+    stdin (`< file`) can."""
+    data = os.urandom(4 * 5 * MiB + 99)  # five 5 MiB parts
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    task.declare("big", "collect")
+    first = task.agent("first")
+    claim = first.claim("big")
+    assert claim is not None
+    with pytest.raises(OSError, match="the producer died"):
+        first.put(
+            claim,
+            DyingFile(data, 2 * 5 * MiB),  # type: ignore[arg-type]
+            part_size=5 * MiB,
+            threshold=MiB,
+            concurrency=1,
+        )
+    assert first.fail(claim, "crashed").state is om.State.failed  # parts 1-2 are kept
+    epoch = cli.run("claim", "big", "--agent", "second").text.split("\t")[2]
+    assert epoch == "2"
+
+    put = ("put", "big", "-", "--agent", "second", "--epoch", epoch)
+    put += ("--threshold", "1MiB", "--part-size", "5MiB")
+    with FaultProxy(cli.env["AWS_ENDPOINT_URL"]) as proxy:
+        command = cli.command("--json", "--endpoint-url", proxy.endpoint_url, *put)
+        with contextlib.ExitStack() as opened:
+            if stdin == "pipe":
+                cat = opened.enter_context(
+                    subprocess.Popen(["cat", str(src)], stdout=subprocess.PIPE)
+                )
+                source: Any = cat.stdout
+            else:
+                source = opened.enter_context(src.open("rb"))
+            proc = subprocess.run(
+                command,
+                stdin=source,
+                capture_output=True,
+                env=cli.environ(),
+                cwd=cli.cwd,
+                timeout=120,
+            )
+        requests = list(proxy.requests)
+    result = cli.check(Result(put, proc.returncode, proc.stdout, proc.stderr.decode()))
+    assert result.code == 0, str(result)
+    sent = sorted(
+        int(re.search(r"partNumber=(\d+)", path).group(1))  # type: ignore[union-attr]
+        for method, path in requests
+        if method == "PUT" and "partNumber=" in path
+    )
+    assert sent == parts_sent
+    entry = result.json()
+    assert (entry["state"], entry["epoch"], entry["size"]) == ("ready", 2, len(data))
+    assert entry["key"] == key
+    got = tmp_path / "got.bin"
+    cli.run("consume", "big", "--agent", "reader", "-o", str(got))
+    assert got.read_bytes() == data
+
+
 # -- exit codes ---------------------------------------------------------------------------
 
 
@@ -538,6 +633,73 @@ def test_exit_codes_of_stores_that_cannot_be_trusted(cli: Cli, task: om.Task) ->
 
 
 @MOTO_ONLY
+def test_a_manifest_from_a_newer_objmanifest_exits_12_and_is_left_alone(
+    cli: Cli, task: om.Task
+) -> None:
+    task.declare("a", "collect")
+    shard_key = task.shard_key("collect")
+    shard = json.loads(raw_get(task.store, shard_key))
+    shard["schema_version"] = 99
+    newer_shard = json.dumps(shard).encode()
+    raw_put(task.store, shard_key, newer_shard)
+    for args in (("show", "a"), ("status",), ("claim", "a", "--agent", "x")):
+        refused = cli.json(*args, code=E.UNSUPPORTED)
+        assert refused["error"] == "UnsupportedSchema", refused
+        assert refused["key"] == "job/shards/collect.json"
+        assert "schema_version 99" in refused["message"]
+    assert raw_get(task.store, shard_key) == newer_shard
+
+    header = json.loads(raw_get(task.store, "job/task.json"))
+    header["schema_version"] = 7
+    newer_header = json.dumps(header).encode()
+    raw_put(task.store, "job/task.json", newer_header)
+    refused = cli.json("status", code=E.UNSUPPORTED)
+    assert (refused["error"], refused["key"]) == ("UnsupportedSchema", "job/task.json")
+    human = cli.run("init", "collect", "write", "check", "--exist-ok", code=E.UNSUPPORTED)
+    assert human.stderr.startswith("objmanifest: unsupported schema: 'job/task.json' has ")
+    assert raw_get(task.store, "job/task.json") == newer_header
+
+
+@MOTO_ONLY
+@pytest.mark.parametrize(
+    ("source", "text", "error", "message"),
+    [
+        (
+            "file",
+            b'raw/a\n{"file_id": "raw/b", "stage"\n',
+            "ValueError",
+            "line 2 is not valid JSON",
+        ),
+        (
+            "stdin",
+            b'[{"file_id": "raw/a"}, ["raw/b"]]',
+            "ValueError",
+            "item 2 of the --from input is not a JSON object: ['raw/b']",
+        ),
+        ("stdin", b'raw/a\n{"file_id": 5}\n', "ValueError", "invalid declaration {"),
+        ("file", b"raw/a\nraw/../escape\n", "InvalidFileId", "'raw/../escape'"),
+    ],
+    ids=["malformed-json-line", "not-an-object", "file-id-not-a-string", "bad-file-id"],
+)
+def test_bad_declare_from_input_exits_2_and_declares_nothing(
+    cli: Cli, task: om.Task, tmp_path: Path, source: str, text: bytes, error: str, message: str
+) -> None:
+    if source == "file":
+        plan = tmp_path / "plan.jsonl"
+        plan.write_bytes(text)
+        args: tuple[str, ...] = ("declare", "--from", str(plan), "--stage", "collect")
+        stdin = b""
+    else:
+        args, stdin = ("declare", "--from", "-", "--stage", "collect"), text
+    refused = cli.json(*args, code=E.USAGE, stdin=stdin)
+    assert refused["error"] == error, refused
+    assert message in refused["message"], refused
+    human = cli.run(*args, code=E.USAGE, stdin=stdin)
+    assert human.stderr.startswith("objmanifest: invalid input: "), human.stderr
+    assert task.entries() == [] and len(task.index()) == 0  # nothing of the batch declared
+
+
+@MOTO_ONLY
 def test_interrupting_a_wait_exits_130(cli: Cli, task: om.Task) -> None:
     proc = cli.popen("claim", "--stage", "check", "--agent", "x", "--wait", "60")
     try:
@@ -575,6 +737,109 @@ def test_consume_waits_for_the_file_and_claim_gives_up_after_its_wait(
     )
     assert time.monotonic() - started >= 1
     assert "after waiting 1s" in gave_up["message"]
+
+
+def timed(run: Callable[[], Any]) -> tuple[Any, float]:
+    started = time.monotonic()
+    result = run()
+    return result, time.monotonic() - started
+
+
+@MOTO_ONLY
+def test_consume_wait_gives_up_not_ready_after_its_wait(
+    cli: Cli, task: om.Task, tmp_path: Path
+) -> None:
+    task.declare("never", "collect")
+    out = tmp_path / "never.bin"
+    args = ("consume", "never", "--agent", "reader", "-o", str(out))
+    at_once, baseline = timed(lambda: cli.json(*args, code=E.NOT_READY))
+    waited, took = timed(lambda: cli.json(*args, "--wait", "4", code=E.NOT_READY))
+    for refused in (at_once, waited):
+        assert refused["error"] == "NotReady"
+        assert refused["message"] == "'never' is pending, not ready"
+    # The wait itself (beyond what a command costs anyway) is about the 4 s asked for.
+    assert took >= 4 and took - baseline < 4 + 2, (baseline, took)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert task.entry("never").state is om.State.pending
+
+
+@MOTO_ONLY
+def test_an_undeclared_id_is_not_waited_for(cli: Cli, task: om.Task, tmp_path: Path) -> None:
+    task.declare("known", "collect")
+    _, baseline = timed(lambda: cli.json("show", "known"))
+    for args in (
+        ("consume", "unknown", "--agent", "r", "-o", str(tmp_path / "u"), "--wait", "60"),
+        ("claim", "unknown", "--agent", "p", "--wait", "60"),
+    ):
+        refused, took = timed(lambda a=args: cli.json(*a, code=E.NOT_FOUND))  # type: ignore[misc]
+        assert refused["error"] == "NotFound"
+        assert "'unknown' is not declared in task 'job'" in refused["message"]
+        assert took < baseline + 5, (args, baseline, took)  # not the 60 s it may wait
+    human = cli.run("consume", "unknown", "--agent", "r", "--wait", "60", code=E.NOT_FOUND)
+    assert "waiting up to" not in human.stderr
+    assert human.stderr == "objmanifest: not found: 'unknown' is not declared in task 'job'\n"
+
+
+GONE_READER = r"objmanifest: stdout was closed before all output was written\n\Z"
+
+
+@MOTO_ONLY
+@pytest.mark.parametrize(
+    ("stdout", "consumers", "another_agent", "stderr"),
+    [
+        ("reader-gone", [], E.ALREADY_CONSUMED, GONE_READER),
+        ("reader-gone", ["checker"], E.OK, GONE_READER),
+        # fd 1 closed outright (`>&-`): one line, whatever it says, and no traceback.
+        ("closed", [], E.ALREADY_CONSUMED, r"objmanifest: [^\n]+\n\Z"),
+    ],
+    ids=["queue", "broadcast", "closed-stdout"],
+)
+def test_consume_to_a_stdout_that_went_away_can_be_consumed_again(
+    cli: Cli,
+    task: om.Task,
+    tmp_path: Path,
+    stdout: str,
+    consumers: list[str],
+    another_agent: int,
+    stderr: str,
+) -> None:
+    """The entry is marked before the bytes are copied to stdout; when the copy fails (the
+    reader went away), the same consumer consuming again gets the same data."""
+    task.declare("q", "collect", consumers=consumers)
+    data = os.urandom(300_000)
+    produce(task, "q", data)
+    role = ("--role", "checker") if consumers else ()
+    command = cli.command("consume", "q", "--agent", "reader", *role, "-o", "-")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before a byte is written
+    try:
+        proc = subprocess.run(
+            ["bash", "-c", 'exec "$@" >&-', "bash", *command] if stdout == "closed" else command,
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=cli.environ(),
+            cwd=cli.cwd,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    err = proc.stderr.decode()
+    cli.check(Result(("consume",), proc.returncode, b"", err))
+    assert proc.returncode == E.ERROR, err
+    assert re.match(stderr, err), err
+    marked = task.entry("q")
+    assert marked.consumed_by == (("checker",) if consumers else ("reader",))
+    assert marked.state is om.State.consumed
+
+    again = cli.run("consume", "q", "--agent", "reader", *role, "-o", "-")
+    assert again.stdout == data and again.stderr == ""
+    assert cli.json("show", "q")["consumed_by"] == list(marked.consumed_by)  # marked once
+    # A queue entry stays taken by the agent that marked it; a role's mark serves any
+    # agent of that role.
+    out = tmp_path / "other.bin"
+    cli.run("consume", "q", "--agent", "other", *role, "-o", str(out), code=another_agent)
+    assert out.exists() is (another_agent == E.OK)
 
 
 # -- credentials and unexpected errors ------------------------------------------------------
@@ -629,6 +894,19 @@ def test_an_unexpected_error_is_one_line_with_a_hint(
         "exit_code": 1,
     }
     assert "Traceback" in captured.err and "boom" in captured.err
+
+
+def test_version_prints_the_package_version() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "objmanifest", "--version"],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"objmanifest {importlib.metadata.version('objmanifest')}\n"
+    assert om.__version__ == importlib.metadata.version("objmanifest")
 
 
 # -- serve ------------------------------------------------------------------------------------
@@ -770,8 +1048,8 @@ def test_waiting_backs_off_and_gives_up() -> None:
     attempts = iter([None, None, "got it"])
     assert poll(lambda: next(attempts), 60, sleep=sleeps.append) == "got it"
     assert sleeps == [0.2, pytest.approx(0.3)]
-    with pytest.raises(om.NotReady):
-        poll(lambda: (_ for _ in ()).throw(om.NotReady("no")), 0, (om.NotReady,))
+    with pytest.raises(om.NotReady, match=r"^not yet$"):
+        poll(lambda: (_ for _ in ()).throw(om.NotReady("not yet")), 0, (om.NotReady,))
 
 
 def test_progress_bar_only_on_a_terminal() -> None:

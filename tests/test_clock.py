@@ -31,7 +31,7 @@ def date(ts: float) -> dict[str, str]:
 def test_unknown_until_a_response_says(mono: FakeMonotonic) -> None:
     clock = StoreClock(monotonic=mono)
     assert not clock.known
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError, match="the store's time is not known yet"):
         clock.now()
     clock.observe({})
     assert not clock.known

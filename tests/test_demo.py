@@ -7,7 +7,6 @@ manifests and files, so a green demo is not a rubber stamp.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import subprocess
@@ -17,7 +16,6 @@ from typing import Any
 
 import pytest
 
-import objmanifest as om
 from objmanifest import servers
 from objmanifest.demo import parser
 from objmanifest.demo import plan as p
@@ -39,10 +37,6 @@ def run_demo(
         cwd=ROOT,
         env={**os.environ, **(env or {})},
     )
-
-
-def chunking_available() -> bool:
-    return "part_size" in inspect.signature(om.Agent.put).parameters
 
 
 # -- the demo end to end -----------------------------------------------------------------
@@ -74,8 +68,7 @@ def test_demo_runs_consistent(backend: str) -> None:
     assert summary["checksums"] == {"verified": 12, "mismatches": 0}
     big = summary["bytes"]["large_file"]
     assert big["size"] == 12 * p.MiB
-    if chunking_available():
-        assert big["chunked"] and big["parts"] == 2  # 12 MiB in 8 MiB parts
+    assert big["chunked"] is True and big["parts"] == 2  # 12 MiB in 8 MiB parts
     assert summary["bytes"]["uploaded"] >= 12 * p.MiB
     assert summary["bytes"]["verified"] == summary["bytes"]["uploaded"]
     assert summary["commits"] > 0
@@ -111,12 +104,13 @@ def test_unreachable_endpoint_is_one_clear_error() -> None:
     assert secret not in done.stdout + done.stderr
 
 
-def test_arguments_have_defaults_and_refuse_nonsense() -> None:
+def test_arguments_have_defaults_and_refuse_nonsense(capsys: pytest.CaptureFixture[str]) -> None:
     args = parser().parse_args([])
     assert (args.agents, args.files, args.big_mib, args.lease) == (3, 24, 48, 3.0)
     assert args.backend == "seaweedfs" and args.endpoint_url is None
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match=r"^2$"):  # argparse's usage error
         parser().parse_args(["--agents", "0"])
+    assert "argument --agents: must be at least 1, not 0" in capsys.readouterr().err
 
 
 # -- the consistency checks catch inconsistency --------------------------------------------
@@ -239,5 +233,5 @@ def test_plan_shape() -> None:
     assert plan.batches["out/batch-02"] == ("raw/part-006",)
     assert len(plan.declarations()) == len(set(plan.all_ids)) == 7 + 4 + 4
     assert p.part_bytes("raw/part-001") == p.part_bytes("raw/part-001")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="the demo needs at least 3 files, not 2"):
         p.Plan(files=2, big_mib=1)

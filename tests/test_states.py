@@ -31,7 +31,9 @@ def test_every_pair(state: State, event: Event) -> None:
     expected = EXPECTED.get((state, event))
     assert ((state, event) in TABLE) == (expected is not None)
     if expected is None:
-        with pytest.raises(InvalidTransition):
+        with pytest.raises(
+            InvalidTransition, match=f"no transition from '{state.value}' on '{event.value}'"
+        ):
             next_state(state, event, retry_count=0, max_retries=3)
         return
     reached = {
