@@ -1,36 +1,78 @@
-"""Fixtures: real S3 servers, one behaviour suite run against each.
+"""Fixtures: real S3 servers and the in-process MemoryStore, one behaviour suite run
+against each.
 
-Backends come from ``OBJMANIFEST_TEST_BACKENDS`` (default ``moto,seaweedfs``). To run the
-suite against any other S3 (LocalStack, MinIO, AWS), set ``OBJMANIFEST_TEST_ENDPOINT`` to
-its URL (and ``OBJMANIFEST_TEST_BUCKET``, default ``objmanifest-test``, which is created if
-missing); the backend is then called ``endpoint``. A server that fails to start is an
-error, never a skip.
+Backends come from ``OBJMANIFEST_TEST_BACKENDS`` (default ``memory,moto,seaweedfs``). To
+run the suite against any other S3 (LocalStack, MinIO, AWS), set
+``OBJMANIFEST_TEST_ENDPOINT`` to its URL (and ``OBJMANIFEST_TEST_BUCKET``, default
+``objmanifest-test``, which is created if missing); the backend is then called
+``endpoint``. A server that fails to start is an error, never a skip.
+
+``memory`` is a backend of the behaviour and conformance suites (tests marked
+``behaviour`` or ``conformance``) only: the other tests drive other processes (the CLI,
+agents in subprocesses) or the network (fault-injecting proxies), which an in-process store
+cannot serve, so they are deselected there, as are behaviour tests marked ``s3_only``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
-from email.utils import parsedate_to_datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+import rawstore
 
 import objmanifest as om
 from objmanifest import servers
+from objmanifest.runtime import DEFAULT as DEFAULT_RUNTIME
 
 BUCKET = os.environ.get("OBJMANIFEST_TEST_BUCKET", "objmanifest-test")
+
+
+class Warp:
+    """Time for the memory backend, running ``factor`` times faster than the wall clock: the
+    store's clock and the runtime's monotonic clock, sleeps and background intervals all
+    agree, so leases expire (and are renewed) ``factor`` times sooner and the behaviour suite
+    spends its waits in fractions of the time. One per session: every MemoryStore of a test
+    shares it."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.start = time.monotonic()
+        self.epoch = datetime.now(timezone.utc)
+        self.runtime = om.Runtime(
+            monotonic=self.monotonic,
+            sleep=lambda seconds: time.sleep(seconds / factor),
+            every=lambda job, interval, name: DEFAULT_RUNTIME.every(job, interval / factor, name),
+        )
+
+    def monotonic(self) -> float:
+        return self.start + (time.monotonic() - self.start) * self.factor
+
+    def clock(self) -> datetime:
+        return self.epoch + timedelta(seconds=self.monotonic() - self.start)
+
+
+WARP = Warp(float(os.environ.get("OBJMANIFEST_TEST_MEMORY_WARP", "10")))
+
+
+def memory_store(prefix: str, skew: float | None = None) -> om.MemoryStore:
+    """A MemoryStore of the test bucket on the session's warped time; or, with ``skew``, on
+    this machine's wall clock shifted by ``skew`` seconds (a store whose clock is off)."""
+    if skew is None:
+        return om.MemoryStore(BUCKET, prefix, clock=WARP.clock, runtime=WARP.runtime)
+    offset = timedelta(seconds=skew)
+    return om.MemoryStore(BUCKET, prefix, clock=lambda: datetime.now(timezone.utc) + offset)
 
 
 def _backends() -> list[str]:
     if os.environ.get("OBJMANIFEST_TEST_ENDPOINT"):
         return ["endpoint"]
-    names = os.environ.get("OBJMANIFEST_TEST_BACKENDS", "moto,seaweedfs")
+    names = os.environ.get("OBJMANIFEST_TEST_BACKENDS", "memory,moto,seaweedfs")
     return [n.strip() for n in names.split(",") if n.strip()]
 
 
@@ -44,9 +86,12 @@ class Server:
     local: servers.LocalS3 | None = None
 
     def client(self):  # type: ignore[no-untyped-def]
+        assert self.name != "memory", "an in-process store has no S3 client"
         return om.store.make_client(self.endpoint_url, region=self.env.get("AWS_DEFAULT_REGION"))
 
-    def connect(self, prefix: str, endpoint_url: str | None = None) -> om.Store:
+    def connect(self, prefix: str, endpoint_url: str | None = None) -> Any:
+        if self.name == "memory":
+            return memory_store(prefix)
         return om.connect(f"s3://{BUCKET}/{prefix}", endpoint_url=endpoint_url or self.endpoint_url)
 
 
@@ -54,6 +99,8 @@ _running: dict[str, Server] = {}
 
 
 def _start(name: str) -> Server:
+    if name == "memory":
+        return Server(name, "")
     if name == "endpoint":
         endpoint = os.environ["OBJMANIFEST_TEST_ENDPOINT"]
         env = {
@@ -79,6 +126,22 @@ def _start(name: str) -> Server:
     return server
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run a test on ``memory`` only if it is a behaviour or conformance test that does not
+    need S3 itself (see the module's docstring)."""
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_memory = callspec is not None and callspec.params.get("server") == "memory"
+        applies = (
+            item.get_closest_marker("behaviour") or item.get_closest_marker("conformance")
+        ) and not item.get_closest_marker("s3_only")
+        (dropped if on_memory and not applies else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session", params=_backends())
 def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     name = request.param
@@ -99,8 +162,14 @@ def prefix() -> str:
 
 
 @pytest.fixture
-def store(server: Server, prefix: str) -> om.Store:
-    return server.connect(prefix)
+def store(server: Server, prefix: str) -> Iterator[Any]:
+    store = server.connect(prefix)
+    yield store
+    if server.name == "memory":  # this process holds the objects: free them
+        for key, upload_id in list(store.list_uploads("")):
+            store.abort_upload(key, upload_id)
+        for key in list(store.list_keys("")):
+            store.delete(key)
 
 
 @pytest.fixture
@@ -112,40 +181,10 @@ def task(store: om.Store) -> om.Task:
 
 # -- raw objects -------------------------------------------------------------------------
 # Tests that must reach objects behind the manifest's back (tampering, corrupting, deleting)
-# go through these, so there is one place to point them at another storage backend.
+# go through ``rawstore``, one place that knows each backend.
 
-
-def raw_put(store: om.Store, key: str, body: bytes) -> None:
-    """Write ``key`` (relative to the store's prefix) unconditionally."""
-    store.client.put_object(Bucket=store.bucket, Key=store.full_key(key), Body=body)
-
-
-def raw_get(store: om.Store, key: str) -> bytes:
-    """The bytes of ``key`` as the store has them."""
-    return store.client.get_object(Bucket=store.bucket, Key=store.full_key(key))["Body"].read()
-
-
-def raw_delete(store: om.Store, key: str) -> None:
-    store.client.delete_object(Bucket=store.bucket, Key=store.full_key(key))
-
-
-def store_date(store: om.Store) -> datetime:
-    """The store's clock, from the ``Date`` of a fresh response (whole seconds)."""
-    r = store.client.list_objects_v2(Bucket=store.bucket, MaxKeys=1)
-    return parsedate_to_datetime(r["ResponseMetadata"]["HTTPHeaders"]["date"])
-
-
-@contextlib.contextmanager
-def requests(store: om.Store) -> Iterator[Counter[str]]:
-    """Count the S3 operations the store's client sends while the block runs."""
-    seen: Counter[str] = Counter()
-
-    def count(model: Any, **_: Any) -> None:
-        seen[model.name] += 1
-
-    events = store.client.meta.events
-    events.register("before-call.s3", count)
-    try:
-        yield seen
-    finally:
-        events.unregister("before-call.s3", count)
+raw_put = rawstore.put
+raw_get = rawstore.get
+raw_delete = rawstore.delete
+store_date = rawstore.date
+requests = rawstore.requests

@@ -1,30 +1,75 @@
 """Raw access to what a task leaves in its store, beside the library.
 
 Tests that must see (or tamper with) the objects themselves, not the manifest's view of
-them, go through these few functions, so there is one place to redirect when the storage
-layer changes. Keys are relative to the store's prefix, as the library's keys are.
+them, go through these few functions. On an S3 store they use the boto3 client directly,
+so nothing of objmanifest stands between the test and the bucket; on a ``MemoryStore``
+they use the store's own calls, unconditionally. Keys are relative to the store's prefix,
+as the library's keys are.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 import objmanifest as om
 
+S3_NAMES = {
+    "get": "GetObject",
+    "open": "GetObject",
+    "head": "HeadObject",
+    "put": "PutObject",
+    "delete": "DeleteObject",
+    "list": "ListObjectsV2",
+    "create_upload": "CreateMultipartUpload",
+    "upload_part": "UploadPart",
+    "list_parts": "ListParts",
+    "complete_upload": "CompleteMultipartUpload",
+    "abort_upload": "AbortMultipartUpload",
+    "list_uploads": "ListMultipartUploads",
+}
+"""A MemoryStore call -> the S3 operation it stands for, so request counts compare alike."""
 
-def put(store: om.Store, key: str, body: bytes) -> None:
+
+def is_s3(store: Any) -> bool:
+    return isinstance(store, om.S3Store)
+
+
+def put(store: Any, key: str, body: bytes) -> None:
     """Write an object unconditionally, as a stray writer would."""
-    store.client.put_object(Bucket=store.bucket, Key=store.full_key(key), Body=body)
+    if is_s3(store):
+        store.client.put_object(Bucket=store.bucket, Key=store.full_key(key), Body=body)
+    else:
+        store.put(key, body)
 
 
-def get(store: om.Store, key: str) -> bytes:
-    return store.client.get_object(Bucket=store.bucket, Key=store.full_key(key))["Body"].read()
+def get(store: Any, key: str) -> bytes:
+    """The bytes of ``key`` as the store has them."""
+    if is_s3(store):
+        body: bytes = store.client.get_object(Bucket=store.bucket, Key=store.full_key(key))[
+            "Body"
+        ].read()
+        return body
+    blob = store.get(key)
+    assert blob is not None
+    return bytes(blob.body)
 
 
-def keys(store: om.Store, prefix: str) -> list[str]:
+def delete(store: Any, key: str) -> None:
+    if is_s3(store):
+        store.client.delete_object(Bucket=store.bucket, Key=store.full_key(key))
+    else:
+        store.delete(key)
+
+
+def keys(store: Any, prefix: str) -> list[str]:
     """Every object key under ``prefix``, sorted."""
+    if not is_s3(store):
+        return sorted(row.key for row in store.list(prefix))
     found: list[str] = []
     base = len(store.full_key(""))
     pages = store.client.get_paginator("list_objects_v2").paginate(
@@ -35,9 +80,11 @@ def keys(store: om.Store, prefix: str) -> list[str]:
     return sorted(found)
 
 
-def multipart_uploads(store: om.Store, prefix: str) -> list[tuple[str, str]]:
+def multipart_uploads(store: Any, prefix: str) -> list[tuple[str, str]]:
     """(key, upload id) of every multipart upload under ``prefix`` that is neither completed
     nor aborted."""
+    if not is_s3(store):
+        return sorted(store.list_uploads(prefix))
     found: list[tuple[str, str]] = []
     base = len(store.full_key(""))
     kwargs: dict[str, Any] = {"Bucket": store.bucket, "Prefix": store.full_key(prefix)}
@@ -50,16 +97,50 @@ def multipart_uploads(store: om.Store, prefix: str) -> list[tuple[str, str]]:
         kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
 
 
-def abort_uploads(store: om.Store, prefix: str) -> None:
+def abort_uploads(store: Any, prefix: str) -> None:
     """Abort every open multipart upload under ``prefix`` (cleaning up after a test)."""
     for key, upload_id in multipart_uploads(store, prefix):
-        store.client.abort_multipart_upload(
-            Bucket=store.bucket, Key=store.full_key(key), UploadId=upload_id
-        )
+        if is_s3(store):
+            store.client.abort_multipart_upload(
+                Bucket=store.bucket, Key=store.full_key(key), UploadId=upload_id
+            )
+        else:
+            store.abort_upload(key, upload_id)
 
 
-def date(store: om.Store) -> datetime:
-    """The ``Date`` of a fresh answer from the store: its clock, in whole seconds (the true
-    time is at most a second later)."""
+def date(store: Any) -> datetime:
+    """The store's clock as a fresh answer gives it: the ``Date`` of an S3 response (whole
+    seconds; the true time is at most a second later), or a MemoryStore's clock."""
+    if not is_s3(store):
+        now: datetime = store.now()
+        return now
     response = store.client.list_objects_v2(Bucket=store.bucket, MaxKeys=1)
     return parsedate_to_datetime(response["ResponseMetadata"]["HTTPHeaders"]["date"])
+
+
+@contextlib.contextmanager
+def requests(store: Any) -> Iterator[Counter[str]]:
+    """Count the S3 operations the store sends while the block runs (a MemoryStore's calls
+    are counted under the names of the S3 operations they stand for)."""
+    seen: Counter[str] = Counter()
+    if not is_s3(store):
+
+        def hook(op: str, key: str) -> None:
+            seen[S3_NAMES[op]] += 1
+
+        store.faults.hooks.append(hook)
+        try:
+            yield seen
+        finally:
+            store.faults.hooks.remove(hook)
+        return
+
+    def count(model: Any, **_: Any) -> None:
+        seen[model.name] += 1
+
+    events = store.client.meta.events
+    events.register("before-call.s3", count)
+    try:
+        yield seen
+    finally:
+        events.unregister("before-call.s3", count)

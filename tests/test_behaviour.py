@@ -668,6 +668,7 @@ def test_stale_cache_costs_a_retry_not_a_wrong_answer(store: om.Store) -> None:
     assert one.agent("one").claim(stage="s") is None
 
 
+@pytest.mark.s3_only
 def test_client_settings_and_own_client(server: Any, prefix: str) -> None:
     store = om.connect(f"s3://objmanifest-test/{prefix}", endpoint_url=server.endpoint_url)
     config = store.client.meta.config
@@ -683,6 +684,7 @@ def test_client_settings_and_own_client(server: Any, prefix: str) -> None:
         om.connect("http://bucket/x")
 
 
+@pytest.mark.s3_only
 def test_missing_bucket_is_a_clear_error(server: Any) -> None:
     bucket = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
     store = om.connect(f"s3://{bucket}/x", endpoint_url=server.endpoint_url)

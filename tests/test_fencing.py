@@ -13,14 +13,13 @@ import io
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import rawstore
+from backends import Stall, stalling
 from conftest import Server
-from faults import FaultProxy
 
 import objmanifest as om
 
@@ -173,16 +172,7 @@ class GatedFile(io.RawIOBase):
         return self.inner.read(size)
 
 
-@contextmanager
-def stalling(server: Server) -> Iterator[FaultProxy]:
-    with FaultProxy(server.endpoint_url) as proxy:
-        try:
-            yield proxy
-        finally:
-            proxy.resume()
-
-
-def wait_held(proxy: FaultProxy, count: int = 1, timeout: float = 30) -> None:
+def wait_held(proxy: Stall, count: int = 1, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while proxy.held < count:
         assert time.monotonic() < deadline, "the stalled holder sent nothing"
@@ -240,7 +230,7 @@ def test_a_holder_that_stalls_mid_put_is_fenced_when_it_comes_back(
     task = create(server.connect(prefix))
     task.declare("x", stage="collect")
     with stalling(server) as proxy:
-        zombie = view(server, prefix, proxy.endpoint_url).agent(zombie_name)
+        zombie = om.Task.open(proxy.connect(prefix), TASK).agent(zombie_name)
         old = zombie.claim("x")
         assert old is not None
         proxy.pause()
@@ -295,7 +285,7 @@ def test_a_fenced_chunked_put_cannot_make_the_entry_ready(
     chunked: dict[str, Any] = {"part_size": PART, "threshold": MiB, "concurrency": 1}
     try:
         with stalling(server) as proxy:
-            zombie = view(server, prefix, proxy.endpoint_url).agent("worker")
+            zombie = om.Task.open(proxy.connect(prefix), TASK).agent("worker")
             old = zombie.claim("big")
             assert old is not None
             zombie_gate = Gate()

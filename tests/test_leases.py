@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 
 import pytest
 import rawstore
+from backends import skewed
 from conftest import Server
-from faults import FaultProxy
 
 import objmanifest as om
 
@@ -86,8 +86,8 @@ def test_leases_follow_the_store_clock_not_the_agents(
     every answer). A lease ends ``lease_seconds`` after the claim on the store's clock, and
     a takeover is judged on it: refused while the lease runs, allowed once the store's
     clock is past its end and margin."""
-    with FaultProxy(server.endpoint_url, date_offset=skew) as proxy:
-        store = server.connect(prefix, endpoint_url=proxy.endpoint_url)
+    with skewed(server, skew) as connect:
+        store = connect(prefix)
         task = create(store)
         task.declare("x", stage="collect")
         lease = timedelta(seconds=task.lease_seconds)
@@ -100,7 +100,7 @@ def test_leases_follow_the_store_clock_not_the_agents(
         assert before - timedelta(seconds=1) <= claimed_at <= after + timedelta(seconds=2)
         assert task.entry("x").lease_expires_at == claim.lease_expires_at
 
-        taker_task = om.Task.open(server.connect(prefix, endpoint_url=proxy.endpoint_url), "leases")
+        taker_task = om.Task.open(connect(prefix), "leases")
         taker = taker_task.agent("taker")
         with pytest.raises(om.NotClaimable, match="held by holder"):
             taker.claim("x")
