@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from objmanifest.errors import InvalidInput
+
 STAGES = ("collect", "write", "check")
 SEED = "objmanifest-demo-v1"
 GROUP = 3
@@ -47,9 +49,9 @@ class Plan:
 
     def __post_init__(self) -> None:
         if self.files < GROUP:
-            raise ValueError(f"the demo needs at least {GROUP} files, not {self.files}")
+            raise InvalidInput(f"the demo needs at least {GROUP} files, not {self.files}")
         if self.big_mib < 1:
-            raise ValueError(f"the large file needs at least 1 MiB, not {self.big_mib}")
+            raise InvalidInput(f"the large file needs at least 1 MiB, not {self.big_mib}")
 
     @property
     def parts(self) -> list[str]:
