@@ -31,6 +31,7 @@ from conftest import Server, raw_get, raw_put, requests
 import objmanifest as om
 from objmanifest import checksum, chunks, transfer
 from objmanifest import uploads as uploads_pkg
+from objmanifest.errors import PartsRejected
 
 WORKER = Path(__file__).with_name("chunk_worker.py")
 MiB = 1024 * 1024
@@ -582,19 +583,19 @@ def keeps_every_upload_of_a_part(store: om.Store) -> bool:
     """Whether a completion may name an earlier upload of a part number (SeaweedFS keeps
     every upload and picks by ETag) or only the last one (AWS and moto keep the last)."""
     key = f"probe-{os.urandom(6).hex()}/part-uploads"
-    upload_id = transfer.create_upload(store, key)
+    upload_id = store.create_upload(key)
     try:
-        first = transfer.upload_part(store, key, upload_id, 1, b"first upload of part 1")
-        transfer.upload_part(store, key, upload_id, 1, b"second upload of part 1")
+        first = store.upload_part(key, upload_id, 1, b"first upload of part 1")
+        store.upload_part(key, upload_id, 1, b"second upload of part 1")
         try:
-            transfer.complete_upload(store, key, upload_id, [first])
-        except transfer.PartsRejected:
+            store.complete_upload(key, upload_id, [first])
+        except PartsRejected:
             return False
         assert raw_get(store, key) == b"first upload of part 1"
         return True
     finally:
         with contextlib.suppress(Exception):
-            transfer.abort_upload(store, key, upload_id)
+            store.abort_upload(key, upload_id)
         with contextlib.suppress(Exception):
             store.delete(key)
 
