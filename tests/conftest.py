@@ -9,10 +9,13 @@ error, never a skip.
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -22,7 +25,8 @@ from objmanifest import servers
 BUCKET = os.environ.get("OBJMANIFEST_TEST_BUCKET", "objmanifest-test")
 
 
-def _backends() -> list[str]:
+def backends() -> list[str]:
+    """The names of the S3 servers the suites run against."""
     if os.environ.get("OBJMANIFEST_TEST_ENDPOINT"):
         return ["endpoint"]
     names = os.environ.get("OBJMANIFEST_TEST_BACKENDS", "moto,seaweedfs")
@@ -46,6 +50,34 @@ class Server:
 
 
 _running: dict[str, Server] = {}
+_moto_serialised = False
+
+
+def serialise_moto_writes() -> None:
+    """Make the in-process moto apply object writes one at a time, as S3 does.
+
+    moto checks a write's ``If-Match`` / ``If-None-Match`` and then applies it with no lock
+    between, and its server runs each request in a thread of its own: two racing
+    conditional writes can both pass (two creates of one key both win about once in a
+    hundred 8-thread races). The race tests are about our code, not moto's, so every
+    write to an object (put, copy, delete, multipart completion) holds one lock here.
+    """
+    global _moto_serialised
+    if _moto_serialised:
+        return
+    from moto.s3.responses import S3Response
+
+    lock = threading.RLock()
+    for name in ("put_object", "copy_object", "delete_object", "_key_response_post"):
+        original = getattr(S3Response, name)
+
+        @functools.wraps(original)
+        def one_at_a_time(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            with lock:
+                return _original(self, *args, **kwargs)
+
+        setattr(S3Response, name, one_at_a_time)
+    _moto_serialised = True
 
 
 def _start(name: str) -> Server:
@@ -61,6 +93,8 @@ def _start(name: str) -> Server:
         }
         server = Server(name, endpoint, env)
     else:
+        if name == "moto":
+            serialise_moto_writes()
         local = servers.start(name)
         server = Server(name, local.endpoint_url, local.env(), local)
     os.environ.update({k: v for k, v in server.env.items() if k != "AWS_ENDPOINT_URL"})
@@ -74,12 +108,16 @@ def _start(name: str) -> Server:
     return server
 
 
-@pytest.fixture(scope="session", params=_backends())
-def server(request: pytest.FixtureRequest) -> Iterator[Server]:
-    name = request.param
+def running(name: str) -> Server:
+    """The server called ``name``, started on first use and stopped when the session ends."""
     if name not in _running:
         _running[name] = _start(name)
-    yield _running[name]
+    return _running[name]
+
+
+@pytest.fixture(scope="session", params=backends())
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    yield running(request.param)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
