@@ -2,10 +2,11 @@
 
 It lets tests stage the failures a real store and network produce but a healthy local server
 never does: a write that is applied but whose response is lost (the client must not assume
-it failed), a store that silently ignores conditional-write headers (the client must
-detect it, not corrupt data), a store whose clock is far from the client's (the ``Date`` of
-every response shifted), and a client that stalls (its requests held until it resumes, as
-if its process had been stopped).
+it failed), a response whose body breaks off part-way (the reader must see a broken read,
+not a short object), a store that silently ignores conditional-write headers (the client
+must detect it, not corrupt data), a store whose clock is far from the client's (the
+``Date`` of every response shifted), and a client that stalls (its requests held until it
+resumes, as if its process had been stopped).
 
 Requests are forwarded byte for byte (method, target, headers in order, body); only the
 hop-by-hop headers of each leg are replaced. Each request uses a fresh upstream connection,
@@ -46,6 +47,14 @@ _LONGEST_PAUSE = 300.0  # a request held longer than this goes on anyway: a test
 class _DropRule:
     method: str
     path_contains: str
+    remaining: int
+
+
+@dataclass
+class _CutRule:
+    method: str
+    path_contains: str
+    after_bytes: int
     remaining: int
 
 
@@ -159,6 +168,17 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 self.send_header("Content-Length", upstream_length)
         else:
             self.send_header("Content-Length", str(len(resp_body)))
+        cut = None if no_body else proxy._take_cut(method, self.path)
+        if cut is not None:
+            # The headers promise the whole body; the connection breaks after ``cut`` bytes.
+            self.close_connection = True
+            self.end_headers()
+            self.wfile.write(resp_body[:cut])
+            self.wfile.flush()
+            proxy._count_cut()
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
@@ -170,9 +190,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
 
 class FaultProxy:
-    """A loopback HTTP proxy in front of ``upstream_url`` that can lose responses, ignore
-    conditional headers, shift the store's clock and stall the client on request. Use as a
-    context manager or call start()/stop().
+    """A loopback HTTP proxy in front of ``upstream_url`` that can lose responses, cut their
+    bodies short, ignore conditional headers, shift the store's clock and stall the client on
+    request. Use as a context manager or call start()/stop().
 
     ``date_offset`` (seconds, or a timedelta) is added to the ``Date`` header of every
     response: to a client behind this proxy the store's clock runs that far from its own.
@@ -194,8 +214,10 @@ class FaultProxy:
         """Requests waiting now because the proxy is paused."""
         self._running = threading.Event()
         self._running.set()
+        self.cut = 0
         self.requests: list[tuple[str, str]] = []
         self._rules: list[_DropRule] = []
+        self._cuts: list[_CutRule] = []
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._server = _ProxyServer(self)
@@ -222,6 +244,21 @@ class FaultProxy:
     def resume(self) -> None:
         """Forward the held requests, in no particular order, and every later one."""
         self._running.set()
+
+    def cut_response(
+        self, method: str, path_contains: str, after_bytes: int, count: int = 1
+    ) -> None:
+        """Break the responses of the next ``count`` requests with this method whose target
+        contains ``path_contains`` after ``after_bytes`` bytes of their body: the status and
+        headers (with the whole body's Content-Length) arrive, then the first ``after_bytes``
+        bytes, then the connection is closed. Responses without a body (HEAD, 304, 204)
+        pass untouched and do not count."""
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        if after_bytes < 0:
+            raise ValueError("after_bytes must not be negative")
+        with self._lock:
+            self._cuts.append(_CutRule(method.upper(), path_contains, after_bytes, count))
 
     def start(self) -> None:
         """Serve in a background thread."""
@@ -301,9 +338,21 @@ class FaultProxy:
                     return True
         return False
 
+    def _take_cut(self, method: str, path: str) -> int | None:
+        with self._lock:
+            for rule in self._cuts:
+                if rule.remaining > 0 and rule.method == method and rule.path_contains in path:
+                    rule.remaining -= 1
+                    return rule.after_bytes
+        return None
+
     def _count_drop(self) -> None:
         with self._lock:
             self.dropped += 1
+
+    def _count_cut(self) -> None:
+        with self._lock:
+            self.cut += 1
 
     def _log_request(self, method: str, path: str) -> None:
         with self._lock:

@@ -237,6 +237,27 @@ def test_pause_holds_requests_until_resume(echo_proxy: FaultProxy) -> None:
     assert echo_proxy.held == 0
 
 
+def test_cut_response_breaks_the_body_after_some_bytes(echo_proxy: FaultProxy) -> None:
+    echo_proxy.cut_response("get", "/cut", after_bytes=10)
+    conn = _conn(echo_proxy)
+    conn.request("HEAD", "/cut/head")  # no body: passes untouched, the rule stays
+    head = conn.getresponse()
+    assert (head.status, head.read()) == (200, b"")
+    conn.request("GET", "/cut/1")
+    resp = conn.getresponse()
+    whole = int(resp.getheader("Content-Length") or 0)
+    assert resp.status == 200 and whole > 10
+    with pytest.raises(http.client.IncompleteRead) as info:
+        resp.read()
+    assert (len(info.value.partial), info.value.expected) == (10, whole - 10)
+    assert echo_proxy.cut == 1
+    conn.close()
+    conn = _conn(echo_proxy)
+    conn.request("GET", "/cut/1")  # the rule is used up
+    assert json.loads(conn.getresponse().read())["path"] == "/cut/1"
+    assert echo_proxy.cut == 1
+
+
 def test_upstream_down_is_a_502() -> None:
     with FaultProxy(f"http://127.0.0.1:{servers.free_port()}") as proxy:
         conn = _conn(proxy)

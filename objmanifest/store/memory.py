@@ -8,7 +8,8 @@ create-only completion and S3's multipart ETags, the 5 MiB minimum part. Every
 manifest (nothing is shared between processes, and nothing survives the process).
 
 Its clock is injectable (``clock=``), and ``faults`` injects what a real network does: a
-call that fails before it is applied, or one that is applied and whose answer is lost.
+call that fails before it is applied, one that is applied and whose answer is lost, or a
+read whose connection breaks part-way through the body.
 """
 
 from __future__ import annotations
@@ -28,11 +29,22 @@ from ..errors import (
     OutcomeUnknown,
     PartsRejected,
     PreconditionFailed,
+    ReadBrokeOff,
     StoreError,
     UploadGone,
 )
 from ..runtime import DEFAULT, Runtime
-from .base import CREATE, OVERWRITE, Blob, Head, Listed, PartBody, PartsListed, PutMode
+from .base import (
+    CREATE,
+    OVERWRITE,
+    Blob,
+    ByteStream,
+    Head,
+    Listed,
+    PartBody,
+    PartsListed,
+    PutMode,
+)
 
 MIN_PART_SIZE = 5 * 1024 * 1024
 MAX_PART_NUMBER = 10_000
@@ -41,7 +53,7 @@ WRITES = frozenset(
     {"put", "delete", "create_upload", "upload_part", "complete_upload", "abort_upload"}
 )
 
-Effect = Literal["fail", "lose"]
+Effect = Literal["fail", "lose", "cut"]
 
 
 @dataclass
@@ -50,12 +62,20 @@ class Fault:
 
     ``fail``: the call raises ``StoreError`` and is not applied. ``lose``: the call is
     applied and its answer lost (a write raises ``OutcomeUnknown``, a read ``StoreError``).
+    ``cut`` (only with ``op="open"``): the stream is returned, delivers the first half of
+    its bytes (rounded down), then raises ``ReadBrokeOff`` on every further read: it never
+    reaches its end, as when a connection breaks mid-body. A ``read()`` of everything
+    raises at once, like a real connection that breaks before the body is complete.
     """
 
     op: str | None = None
     key: str | None = None
     effect: Effect = "fail"
     times: int = 1
+
+    def __post_init__(self) -> None:
+        if self.effect == "cut" and self.op != "open":
+            raise ValueError(f'a "cut" fault breaks a read stream: use op="open", not {self.op!r}')
 
     def matches(self, op: str, key: str) -> bool:
         return (self.op is None or self.op == op) and (self.key is None or self.key in key)
@@ -140,6 +160,32 @@ def _read_body(body: bytes | BinaryIO | PartBody) -> bytes:
     return bytes(data)
 
 
+class _CutStream:
+    """A stream whose connection breaks after the first half of ``data`` (a ``cut`` fault)."""
+
+    def __init__(self, data: bytes, where: str) -> None:
+        self._data = data
+        self._cut = len(data) // 2
+        self._pos = 0
+        self._where = where
+
+    def read(self, size: int = -1) -> bytes:
+        if size == 0:
+            return b""
+        if self._pos >= self._cut or size < 0:
+            raise ReadBrokeOff(
+                f"reading {self._where} broke off after {self._cut} of {len(self._data)} "
+                "bytes (injected)"
+            )
+        end = min(self._pos + size, self._cut)
+        chunk = self._data[self._pos : end]
+        self._pos = end
+        return chunk
+
+    def close(self) -> None:
+        self._pos = self._cut
+
+
 def _utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -222,7 +268,7 @@ class MemoryStore:
             raise NotFound(f"{self.describe(key)} does not exist")
         return Head(found.etag, len(found.body), dict(found.metadata))
 
-    def open(self, key: str, byte_range: tuple[int, int] | None = None) -> io.BytesIO:
+    def open(self, key: str, byte_range: tuple[int, int] | None = None) -> ByteStream:
         effect = self._enter("open", key)
         with self._data.lock:
             found = self._data.objects.get(self.full_key(key))
@@ -230,15 +276,18 @@ class MemoryStore:
             raise self._answer_lost("open", key)
         if found is None:
             raise NotFound(f"{self.describe(key)} does not exist")
-        if byte_range is None:
-            return io.BytesIO(found.body)
-        start, end = byte_range
-        if start >= len(found.body) > 0 or start < 0 or end < start:
-            raise StoreError(
-                f"could not read {self.describe(key)}: range {start}-{end} is outside its "
-                f"{len(found.body)} bytes"
-            )
-        return io.BytesIO(found.body[start:end])
+        data = found.body
+        if byte_range is not None:
+            start, end = byte_range
+            if start >= len(found.body) > 0 or start < 0 or end < start:
+                raise StoreError(
+                    f"could not read {self.describe(key)}: range {start}-{end} is outside its "
+                    f"{len(found.body)} bytes"
+                )
+            data = found.body[start:end]
+        if effect == "cut":
+            return _CutStream(data, self.describe(key))
+        return io.BytesIO(data)
 
     def put(
         self,

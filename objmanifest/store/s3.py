@@ -252,9 +252,28 @@ class S3Store:
         return Blob(body=body, etag=response["ETag"], metadata=response.get("Metadata", {}))
 
     def open(self, key: str, byte_range: tuple[int, int] | None = None) -> _S3Stream:
+        """The object's bytes, or ``[start, end)`` of them (an ``end`` past the object's
+        end is its end).
+
+        An empty range cannot be said in a ``Range`` header (AWS answers ``bytes=5-4`` with
+        the whole object, SeaweedFS with 416), so it is checked with a HEAD instead.
+        """
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.full_key(key)}
         if byte_range is not None:
-            kwargs["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
+            start, end = byte_range
+            if start < 0 or end < start:
+                raise StoreError(
+                    f"could not read {self.describe(key)}: range {start}-{end} is not a range"
+                )
+            if start == end:
+                size = self.head(key).size
+                if start >= size > 0:
+                    raise StoreError(
+                        f"could not read {self.describe(key)}: range {start}-{end} is outside "
+                        f"its {size} bytes"
+                    )
+                return _S3Stream(io.BytesIO(b""), self.describe(key))
+            kwargs["Range"] = f"bytes={start}-{end - 1}"
         response = self._call("read", key, lambda: self.client.get_object(**kwargs))
         return _S3Stream(response["Body"], self.describe(key))
 
@@ -318,19 +337,29 @@ class S3Store:
         )
 
     def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
+        """Keys under ``prefix`` in S3's order (by code point, as UTF-8 bytes sort).
+
+        Every page is read before the first row is given: SeaweedFS pages through its
+        directory tree, so ``a/b`` comes before ``a.json`` there, and only the whole listing
+        can be put in order. A page's common prefixes are merged with its keys.
+        """
         base = len(self.full_key(""))
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.full_key(prefix)}
         if delimiter:
             kwargs["Delimiter"] = delimiter
+        rows: dict[str, Listed] = {}
         while True:
             request = dict(kwargs)
             page = self._call("list", prefix, partial(self.client.list_objects_v2, **request))
-            rows = [Listed(item["Key"][base:]) for item in page.get("Contents", [])]
-            rows += [Listed(p["Prefix"][base:], True) for p in page.get("CommonPrefixes", [])]
-            yield from sorted(rows, key=lambda row: row.key)
+            for item in page.get("Contents", []):
+                rows[item["Key"]] = Listed(item["Key"][base:])
+            for common in page.get("CommonPrefixes", []):
+                rows[common["Prefix"]] = Listed(common["Prefix"][base:], True)
             if not page.get("IsTruncated"):
-                return
+                break
             kwargs["ContinuationToken"] = page["NextContinuationToken"]
+        for key in sorted(rows):
+            yield rows[key]
 
     def list_keys(self, prefix: str) -> Iterator[str]:
         """Every object key under ``prefix``."""
@@ -354,20 +383,52 @@ class S3Store:
         """
         stream = io.BytesIO(body) if isinstance(body, bytes) else cast(IO[bytes], body)
         length = len(body) if isinstance(body, bytes) else body.length
-        response = self._call(
-            f"upload part {number} of",
-            key,
-            lambda: self.client.upload_part(
-                Bucket=self.bucket,
-                Key=self.full_key(key),
-                UploadId=upload_id,
-                PartNumber=number,
-                Body=stream,
-                ContentLength=length,
-            ),
-            upload=True,
-        )
+        try:
+            response = self._call(
+                f"upload part {number} of",
+                key,
+                lambda: self.client.upload_part(
+                    Bucket=self.bucket,
+                    Key=self.full_key(key),
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=stream,
+                    ContentLength=length,
+                ),
+                upload=True,
+            )
+        except (StoreError, NotFound) as e:
+            if self._unclear_but_gone(e, key, upload_id):
+                raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
+            raise
         return checksum.bare_etag(response["ETag"])
+
+    def _unclear_but_gone(self, e: Exception, key: str, upload_id: str) -> bool:
+        """Whether an upload call's error that did not name ``NoSuchUpload`` (a 404 of
+        another kind, or a server error: moto answers 500 to a part or a completion of an
+        upload that is gone) was about an upload that no longer exists."""
+        cause = e.__cause__
+        if not isinstance(cause, botocore.exceptions.ClientError):
+            return False
+        status = _error_code(cause)[1]
+        return (status >= 500 or status == 404) and self._upload_gone(key, upload_id)
+
+    def _upload_gone(self, key: str, upload_id: str) -> bool:
+        """Whether the store says the upload no longer exists (False if it cannot tell)."""
+        try:
+            self._call(
+                "list the parts of",
+                key,
+                lambda: self.client.list_parts(
+                    Bucket=self.bucket, Key=self.full_key(key), UploadId=upload_id, MaxParts=1
+                ),
+                upload=True,
+            )
+        except UploadGone:
+            return True
+        except (StoreError, NotFound):
+            return False
+        return False
 
     def list_parts(self, key: str, upload_id: str) -> PartsListed:
         listed: PartsListed = {}
@@ -402,16 +463,28 @@ class S3Store:
             kwargs["IfNoneMatch"] = "*"
         elif mode.kind == "update":
             kwargs["IfMatch"] = mode.etag
-        self._call(
-            "complete the multipart upload of",
-            key,
-            lambda: self.client.complete_multipart_upload(**kwargs),
-            conditional=mode.kind != "overwrite",
-            upload=True,
-            write=True,
-        )
+        try:
+            self._call(
+                "complete the multipart upload of",
+                key,
+                lambda: self.client.complete_multipart_upload(**kwargs),
+                conditional=mode.kind != "overwrite",
+                upload=True,
+                write=True,
+            )
+        except (StoreError, NotFound) as e:
+            if self._unclear_but_gone(e, key, upload_id):
+                raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
+            raise
 
     def abort_upload(self, key: str, upload_id: str) -> bool:
+        """Abort the upload; False if it was completed or aborted already.
+
+        SeaweedFS answers 204 to an abort of an upload that is gone (where AWS and moto
+        answer ``NoSuchUpload``), so the store is asked first whether the upload exists.
+        """
+        if self._upload_gone(key, upload_id):
+            return False
         try:
             self._call(
                 "abort the multipart upload of",

@@ -1,0 +1,759 @@
+"""The conformance suite: every promise of the storage seam, one suite for every backend.
+
+Each test gets a fresh ``ObjectStore`` under a prefix of its own, from ``MemoryStore`` and
+from every S3 server the run has (moto and SeaweedFS, or the endpoint named by
+``OBJMANIFEST_TEST_ENDPOINT``), and holds it to the promises of ``objmanifest.store.base``
+with exact assertions. A backend that answers differently has a bug in its implementation
+(``s3.py`` or ``memory.py``), never a reason to loosen a test here. Faults are staged the
+same way for each: ``MemoryStore.faults`` in process, a ``FaultProxy`` in front of a server.
+
+    bash scripts/test.sh -m conformance
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from conftest import BUCKET, Server, backends, running
+from faults import FaultProxy
+
+from objmanifest import checksum
+from objmanifest.errors import (
+    NotFound,
+    OutcomeUnknown,
+    PartsRejected,
+    PreconditionFailed,
+    ReadBrokeOff,
+    StoreError,
+    UploadGone,
+)
+from objmanifest.store import (
+    CREATE,
+    OVERWRITE,
+    Blob,
+    ByteStream,
+    Head,
+    Listed,
+    MemoryStore,
+    ObjectStore,
+    PutMode,
+    S3Store,
+    make_client,
+)
+
+pytestmark = [pytest.mark.conformance, pytest.mark.behaviour]
+
+MEMORY_BUCKET = "conformance"
+MiB = 1024 * 1024
+PART = 5 * MiB  # S3's smallest part (but the last)
+THREADS = 8
+STALE = '"00000000000000000000000000000000"'
+# botocore's ``total_max_attempts`` counts tries: 1 is no retry, so a lost answer reaches us.
+NO_RETRY: dict[str, Any] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
+
+
+def data(size: int, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def md5(body: bytes) -> str:
+    return hashlib.md5(body, usedforsecurity=False).hexdigest()
+
+
+# -- backends --------------------------------------------------------------------------------
+
+
+@dataclass
+class Faulty:
+    """A store whose next calls can be made to fail the way a network fails them."""
+
+    store: ObjectStore
+    lose: Callable[[str, str], None]
+    """``lose(op, key)``: the next ``op`` ("put" or "complete_upload") of ``key`` is applied
+    and its answer lost."""
+    cut: Callable[[str, int], None]
+    """``cut(key, size)``: the body of the next read of ``key`` (``size`` bytes) breaks off
+    after half of them."""
+    fired: Callable[[], int]
+    """How many planned faults took effect."""
+
+
+@dataclass
+class Backend:
+    """One implementation of the seam: ``MemoryStore`` or an S3 server."""
+
+    name: str
+    server: Server | None = None
+    _client: Any = field(default=None, repr=False)
+
+    def connect(self, prefix: str) -> ObjectStore:
+        """A new store at ``prefix`` (with a clock of its own). The stores of one server
+        share one boto3 client: making a client takes longer than most tests here."""
+        if self.server is None:
+            return MemoryStore(MEMORY_BUCKET, prefix)
+        if self._client is None:
+            self._client = self.server.client()
+        return S3Store(self._client, BUCKET, prefix)
+
+    @contextmanager
+    def faulty(self, prefix: str) -> Iterator[Faulty]:
+        """The store at ``prefix``, with faults that can be planned: ``MemoryStore.faults`` for
+        memory, a ``FaultProxy`` (and a client that does not retry) for a server."""
+        if self.server is None:
+            memory = MemoryStore(MEMORY_BUCKET, prefix)
+
+            def lose_memory(op: str, key: str) -> None:
+                memory.faults.add(op, key, effect="lose")
+
+            def cut_memory(key: str, size: int) -> None:
+                memory.faults.add("open", key, effect="cut")
+
+            def fired_memory() -> int:
+                return sum(1 - fault.times for fault in memory.faults.planned)
+
+            yield Faulty(memory, lose_memory, cut_memory, fired_memory)
+            return
+
+        with FaultProxy(self.server.endpoint_url) as proxy:
+            through = S3Store(make_client(proxy.endpoint_url, **NO_RETRY), BUCKET, prefix)
+            methods = {"put": ("PUT", ""), "complete_upload": ("POST", "?uploadId=")}
+
+            def lose_s3(op: str, key: str) -> None:
+                method, query = methods[op]
+                proxy.drop_response(method, f"/{BUCKET}/{through.full_key(key)}{query}")
+
+            def cut_s3(key: str, size: int) -> None:
+                proxy.cut_response("GET", f"/{BUCKET}/{through.full_key(key)}", size // 2)
+
+            yield Faulty(through, lose_s3, cut_s3, lambda: proxy.dropped + proxy.cut)
+
+    @contextmanager
+    def small_pages(self, store: ObjectStore) -> Iterator[None]:
+        """List in pages of two (keys, uploads, parts), to go through every page boundary
+        without thousands of objects. A ``MemoryStore`` has no pages: nothing changes."""
+        if not isinstance(store, S3Store):
+            yield
+            return
+        limits = {"ListObjectsV2": "MaxKeys", "ListMultipartUploads": "MaxUploads"}
+        limits["ListParts"] = "MaxParts"
+
+        def limit(params: dict[str, Any], model: Any, **_: Any) -> None:
+            if model.name in limits:
+                params[limits[model.name]] = 2
+
+        events = store.client.meta.events
+        events.register("provide-client-params.s3", limit)
+        try:
+            yield
+        finally:
+            events.unregister("provide-client-params.s3", limit)
+
+
+@pytest.fixture(scope="session", params=["memory", *backends()])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    name = request.param
+    return Backend(name) if name == "memory" else Backend(name, running(name))
+
+
+@pytest.fixture(scope="session", params=backends())
+def s3_server(request: pytest.FixtureRequest) -> Server:
+    return running(request.param)
+
+
+@pytest.fixture
+def store(backend: Backend, prefix: str) -> Iterator[ObjectStore]:
+    """A fresh store under a prefix of its own; its unfinished uploads are aborted after."""
+    fresh = backend.connect(prefix)
+    yield fresh
+    for key, upload_id in list(fresh.list_uploads("")):
+        fresh.abort_upload(key, upload_id)
+
+
+def assert_own_stream(stream: object) -> None:
+    """The stream is our ``ByteStream``, not something of the backend's client library."""
+    assert isinstance(stream, ByteStream)
+    module = type(stream).__module__
+    assert not module.startswith(("botocore", "boto3", "urllib3", "s3transfer")), module
+
+
+# -- objects -----------------------------------------------------------------------------------
+
+
+def test_put_get_head_and_open_agree_on_bytes_etag_and_metadata(store: ObjectStore) -> None:
+    body = data(10_000)
+    meta = {"owner": "agent-1", "stage": "collect", "epoch": "3"}
+    etag = store.put("a/one", body, metadata=meta, content_type="application/json")
+    assert checksum.bare_etag(etag)
+    assert store.get("a/one") == Blob(body, etag, meta)
+    assert store.head("a/one") == Head(etag, len(body), meta)
+    stream = store.open("a/one")
+    try:
+        assert stream.read() == body
+        assert stream.read() == b""
+    finally:
+        stream.close()
+
+    # Without metadata there is none; a file object is a body too; a new body, a new ETag.
+    second = data(3_000, seed=1)
+    etag2 = store.put("a/one", io.BytesIO(second))
+    assert etag2 != etag
+    assert store.get("a/one") == Blob(second, etag2, {})
+    assert store.head("a/one") == Head(etag2, len(second), {})
+
+
+def test_an_empty_object(store: ObjectStore) -> None:
+    etag = store.put("empty", b"", mode=CREATE)
+    assert store.get("empty") == Blob(b"", etag, {})
+    assert store.head("empty") == Head(etag, 0, {})
+    stream = store.open("empty")
+    assert stream.read() == b""
+    stream.close()
+
+
+def test_missing_objects_are_not_found(store: ObjectStore) -> None:
+    store.put("there", b"x")
+    for call in (
+        lambda: store.get("missing"),
+        lambda: store.get("missing", if_none_match=STALE),
+        lambda: store.head("missing"),
+        lambda: store.open("missing"),
+        lambda: store.open("missing", (0, 1)),
+        lambda: store.head("there/"),
+        lambda: store.head("ther"),
+    ):
+        with pytest.raises(NotFound) as info:
+            call()
+        assert type(info.value) is NotFound
+        assert "missing" in str(info.value) or "ther" in str(info.value)
+
+
+def test_delete_removes_the_object_and_a_missing_key_is_fine(store: ObjectStore) -> None:
+    store.put("doomed", b"bytes")
+    store.put("kept", b"bytes")
+    assert store.delete("doomed") is None
+    with pytest.raises(NotFound):
+        store.get("doomed")
+    with pytest.raises(NotFound):
+        store.head("doomed")
+    store.delete("doomed")  # again: nothing there, no error
+    store.delete("never/was")
+    assert list(store.list("")) == [Listed("kept")]
+
+
+def test_overwrite_always_replaces(store: ObjectStore) -> None:
+    first = store.put("k", b"one")
+    second = store.put("k", b"two", mode=OVERWRITE)
+    third = store.put("k", b"three")  # OVERWRITE is the default
+    assert len({first, second, third}) == 3
+    assert store.get("k") == Blob(b"three", third, {})
+
+
+def test_create_writes_only_where_nothing_is(store: ObjectStore) -> None:
+    etag = store.put("once", b"first", mode=CREATE, metadata={"who": "a"})
+    with pytest.raises(PreconditionFailed):
+        store.put("once", b"second", mode=CREATE, metadata={"who": "b"})
+    assert store.get("once") == Blob(b"first", etag, {"who": "a"})
+    # The same bytes again are refused too: the condition is on the key, not the content.
+    with pytest.raises(PreconditionFailed):
+        store.put("once", b"first", mode=CREATE)
+    store.delete("once")
+    again = store.put("once", b"third", mode=CREATE)
+    assert store.get("once") == Blob(b"third", again, {})
+
+
+def test_update_needs_the_current_etag(store: ObjectStore) -> None:
+    v1 = store.put("doc", b"v1")
+    v2 = store.put("doc", b"v2", mode=PutMode.update(v1))
+    assert store.get("doc") == Blob(b"v2", v2, {})
+    with pytest.raises(PreconditionFailed):  # v1 is stale now
+        store.put("doc", b"v3", mode=PutMode.update(v1))
+    with pytest.raises(PreconditionFailed):
+        store.put("doc", b"v3", mode=PutMode.update(STALE))
+    assert store.get("doc") == Blob(b"v2", v2, {})
+    v3 = store.put("doc", b"v3", mode=PutMode.update(v2), metadata={"version": "3"})
+    assert store.get("doc") == Blob(b"v3", v3, {"version": "3"})
+
+    # A missing object is a lost race too (AWS answers 404 there, SeaweedFS 412).
+    with pytest.raises(PreconditionFailed):
+        store.put("never", b"x", mode=PutMode.update(v3))
+    store.delete("doc")
+    with pytest.raises(PreconditionFailed):
+        store.put("doc", b"v4", mode=PutMode.update(v3))
+    with pytest.raises(NotFound):
+        store.get("doc")
+    with pytest.raises(NotFound):
+        store.get("never")
+
+
+def test_get_if_none_match_sends_nothing_while_unchanged(store: ObjectStore) -> None:
+    v1 = store.put("watched", b"v1", metadata={"n": "1"})
+    assert store.get("watched", if_none_match=v1) is None
+    assert store.get("watched", if_none_match=checksum.bare_etag(v1)) is None
+    assert store.get("watched", if_none_match=STALE) == Blob(b"v1", v1, {"n": "1"})
+    v2 = store.put("watched", b"v2", metadata={"n": "2"})
+    assert store.get("watched", if_none_match=v1) == Blob(b"v2", v2, {"n": "2"})
+    assert store.get("watched", if_none_match=v2) is None
+
+
+# -- races between threads ---------------------------------------------------------------------
+
+
+def test_concurrent_creates_of_one_key_have_exactly_one_winner(store: ObjectStore) -> None:
+    for round_ in range(2):
+        key = f"contended-{round_}"
+        start = threading.Barrier(THREADS)
+
+        def create(i: int, key: str = key, start: threading.Barrier = start) -> str | None:
+            body = f"writer {i}".encode()
+            start.wait()
+            try:
+                return store.put(key, body, mode=CREATE, metadata={"writer": str(i)})
+            except PreconditionFailed:
+                return None
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            outcomes = list(pool.map(create, range(THREADS)))
+        winners = [(i, etag) for i, etag in enumerate(outcomes) if etag is not None]
+        assert len(winners) == 1, outcomes
+        ((winner, etag),) = winners
+        assert store.get(key) == Blob(f"writer {winner}".encode(), etag, {"writer": str(winner)})
+
+
+def test_concurrent_read_modify_update_loses_no_increment(store: ObjectStore) -> None:
+    per_thread = 5
+    store.put("counter", b"0", mode=CREATE)
+    start = threading.Barrier(THREADS)
+
+    def increment(i: int) -> int:
+        start.wait()
+        done = 0
+        while done < per_thread:
+            blob = store.get("counter")
+            assert blob is not None
+            try:
+                store.put("counter", b"%d" % (int(blob.body) + 1), mode=PutMode.update(blob.etag))
+            except PreconditionFailed:  # another thread wrote first: read again
+                continue
+            done += 1
+        return done
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        assert list(pool.map(increment, range(THREADS))) == [per_thread] * THREADS
+    final = store.get("counter")
+    assert final is not None and final.body == b"%d" % (THREADS * per_thread)
+    assert store.head("counter").etag == final.etag
+
+
+# -- lost answers --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["overwrite", "create", "update"])
+def test_a_write_whose_answer_is_lost_is_outcome_unknown_and_applied(
+    backend: Backend, store: ObjectStore, prefix: str, kind: str
+) -> None:
+    key = f"lost-{kind}"
+    mode = {"overwrite": OVERWRITE, "create": CREATE}.get(kind)
+    if mode is None:
+        mode = PutMode.update(store.put(key, b"before"))
+    body = data(50_000, seed=7)
+    with backend.faulty(prefix) as faulty:
+        faulty.lose("put", key)
+        with pytest.raises(OutcomeUnknown):
+            faulty.store.put(key, body, mode=mode, metadata={"kind": kind})
+        assert faulty.fired() == 1
+    blob = store.get(key)
+    assert blob is not None
+    assert (blob.body, blob.metadata) == (body, {"kind": kind})
+    assert store.head(key) == Head(blob.etag, len(body), {"kind": kind})
+
+
+def test_a_multipart_completion_whose_answer_is_lost_is_outcome_unknown_and_applied(
+    backend: Backend, store: ObjectStore, prefix: str
+) -> None:
+    part = data(1000, seed=3)
+    with backend.faulty(prefix) as faulty:
+        upload_id = faulty.store.create_upload("big")
+        etag = faulty.store.upload_part("big", upload_id, 1, part)
+        faulty.lose("complete_upload", "big")
+        with pytest.raises(OutcomeUnknown):
+            faulty.store.complete_upload("big", upload_id, [etag])
+        assert faulty.fired() == 1
+    blob = store.get("big")
+    assert blob is not None and blob.body == part
+    assert checksum.bare_etag(blob.etag) == checksum.multipart_etag([etag])
+    assert list(store.list_uploads("")) == []
+
+
+# -- reads ---------------------------------------------------------------------------------------
+
+
+def test_ranged_reads_return_exactly_the_range(store: ObjectStore) -> None:
+    body = data(300_000, seed=11)
+    n = len(body)
+    store.put("ranged", body)
+    ranges = [(0, 1), (0, n), (1, n), (n - 1, n), (12_345, 54_321), (99, 100), (0, 0), (7, 7)]
+    ranges.append((n - 10, n + 1000))  # an end past the end is the end
+    for start, end in ranges:
+        stream = store.open("ranged", (start, end))
+        try:
+            assert_own_stream(stream)
+            assert stream.read() == body[start:end], (start, end)
+            assert stream.read() == b""
+        finally:
+            stream.close()
+    for start, end in [(n, n + 10), (n + 5, n + 6), (n, n)]:  # nothing there to read
+        with pytest.raises(StoreError):
+            store.open("ranged", (start, end)).read()
+    with pytest.raises(NotFound):
+        store.open("missing", (3, 3))
+
+
+def test_a_whole_open_streams_everything_in_chunks(store: ObjectStore) -> None:
+    body = data(MiB + 17, seed=5)
+    store.put("whole", body)
+    stream = store.open("whole")
+    assert_own_stream(stream)
+    chunks = []
+    try:
+        while chunk := stream.read(64 * 1024):
+            assert len(chunk) <= 64 * 1024
+            chunks.append(chunk)
+        assert stream.read(64 * 1024) == b""
+    finally:
+        stream.close()
+    assert len(chunks) >= 17
+    assert b"".join(chunks) == body
+
+
+@pytest.mark.parametrize("how", ["chunks", "all-at-once"])
+@pytest.mark.parametrize("byte_range", [None, (1000, 201_000)], ids=["whole", "ranged"])
+def test_a_read_that_breaks_off_raises_read_broke_off(
+    backend: Backend,
+    store: ObjectStore,
+    prefix: str,
+    how: str,
+    byte_range: tuple[int, int] | None,
+) -> None:
+    body = data(400_000, seed=13)
+    store.put("fragile", body)
+    expected = body if byte_range is None else body[byte_range[0] : byte_range[1]]
+    received = bytearray()
+    with backend.faulty(prefix) as faulty:
+        faulty.cut("fragile", len(expected))
+        stream = faulty.store.open("fragile", byte_range)
+        assert_own_stream(stream)
+        try:
+            with pytest.raises(ReadBrokeOff) as info:
+                if how == "all-at-once":
+                    received += stream.read()
+                while chunk := stream.read(16 * 1024):
+                    received += chunk
+        finally:
+            stream.close()
+        assert faulty.fired() == 1
+        assert isinstance(info.value, StoreError)
+        assert len(received) <= len(expected) // 2
+        assert bytes(received) == expected[: len(received)]
+        # The next read through the same store is whole again.
+        again = faulty.store.open("fragile", byte_range)
+        try:
+            assert again.read() == expected
+        finally:
+            again.close()
+
+
+# -- listing ---------------------------------------------------------------------------------------
+
+
+def put_many(store: ObjectStore, keys: list[str]) -> None:
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda key: store.put(key, key.encode()), keys))
+
+
+def test_list_pages_through_more_than_a_thousand_keys_and_prefixes(
+    backend: Backend, store: ObjectStore, prefix: str
+) -> None:
+    # 1100 "subfolders" with one object each: more than one S3 page (1000) of keys, and of
+    # common prefixes with a delimiter.
+    many = [f"many/{i:04d}/obj" for i in range(1100)]
+    near = ["many", "manyx/obj", "many.json"]  # not under "many/"
+    put_many(store, many + near)
+    backend.connect(f"{prefix}-sibling").put("many/0000/obj", b"another store's")
+    backend.connect("").put(f"{prefix}.json", b"beside the store's prefix")
+
+    assert list(store.list("many/")) == [Listed(key) for key in many]
+    rolled = list(store.list("many/", delimiter="/"))
+    assert rolled == [Listed(f"many/{i:04d}/", True) for i in range(1100)]
+    everything = list(store.list(""))
+    assert everything == [Listed(key) for key in sorted(many + near)]
+    assert len({row.key for row in everything}) == len(everything)
+
+
+def test_list_with_a_delimiter_rolls_up_subfolders(
+    backend: Backend, store: ObjectStore, prefix: str
+) -> None:
+    keys = [
+        "tasks/a/task.json",
+        "tasks/a/shards/s1.json",
+        "tasks/a/shards/s2.json",
+        "tasks/b/task.json",
+        "tasks/c/d/e",
+        "tasks/index.json",
+        "tasks/zz",
+        "tasksx/other",
+        "top",
+    ]
+    put_many(store, keys)
+    backend.connect(f"{prefix}-sibling").put("tasks/q/task.json", b"another store's")
+    expected = {
+        ("tasks/", "/"): [
+            Listed("tasks/a/", True),
+            Listed("tasks/b/", True),
+            Listed("tasks/c/", True),
+            Listed("tasks/index.json"),
+            Listed("tasks/zz"),
+        ],
+        ("", "/"): [Listed("tasks/", True), Listed("tasksx/", True), Listed("top")],
+        ("tasks", "/"): [Listed("tasks/", True), Listed("tasksx/", True)],
+        ("tasks/a/", "/"): [Listed("tasks/a/shards/", True), Listed("tasks/a/task.json")],
+        ("tasks/c/", "/"): [Listed("tasks/c/d/", True)],
+        ("tasks/a/shards/", "/"): [
+            Listed("tasks/a/shards/s1.json"),
+            Listed("tasks/a/shards/s2.json"),
+        ],
+        ("nothing/", "/"): [],
+        ("tasks/a/", None): [Listed(k) for k in sorted(keys) if k.startswith("tasks/a/")],
+        ("", None): [Listed(k) for k in sorted(keys)],
+    }
+    for (under, delimiter), rows in expected.items():
+        assert list(store.list(under, delimiter)) == rows, (under, delimiter)
+    with backend.small_pages(store):
+        for (under, delimiter), rows in expected.items():
+            assert list(store.list(under, delimiter)) == rows, (under, delimiter, "small pages")
+
+
+# -- multipart uploads -------------------------------------------------------------------------
+
+
+def test_multipart_upload_round_trip(backend: Backend, store: ObjectStore) -> None:
+    parts = [data(PART, seed=21), data(PART, seed=22), data(1000, seed=23)]
+    upload_id = store.create_upload("mp/object")
+    etags = [store.upload_part("mp/object", upload_id, n, p) for n, p in enumerate(parts, 1)]
+    assert etags == [md5(p) for p in parts]  # bare: no quotes
+    listed = {n: {md5(p): len(p)} for n, p in enumerate(parts, 1)}
+    assert store.list_parts("mp/object", upload_id) == listed
+    with backend.small_pages(store):
+        assert store.list_parts("mp/object", upload_id) == listed
+    assert list(store.list_uploads("mp/")) == [("mp/object", upload_id)]
+    with pytest.raises(NotFound):  # nothing is visible before completion
+        store.head("mp/object")
+
+    store.complete_upload("mp/object", upload_id, etags, mode=CREATE)
+    implied = checksum.multipart_etag(etags)
+    assert implied is not None and implied.endswith("-3")
+    blob = store.get("mp/object")
+    assert blob is not None
+    assert blob.body == b"".join(parts)
+    assert checksum.bare_etag(blob.etag) == implied
+    assert store.head("mp/object") == Head(blob.etag, 2 * PART + 1000, {})
+    assert list(store.list_uploads("")) == []
+    assert store.abort_upload("mp/object", upload_id) is False
+    assert list(store.list("mp/")) == [Listed("mp/object")]
+
+
+def one_part_upload(store: ObjectStore, key: str, body: bytes) -> tuple[str, str]:
+    upload_id = store.create_upload(key)
+    return upload_id, store.upload_part(key, upload_id, 1, body)
+
+
+def test_a_completion_where_an_object_exists_is_refused(store: ObjectStore) -> None:
+    etag = store.put("taken", b"first", metadata={"who": "first"})
+    upload_id, part = one_part_upload(store, "taken", b"second")
+    with pytest.raises(PreconditionFailed):
+        store.complete_upload("taken", upload_id, [part])  # CREATE is the default
+    with pytest.raises(PreconditionFailed):
+        store.complete_upload("taken", upload_id, [part], mode=CREATE)
+    assert store.get("taken") == Blob(b"first", etag, {"who": "first"})
+
+
+def test_a_completion_naming_a_part_not_stored_is_parts_rejected(store: ObjectStore) -> None:
+    body = data(PART, seed=31)  # part 1 may not be the last: at least 5 MiB
+    upload_id, part = one_part_upload(store, "parts", body)
+    with pytest.raises(PartsRejected):
+        store.complete_upload("parts", upload_id, [md5(b"other bytes")])
+    with pytest.raises(PartsRejected):  # part 2 was never uploaded
+        store.complete_upload("parts", upload_id, [part, part])
+    with pytest.raises(NotFound):
+        store.head("parts")
+    # The upload is still open: completing it with the right part works.
+    assert list(store.list_uploads("parts")) == [("parts", upload_id)]
+    store.complete_upload("parts", upload_id, [part])
+    blob = store.get("parts")
+    assert blob is not None and blob.body == body
+    assert checksum.bare_etag(blob.etag) == checksum.multipart_etag([part])
+
+
+def test_an_aborted_upload_is_gone(store: ObjectStore) -> None:
+    upload_id, part = one_part_upload(store, "aborted", b"bytes")
+    assert store.abort_upload("aborted", upload_id) is True
+    assert store.abort_upload("aborted", upload_id) is False
+    with pytest.raises(UploadGone):
+        store.upload_part("aborted", upload_id, 2, b"more")
+    with pytest.raises(UploadGone):
+        store.list_parts("aborted", upload_id)
+    with pytest.raises(UploadGone):
+        store.complete_upload("aborted", upload_id, [part])
+    assert list(store.list_uploads("")) == []
+    with pytest.raises(NotFound):
+        store.head("aborted")
+
+
+def test_list_uploads_lists_open_uploads_under_the_prefix(
+    backend: Backend, store: ObjectStore, prefix: str
+) -> None:
+    done, done_part = one_part_upload(store, "up/done", b"done")
+    aborted = store.create_upload("up/aborted")
+    open_ids = {
+        ("up/a", store.create_upload("up/a")),
+        ("up/b/deep", store.create_upload("up/b/deep")),
+        ("up/c", store.create_upload("up/c")),
+        ("up/c", store.create_upload("up/c")),  # a second upload of one key
+        ("up/d", store.create_upload("up/d")),
+    }
+    outside = ("upx", store.create_upload("upx"))
+    other = backend.connect(f"{prefix}-sibling")
+    other_id = other.create_upload("up/a")
+    try:
+        store.complete_upload("up/done", done, [done_part])
+        assert store.abort_upload("up/aborted", aborted) is True
+
+        for pages in (nullcontext(), backend.small_pages(store)):
+            with pages:
+                listed = list(store.list_uploads("up/"))
+                assert sorted(listed) == sorted(open_ids)
+                assert len(listed) == len(open_ids)
+                assert sorted(store.list_uploads("")) == sorted(open_ids | {outside})
+                assert list(store.list_uploads("up/b/")) == [
+                    next(u for u in open_ids if u[0] == "up/b/deep")
+                ]
+                assert list(store.list_uploads("none/")) == []
+    finally:
+        other.abort_upload("up/a", other_id)
+
+
+def test_a_small_part_before_the_last_is_refused_at_completion(store: ObjectStore) -> None:
+    upload_id = store.create_upload("small")
+    first = store.upload_part("small", upload_id, 1, data(1000, seed=41))
+    last = store.upload_part("small", upload_id, 2, data(1000, seed=42))
+    with pytest.raises(StoreError) as info:
+        store.complete_upload("small", upload_id, [first, last])
+    assert "5 MiB" in str(info.value)
+    with pytest.raises(NotFound):
+        store.head("small")
+
+
+# -- the clock ---------------------------------------------------------------------------------
+
+
+def test_now_works_on_a_fresh_store_with_no_objects(store: ObjectStore) -> None:
+    assert list(store.list("")) == []
+    first = store.now()
+    assert first.tzinfo is not None and first.utcoffset() == timedelta(0)
+    # As close to this machine's clock as a signed request must be (SigV4 allows 15 minutes).
+    assert abs(first - datetime.now(timezone.utc)) < timedelta(minutes=15)
+    assert store.now() >= first
+
+
+def test_memory_now_is_the_injected_clock(prefix: str) -> None:
+    times = iter(
+        [
+            datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+            datetime(2001, 1, 1, tzinfo=timezone.utc),
+        ]
+    )
+    store = MemoryStore(MEMORY_BUCKET, prefix, clock=lambda: next(times))
+    assert store.now() == datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    assert store.now() == datetime(2001, 1, 1, tzinfo=timezone.utc)  # whatever it says
+
+
+def test_memory_cut_fault_is_for_reads_only(prefix: str) -> None:
+    store = MemoryStore(MEMORY_BUCKET, prefix)
+    for op in ("get", "put", None):
+        with pytest.raises(ValueError, match="open"):
+            store.faults.add(op, "k", effect="cut")
+    store.put("k", b"0123456789")
+    store.faults.add("open", "k", effect="cut")
+    stream = store.open("k")
+    assert stream.read(3) == b"012"
+    assert stream.read(100) == b"34"  # up to the break: half of the bytes
+    with pytest.raises(ReadBrokeOff):
+        stream.read(1)
+    with pytest.raises(ReadBrokeOff):
+        stream.read()
+    assert store.open("k").read() == b"0123456789"  # once
+
+
+def test_s3_now_is_the_servers_date_asked_under_the_prefix_only(
+    s3_server: Server, prefix: str
+) -> None:
+    store = s3_server.connect(prefix)
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        sent.append((model.name, dict(params)))
+
+    def server_date() -> datetime:
+        response = s3_server.client().list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/", MaxKeys=1)
+        return parsedate_to_datetime(response["ResponseMetadata"]["HTTPHeaders"]["date"])
+
+    store.client.meta.events.register("provide-client-params.s3", record)
+    try:
+        before = server_date()
+        now = store.now()
+        after = server_date()
+        assert sent == [("ListObjectsV2", {"Bucket": BUCKET, "Prefix": f"{prefix}/", "MaxKeys": 1})]
+        again = store.now()  # the clock is known now: no second question
+        assert len(sent) == 1
+    finally:
+        store.client.meta.events.unregister("provide-client-params.s3", record)
+    # Date has whole seconds and is stamped before the answer leaves the server.
+    assert before - timedelta(seconds=1) <= now <= after + timedelta(seconds=2)
+    assert now <= again <= after + timedelta(seconds=3)
+
+
+# -- quirks each S3 store answers differently, one outcome above the seam ---------------------
+
+
+def test_s3_quirks_become_one_outcome(s3_server: Server, prefix: str) -> None:
+    store = s3_server.connect(prefix)
+    client = s3_server.client()
+    full = f"{prefix}/quirk"
+
+    def status(call: Callable[[], Any]) -> int:
+        with pytest.raises(ClientError) as info:
+            call()
+        return int(info.value.response["ResponseMetadata"]["HTTPStatusCode"])
+
+    # If-Match on a missing key: AWS and moto answer 404, SeaweedFS 412.
+    raw = status(lambda: client.put_object(Bucket=BUCKET, Key=full, Body=b"x", IfMatch=STALE))
+    assert raw in (404, 412)
+    with pytest.raises(PreconditionFailed):
+        store.put("quirk", b"x", mode=PutMode.update(STALE))
+    # A second create: 412, or 409 when the store saw the two race.
+    client.put_object(Bucket=BUCKET, Key=full, Body=b"first")
+    raw = status(lambda: client.put_object(Bucket=BUCKET, Key=full, Body=b"x", IfNoneMatch="*"))
+    assert raw in (409, 412)
+    with pytest.raises(PreconditionFailed):
+        store.put("quirk", b"x", mode=CREATE)
