@@ -80,15 +80,25 @@ class CasPolicy:
         return rand * min(self.max_delay, self.base_delay * float(2 ** min(attempt, 16)))
 
 
+_COUNTING = threading.Lock()
+
+
 @dataclass
 class Stats:
-    """Counts for metrics and the demo's summary."""
+    """Counts for metrics and the demo's summary: commits that landed (whether their answer
+    came back or the re-read recognised them), lost races, reads, 304s, lost answers."""
 
     commits: int = 0
     conflicts: int = 0
     reads: int = 0
     not_modified: int = 0
     lost_responses: int = 0
+
+    def count(self, name: str) -> None:
+        """Add one to ``name``; safe from any thread (commits of different objects run in
+        parallel and share these counts)."""
+        with _COUNTING:
+            setattr(self, name, getattr(self, name) + 1)
 
 
 @dataclass
@@ -134,7 +144,7 @@ class Documents:
 
     def _refresh(self, key: str, codec: Codec[T]) -> _Version[T]:
         cached = self._cache.get(key)
-        self.stats.reads += 1
+        self.stats.count("reads")
         try:
             blob = self.store.get(key, if_none_match=cached.etag if cached else None)
         except NotFound:
@@ -142,7 +152,7 @@ class Documents:
             return _Version(codec.empty(), None)
         if blob is None:
             assert cached is not None
-            self.stats.not_modified += 1
+            self.stats.count("not_modified")
             return cached
         version = _Version(codec.decode(key, blob.body), blob.etag)
         self._cache[key] = version
@@ -192,6 +202,7 @@ class Documents:
                 for commit_id in reversed(codec.commit_ids(current.doc)):
                     if commit_id in sent:
                         landed = sent[commit_id]
+                        self.stats.count("commits")
                         return landed.result, self._event(
                             key, codec, command, commit_id, landed.before, landed.after, landed.at
                         )
@@ -223,20 +234,20 @@ class Documents:
                     key, codec.encode(stamped), mode=mode, content_type="application/json"
                 )
             except PreconditionFailed:
-                self.stats.conflicts += 1
+                self.stats.count("conflicts")
                 sent[commit_id] = _Sent(result, current.doc, stamped, now)
                 if validated:
                     runtime.sleep(self.policy.backoff(attempt, runtime.random()))
                 current, validated = self._refresh(key, codec), True
                 continue
             except OutcomeUnknown:
-                self.stats.lost_responses += 1
+                self.stats.count("lost_responses")
                 sent[commit_id] = _Sent(result, current.doc, stamped, now)
                 current, validated = self._refresh(key, codec), True
                 continue
             before = current.doc
             self._cache[key] = _Version(stamped, etag)
-            self.stats.commits += 1
+            self.stats.count("commits")
             return result, self._event(key, codec, command, commit_id, before, stamped, now)
 
     def _event(
