@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from breaking import BreakingFile, BreakingStream
 from conftest import Server, raw_get, raw_put, requests
 
 import objmanifest as om
@@ -393,23 +394,6 @@ def test_a_named_pipe_is_read_as_a_stream(store: om.Store, tmp_path: Path) -> No
     assert task.agent("c").consume("p") == data
 
 
-class BreakingStream(io.RawIOBase):
-    """A pipe-like stream (not seekable, size unknown) whose producer dies at ``fail_at``."""
-
-    def __init__(self, data: bytes, fail_at: int) -> None:
-        self.inner, self.fail_at = io.BytesIO(data), fail_at
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        left = self.fail_at - self.inner.tell()
-        if left <= 0:
-            raise OSError("the producing command died")
-        view = memoryview(buffer)[: min(len(buffer), left)]
-        return self.inner.readinto(view)
-
-
 def test_a_stream_is_not_adopted_the_next_holder_starts_anew(store: om.Store) -> None:
     data = random.Random(16).randbytes(4 * PART + 99)  # five parts
     task = task_of(store)
@@ -417,7 +401,7 @@ def test_a_stream_is_not_adopted_the_next_holder_starts_anew(store: om.Store) ->
     first = task.agent("first")
     claim = first.claim("s")
     assert claim is not None
-    broken = io.BufferedReader(BreakingStream(data, 2 * PART + 10))
+    broken = io.BufferedReader(BreakingStream(data, 2 * PART + 10, "the producing command died"))
     assert not broken.seekable()
     with pytest.raises(OSError, match="the producing command died"):
         first.put(claim, broken, part_size=PART, threshold=MiB, concurrency=1)
@@ -720,30 +704,6 @@ def test_a_stopped_producer_cannot_make_the_entry_ready(
 # -- cleaning up ----------------------------------------------------------------------------------
 
 
-class FailingFile(io.RawIOBase):
-    """A seekable file whose reads fail past ``fail_at``: a producer that breaks mid-upload."""
-
-    def __init__(self, data: bytes, fail_at: int) -> None:
-        self.inner, self.fail_at = io.BytesIO(data), fail_at
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.inner.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.inner.tell()
-
-    def read(self, size: int = -1) -> bytes:
-        if self.inner.tell() >= self.fail_at:
-            raise OSError("disk on fire")
-        return self.inner.read(size)
-
-
 def test_a_dead_entry_has_its_upload_aborted(store: om.Store) -> None:
     task = task_of(store, retries=0)
     task.declare("d", stage="make")
@@ -754,7 +714,7 @@ def test_a_dead_entry_has_its_upload_aborted(store: om.Store) -> None:
     with pytest.raises(OSError, match="disk on fire"):
         agent.put(
             claim,
-            FailingFile(data, 2 * PART),
+            BreakingFile(data, 2 * PART, "disk on fire"),
             part_size=PART,
             threshold=MiB,  # type: ignore[arg-type]
             concurrency=1,
@@ -775,7 +735,13 @@ def test_sweep_keeps_adoptable_uploads_and_aborts_orphans(store: om.Store) -> No
     assert claim is not None
     data = random.Random(10).randbytes(3 * PART)
     with pytest.raises(OSError, match="disk on fire"):
-        agent.put(claim, FailingFile(data, PART), part_size=PART, threshold=MiB, concurrency=1)  # type: ignore[arg-type]
+        agent.put(
+            claim,
+            BreakingFile(data, PART, "disk on fire"),
+            part_size=PART,
+            threshold=MiB,
+            concurrency=1,
+        )  # type: ignore[arg-type]
     agent.fail(claim, "retry later")
     orphan = store.create_upload("job/data/make/orphan@1")  # its starter died
     with pytest.warns(DeprecationWarning, match="sweep_uploads"):
@@ -800,7 +766,7 @@ def test_producing_again_as_one_object_aborts_the_old_upload(store: om.Store) ->
     with pytest.raises(OSError, match="disk on fire"):
         agent.put(
             claim,
-            FailingFile(random.Random(12).randbytes(3 * PART), PART),  # type: ignore[arg-type]
+            BreakingFile(random.Random(12).randbytes(3 * PART), PART, "disk on fire"),  # type: ignore[arg-type]
             part_size=PART,
             threshold=MiB,
             concurrency=1,

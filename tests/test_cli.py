@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from breaking import BreakingFile
 from conftest import BUCKET, Server, raw_get, raw_put
 from faults import FaultProxy
 
@@ -396,30 +397,6 @@ def test_a_rerun_step_with_a_stale_epoch_is_fenced(cli: Cli, store: om.Store) ->
     assert list(store.list_keys("rerun/data/")) == ["rerun/data/collect/raw/a.json@2"]
 
 
-class DyingFile(io.RawIOBase):
-    """A seekable file whose producer dies at ``fail_at`` while its parts are sent."""
-
-    def __init__(self, data: bytes, fail_at: int) -> None:
-        self.inner, self.fail_at = io.BytesIO(data), fail_at
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.inner.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.inner.tell()
-
-    def readinto(self, buffer: Any) -> int:
-        if self.inner.tell() >= self.fail_at:
-            raise OSError("the producer died")
-        return self.inner.readinto(memoryview(buffer)[: self.fail_at - self.inner.tell()])
-
-
 MiB = 1024 * 1024
 
 
@@ -447,7 +424,7 @@ def test_put_from_stdin_adopts_only_when_stdin_is_a_file(
     with pytest.raises(OSError, match="the producer died"):
         first.put(
             claim,
-            DyingFile(data, 2 * 5 * MiB),  # type: ignore[arg-type]
+            BreakingFile(data, 2 * 5 * MiB, "the producer died"),  # type: ignore[arg-type]
             part_size=5 * MiB,
             threshold=MiB,
             concurrency=1,

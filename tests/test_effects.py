@@ -7,12 +7,12 @@ bucket's list of unfinished uploads is read afterwards and must not name it.
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from breaking import BreakingFile
 
 import objmanifest as om
 
@@ -20,31 +20,6 @@ pytestmark = pytest.mark.behaviour
 
 MiB = 1024 * 1024
 PART = 5 * MiB
-
-
-class BreaksAfter(io.RawIOBase):
-    """A seekable source whose reads fail past ``limit``: a producer that breaks mid-upload,
-    leaving a multipart upload with its first part recorded for an adopter."""
-
-    def __init__(self, data: bytes, limit: int) -> None:
-        self.inner, self.limit = io.BytesIO(data), limit
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.inner.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.inner.tell()
-
-    def read(self, size: int = -1) -> bytes:
-        if self.inner.tell() >= self.limit:
-            raise OSError("the producer's disk failed")
-        return self.inner.read(size)
 
 
 def open_uploads(store: om.ObjectStore) -> list[str]:
@@ -67,7 +42,13 @@ def broken_upload(task: om.Task, file_id: str) -> om.Claim:
     assert claim is not None
     data = bytes(range(256)) * (3 * PART // 256)
     with pytest.raises(OSError, match="disk failed"):
-        agent.put(claim, BreaksAfter(data, PART), part_size=PART, threshold=MiB, concurrency=1)  # type: ignore[arg-type]
+        agent.put(
+            claim,
+            BreakingFile(data, PART, "the producer's disk failed"),
+            part_size=PART,
+            threshold=MiB,
+            concurrency=1,
+        )  # type: ignore[arg-type]
     assert any(file_id in key for key in open_uploads(task.store)), "no upload was left open"
     return claim
 

@@ -6,7 +6,6 @@ the ``Date`` of its answers), or the ``Date`` of a fresh answer, never this mach
 
 from __future__ import annotations
 
-import io
 import random
 import time
 from datetime import datetime, timedelta
@@ -14,6 +13,7 @@ from datetime import datetime, timedelta
 import pytest
 import rawstore
 from backends import skewed
+from breaking import BreakingFile
 from conftest import Server
 
 import objmanifest as om
@@ -116,31 +116,6 @@ def test_leases_follow_the_store_clock_not_the_agents(
 
 
 # -- reaping a dead chunked entry ------------------------------------------------------------
-
-
-class BreakingFile(io.RawIOBase):
-    """A seekable source whose reads fail from ``fail_at`` on: a producer that breaks in the
-    middle of a chunked put and leaves its upload open."""
-
-    def __init__(self, data: bytes, fail_at: int) -> None:
-        self.inner, self.fail_at = io.BytesIO(data), fail_at
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        return self.inner.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.inner.tell()
-
-    def read(self, size: int = -1) -> bytes:
-        if self.inner.tell() >= self.fail_at:
-            raise OSError("the source broke")
-        return self.inner.read(size)
 
 
 def test_reaping_a_dead_chunked_entry_aborts_its_upload(store: om.Store) -> None:
