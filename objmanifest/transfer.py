@@ -261,6 +261,8 @@ def check_destination(dest: str | os.PathLike[str], parents: bool = False) -> De
         raise NotADirectoryError(
             f"cannot write {given!r}: a part of its path is a file, not a directory"
         ) from None
+    except OSError as e:  # a symlink loop, a path too long, no permission to look
+        raise type(e)(f"cannot write {given!r}: {e.strerror or e}") from None
     if st is None:
         return _new_file(given, parents)
     if stat.S_ISDIR(st.st_mode):

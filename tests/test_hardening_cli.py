@@ -546,3 +546,20 @@ def test_serve_detach_reports_a_server_that_cannot_start(tmp_path: Path) -> None
         timeout=30,
     )
     assert again.returncode == 0 and "already stopped" in again.stdout
+
+
+def test_the_readme_layout_names_every_kind_of_key() -> None:
+    """The bucket layout in the README has a line for every kind of key a task writes."""
+    text = (ROOT / "README.md").read_text()
+    layout = text[text.index("## Layout in the bucket") :]
+    layout = layout[: layout.index("```", layout.index("```") + 3)]
+    for key in (
+        "task.json",
+        "index.json",
+        "shards/STAGE.json",
+        "uploads/STAGE/FILE_ID.json",
+        "data/STAGE/FILE_ID@EPOCH",
+        "data/STAGE/FILE_ID@EPOCH~N",
+        ".objmanifest-probe/",
+    ):
+        assert key in layout, key

@@ -410,8 +410,16 @@ def _consume_to(ctx: Context, agent: om.Agent, path: str | Path, parents: bool =
 
 def _copy_to_stdout(data: BinaryIO) -> None:
     stdout = sys.stdout.buffer
-    shutil.copyfileobj(data, stdout, 1024 * 1024)
-    stdout.flush()
+    try:
+        shutil.copyfileobj(data, stdout, 1024 * 1024)
+        stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise OSError(
+            f"cannot write the data to stdout: {e.strerror or e}; it was verified and marked "
+            "consumed, so consuming it again as the same consumer gives it again"
+        ) from None
 
 
 # -- status, show, reap ------------------------------------------------------------------

@@ -220,7 +220,7 @@ def stop_detached(out: Output) -> int:
             '(eval "$(objmanifest serve --detach)" sets it)'
         )
     if not raw.isdigit() or int(raw) < 2:
-        raise UsageError(f"{ENV_SERVE_PID}={raw!r} is not a process id")
+        raise UsageError(f"{ENV_SERVE_PID}={raw!r} is not the process id of a server")
     pid = int(raw)
     if not _alive(pid):
         out.result({"stopped": None, "pid": pid}, f"no server runs with pid {pid}: already stopped")
