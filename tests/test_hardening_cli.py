@@ -275,6 +275,8 @@ def test_put_streams_a_pipe_a_fifo_or_dev_stdin_and_refuses_a_directory(
     err = cli.run("put", "f0", str(tmp_path), "--agent", "w", "--epoch", "1", code=IO).stderr
     assert "it is a directory; put one file" in one_line(err)
     assert cli.json("show", "f0")["state"] == "writing"
+    err = cli.run("put", "nosuch", str(tmp_path), "--agent", "w", "--epoch", "1", code=IO).stderr
+    assert "it is a directory" in err  # found before the file id is looked up
     cli.run(shell='om put f0 <(printf "from a process") --agent w --epoch 1')
     cli.run(shell="printf 'from stdin' | om put f1 /dev/stdin --agent w --epoch 1")
     os.mkfifo(tmp_path / "fifo")
@@ -464,12 +466,22 @@ def readme_quick_start() -> str:
     return found[0]
 
 
-def test_the_readme_quick_start_works_when_pasted(tmp_path: Path) -> None:
-    """Pasted into a shell with no AWS settings at all, the block runs to the end, talks to
-    the server it started (never to AWS), and leaves nothing running."""
+REAL_AWS = {
+    "AWS_ACCESS_KEY_ID": "AKIA-REAL-KEY",
+    "AWS_SECRET_ACCESS_KEY": "real-secret",
+    "AWS_SESSION_TOKEN": "real-session",
+    "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9",  # where real requests would go: nothing
+}
+
+
+@pytest.mark.parametrize("shell", [{}, REAL_AWS], ids=["no-aws-settings", "real-aws-settings"])
+def test_the_readme_quick_start_works_when_pasted(tmp_path: Path, shell: dict[str, str]) -> None:
+    """Pasted into a shell with no AWS settings, or with real ones, the block runs to the
+    end, talks to the server it started (never to AWS), and leaves nothing running."""
     block = readme_quick_start()
     assert "serve --stop" in block
-    env = {**clean_env(), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env = {**clean_env(), **shell, "PATH": path}
     script = (
         "set -euo pipefail\n"
         # a safety net for this test only: the block stops its server itself

@@ -70,9 +70,9 @@ def announcement(local: servers.LocalS3, bucket: str | None) -> dict[str, Any]:
     }
 
 
-SHADOWING = ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+SHADOWING = ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN")
 """Variables of the calling shell that would send its requests elsewhere (an S3 endpoint
-that wins over AWS_ENDPOINT_URL) or spoil the local credentials."""
+wins over AWS_ENDPOINT_URL) or spoil the local credentials (a session token of real ones)."""
 
 
 def shell_lines(env: dict[str, str]) -> list[str]:
