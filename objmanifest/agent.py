@@ -29,7 +29,7 @@ from .errors import (
 )
 from .leases import Renewer
 from .manifest import Manifest
-from .model import Claim, Entry, State, Stored
+from .model import Claim, Entry, State, Stored, check_agent, error_text
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +42,9 @@ class Agent:
     """
 
     def __init__(self, task: Manifest, name: str, role: str | None = None) -> None:
-        if not name or not isinstance(name, str):
-            raise InvalidInput(f"an agent needs a non-empty name, not {name!r}")
         self.task = task
-        self.name = name
-        self.role = role or name
+        self.name = check_agent("agent name", name)
+        self.role = name if role is None or role == "" else check_agent("consumer role", role)
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, role={self.role!r}, task={self.task.task_id!r})"
@@ -79,7 +77,7 @@ class Agent:
 
     def claim_many(self, stage: str, limit: int = 50) -> list[Claim]:
         """Claim up to ``limit`` claimable entries of ``stage`` in one commit per shard."""
-        if not isinstance(limit, int) or limit < 1:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidInput(f"limit must be a whole number of at least 1, not {limit!r}")
         task = self.task
         task.shard(stage)  # refuses an unknown stage
@@ -229,13 +227,14 @@ class Agent:
         )
 
     def fail(self, claim: Claim, reason: str) -> Entry:
-        """Give the entry up: it becomes failed (claimable again) or dead."""
+        """Give the entry up: it becomes failed (claimable again) or dead. ``reason`` is
+        stored in the entry, cut to ``model.MAX_ERROR_CHARS`` (1024) characters."""
         self._check_holder(claim)
         task = self.task
         return task.docs.commit(
             task.layout.shard(claim.shard),
             task.codec(claim.shard),
-            changes.Fail(claim, reason, task.rules),
+            changes.Fail(claim, error_text(reason), task.rules),
         )
 
     # -- consuming ---------------------------------------------------------------------
@@ -260,6 +259,7 @@ class Agent:
         part_size: int | None = None,
         concurrency: int | None = None,
         progress: transfer.Progress | None = None,
+        parents: bool = False,
     ) -> bytes: ...
     @overload
     def consume(
@@ -270,6 +270,7 @@ class Agent:
         part_size: int | None = None,
         concurrency: int | None = None,
         progress: transfer.Progress | None = None,
+        parents: bool = False,
     ) -> Entry: ...
 
     def consume(
@@ -280,12 +281,17 @@ class Agent:
         part_size: int | None = None,
         concurrency: int | None = None,
         progress: transfer.Progress | None = None,
+        parents: bool = False,
     ) -> bytes | Entry:
         """Download and verify the data, then mark it consumed.
 
         Returns the bytes, or with ``dest`` writes them to a temporary file beside that path
         and moves it into place once verified, and returns the entry: nothing unverified is
-        ever left at ``dest``. A chunked entry is fetched with ``concurrency`` parallel
+        ever left at ``dest``. A symlink is followed; an existing file keeps its mode, a new
+        one gets ``0666 & ~umask``; a device or a FIFO (``/dev/null``) is written into, never
+        replaced, once the bytes are verified (in a temporary file). A directory, or a
+        missing parent directory unless ``parents=True``, is refused before anything is
+        downloaded. A chunked entry is fetched with ``concurrency`` parallel
         ranged GETs of at most ``part_size`` bytes each (default: its recorded part), and
         each part is verified as it streams. Consuming again what this consumer consumed
         before returns the data again. A checksum mismatch moves the entry to failed, so it
@@ -294,13 +300,14 @@ class Agent:
         task = self.task
         if part_size is not None:
             transfer.check_part_size(part_size)
+        target = None if dest is None else transfer.check_destination(dest, parents)
         config = task.transfer.with_overrides(concurrency=concurrency)
         for _ in range(5):
             entry = task.entry(file_id)
             consumer = self._consumer(entry)
             changes.check_consumable(entry, consumer)
             try:
-                result = self._fetch(entry, dest, config, part_size, progress)
+                result = self._fetch(entry, target, config, part_size, progress)
             except DataChanged:
                 continue  # produced again while we looked: read the new data
             except ChecksumMismatch as e:
@@ -333,7 +340,7 @@ class Agent:
     def _fetch(
         self,
         entry: Entry,
-        dest: str | os.PathLike[str] | None,
+        dest: transfer.Destination | None,
         config: transfer.TransferConfig,
         part_size: int | None,
         progress: transfer.Progress | None,
@@ -374,7 +381,9 @@ class Agent:
         failed = task.docs.commit(
             task.layout.shard(shard),
             task.codec(shard),
-            changes.Mismatch(entry.file_id, key, digest, str(error), task.rules, actor=self.name),
+            changes.Mismatch(
+                entry.file_id, key, digest, error_text(str(error)), task.rules, actor=self.name
+            ),
         )
         if failed.state is State.failed:
             return ChecksumMismatch(

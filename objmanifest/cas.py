@@ -26,10 +26,12 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .errors import (
     ConflictRetriesExhausted,
+    CorruptShard,
     NotFound,
     ObjManifestError,
     OutcomeUnknown,
     PreconditionFailed,
+    UnsupportedSchema,
 )
 from .events import CommitEvent, Observers, Transition
 from .store import CREATE, ObjectStore, PutMode
@@ -42,6 +44,11 @@ R_co = TypeVar("R_co", covariant=True)
 
 class Codec(Protocol[T]):
     """How one kind of manifest object is read, written and stamped."""
+
+    @property
+    def repair(self) -> str:
+        """What a user can do about a corrupt object of this kind, for ``CorruptShard``."""
+        ...
 
     def decode(self, key: str, body: bytes) -> T: ...
     def encode(self, doc: T) -> bytes: ...
@@ -154,7 +161,11 @@ class Documents:
             assert cached is not None
             self.stats.count("not_modified")
             return cached
-        version = _Version(codec.decode(key, blob.body), blob.etag)
+        try:
+            doc = codec.decode(key, blob.body)
+        except (CorruptShard, UnsupportedSchema) as e:
+            raise e.at(self.store.describe(key), codec.repair) from None
+        version = _Version(doc, blob.etag)
         self._cache[key] = version
         return version
 

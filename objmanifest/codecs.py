@@ -21,6 +21,27 @@ from .errors import CorruptShard, DeclarationConflict, DependencyCycle, Unsuppor
 from .events import Transition
 from .model import COMMITS_KEPT, SCHEMA_VERSION, Shard
 
+SHARD_REPAIR = (
+    "delete it and declare its entries again (`objmanifest status` lists them as declared "
+    "but not yet in their shard)"
+)
+INDEX_REPAIR = (
+    "delete it and run `objmanifest repair` (Task.repair_index()), which rebuilds it from "
+    "the shards"
+)
+HEADER_REPAIR = "delete it and run `objmanifest init` again with the task's stages and settings"
+UPLOAD_REPAIR = "delete it: the entry's next holder then starts its upload anew"
+
+
+def schema_problems(e: ValidationError) -> str:
+    """The first few problems of a pydantic report, without the (possibly huge) input."""
+    found = [
+        f"{'.'.join(str(p) for p in err['loc']) or 'the object'}: {err['msg']}"
+        for err in e.errors()[:3]
+    ]
+    more = e.error_count() - len(found)
+    return "; ".join(found) + (f"; and {more} more" if more > 0 else "")
+
 
 def load_json(key: str, body: bytes, supported: int) -> dict[str, Any]:
     """A JSON object with a supported ``schema_version`` (1 up to ``supported``)."""
@@ -58,6 +79,8 @@ class VersionedCodec(Generic[D]):
     model: ClassVar[type[BaseModel]]
     schema: ClassVar[int]
     what: ClassVar[str]
+    repair: ClassVar[str] = ""
+    """What a user can do about a corrupt object of this kind (``CorruptShard`` says it)."""
 
     def decode(self, key: str, body: bytes) -> D:
         data = load_json(key, body, self.schema)
@@ -65,7 +88,7 @@ class VersionedCodec(Generic[D]):
             doc: D = self.model.model_validate(data)  # type: ignore[assignment]
         except ValidationError as e:
             raise CorruptShard(
-                key, f"does not match the {self.what} schema: {e.errors()[:3]}"
+                key, f"does not match the {self.what} schema: {schema_problems(e)}"
             ) from None
         self.check(key, doc)
         return doc
@@ -97,6 +120,7 @@ class ShardCodec(VersionedCodec[Shard]):
     model: ClassVar[type[BaseModel]] = Shard
     schema: ClassVar[int] = SCHEMA_VERSION
     what: ClassVar[str] = "shard"
+    repair: ClassVar[str] = SHARD_REPAIR
 
     task_id: str
     stage: str
@@ -133,6 +157,8 @@ class IndexCodec:
     """The cross-shard index: ``shard_index``'s strict JSON, parsed once. Its changes are
     idempotent declarations, so it needs no commit ids: re-applying one that landed is a
     no-op."""
+
+    repair: ClassVar[str] = INDEX_REPAIR
 
     def decode(self, key: str, body: bytes) -> shard_index.ShardIndex:
         try:

@@ -97,26 +97,46 @@ class UnsupportedStore(ObjManifestError):
 
 
 class CorruptShard(ObjManifestError):
-    """A manifest object does not parse. It is left untouched for a human to inspect."""
+    """A manifest object does not parse. It is left untouched for a human to inspect.
 
-    def __init__(self, key: str, detail: str) -> None:
-        super().__init__(
-            f"manifest object {key!r} is corrupt ({detail}); it was left as it is. "
-            "Inspect it, then restore it from its journal or a backup."
-        )
+    ``key`` is the object's key under the store's prefix, ``address`` its full address
+    (``s3://bucket/prefix/key``) once the layer that read it knows it, and ``repair`` what a
+    user can do about this kind of object.
+    """
+
+    def __init__(self, key: str, detail: str, address: str = "", repair: str = "") -> None:
         self.key = key
+        self.detail = detail
+        self.address = address or key
+        self.repair = repair
+        advice = "restore a good copy if you have one (a versioned bucket keeps earlier versions)"
+        if repair:
+            advice += f"; otherwise {repair}"
+        super().__init__(
+            f"manifest object {self.address} is corrupt ({detail}); it was left as it is. "
+            f"Inspect it, then {advice}."
+        )
+
+    def at(self, address: str, repair: str = "") -> CorruptShard:
+        """The same error, naming the object's full address (and how to repair it)."""
+        return CorruptShard(self.key, self.detail, address, repair or self.repair)
 
 
 class UnsupportedSchema(ObjManifestError):
     """A manifest object written by a newer objmanifest."""
 
-    def __init__(self, key: str, version: int, supported: int) -> None:
-        super().__init__(
-            f"{key!r} has schema_version {version}, this objmanifest reads up to {supported}; "
-            "upgrade objmanifest to work on this task."
-        )
+    def __init__(self, key: str, version: int, supported: int, address: str = "") -> None:
         self.key = key
         self.version = version
+        self.supported = supported
+        self.address = address or key
+        super().__init__(
+            f"{self.address} has schema_version {version}, this objmanifest reads up to "
+            f"{supported}; upgrade objmanifest to work on this task."
+        )
+
+    def at(self, address: str, repair: str = "") -> UnsupportedSchema:
+        return UnsupportedSchema(self.key, self.version, self.supported, address)
 
 
 class StoreError(ObjManifestError):

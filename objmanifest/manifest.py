@@ -21,16 +21,18 @@ import shard_index
 
 from . import changes, leases, transfer
 from .cas import CasPolicy, Documents
-from .codecs import INDEX, ShardCodec, index_error, load_json
+from .codecs import HEADER_REPAIR, INDEX, ShardCodec, index_error, load_json, schema_problems
 from .effects import TransitionEffects
 from .errors import (
     AlreadyExists,
     CorruptShard,
+    DeclarationConflict,
     InvalidInput,
     LeaseLost,
     NotFound,
     OutcomeUnknown,
     PreconditionFailed,
+    UnsupportedSchema,
     UnsupportedStore,
 )
 from .events import Observer, Observers
@@ -41,10 +43,12 @@ from .model import (
     Declaration,
     Entry,
     EntryNote,
+    IndexNote,
     Shard,
     State,
     TaskHeader,
     TaskStatus,
+    check_file_id,
     validated,
 )
 from .store import CREATE, PROBE_PREFIX, ObjectStore, probe_conditional_writes
@@ -137,6 +141,13 @@ class Manifest:
         """Create a task (``AlreadyExists`` if it is there) after checking the store is safe."""
         layout = TaskLayout(task_id)
         lease, retries = check_settings(lease_seconds, max_retries)
+        if isinstance(stages, (str, bytes, dict)):
+            raise InvalidInput(
+                f"stages must be a list of stage names, not the {type(stages).__name__} "
+                f"{stages!r}: write stages=[{stages!r}] for one stage"
+                if not isinstance(stages, dict)
+                else f"stages must be a list of stage names, not a dict: {stages!r}"
+            )
         runtime = store.runtime
         problems = probe_conditional_writes(store, PROBE_PREFIX + runtime.new_id())
         if problems:
@@ -193,13 +204,19 @@ class Manifest:
                 "create it with Task.create (or `objmanifest init`)"
             ) from None
         assert blob is not None
-        data = load_json(key, blob.body, SCHEMA_VERSION)
+        where = store.describe(key)
+        try:
+            data = load_json(key, blob.body, SCHEMA_VERSION)
+        except (CorruptShard, UnsupportedSchema) as e:
+            raise e.at(where, HEADER_REPAIR) from None
         try:
             header = TaskHeader.model_validate(data)
         except ValidationError as e:
-            raise CorruptShard(key, f"not a task header: {e.errors()[:3]}") from None
+            problem = f"not a task header: {schema_problems(e)}"
+            raise CorruptShard(key, problem, where, HEADER_REPAIR) from None
         if header.task_id != task_id:
-            raise CorruptShard(key, f"it is the header of task {header.task_id!r}")
+            problem = f"it is the header of task {header.task_id!r}"
+            raise CorruptShard(key, problem, where, HEADER_REPAIR)
         return cls(store, header, policy, transfer=transfer)
 
     # -- settings and keys ---------------------------------------------------------------
@@ -274,6 +291,7 @@ class Manifest:
         return self.docs.read(self.layout.index, INDEX)
 
     def stage_of(self, file_id: str) -> str:
+        check_file_id(file_id)
         stage = self.index().stage_of(file_id)
         if stage is None:
             raise NotFound(f"{file_id!r} is not declared in task {self.task_id!r}")
@@ -337,19 +355,31 @@ class Manifest:
     ) -> list[Entry]:
         """Declare many files: one commit to the index, then one per shard touched.
 
-        A conflict anywhere in the batch (stage, dependencies, consumers, a cycle) is found
-        before anything is written. The index goes first, so an entry is never in a shard
-        without being in the index; rerunning after a crash finishes the batch.
+        A conflict anywhere in the batch (stage, dependencies, consumers, a cycle, the same
+        id twice with different declarations) is found before anything is written. The index
+        goes first, so an entry is never in a shard without being in the index; rerunning
+        after a crash finishes the batch. An id that a shard holds but the index lacks means
+        the index was damaged: it is refused (``CorruptShard``) until ``repair_index``.
         """
+        if isinstance(decls, (str, bytes, dict, Declaration)):
+            raise InvalidInput(
+                f"declare_many() takes a list of declarations, not a {type(decls).__name__}: "
+                f"wrap it in a list ([...]), or call declare() for one file"
+            )
         batch = [Declaration.of(d) for d in decls]
+        _refuse_twice(batch)
         by_shard: dict[str, list[Declaration]] = {}
         for decl in batch:
             self._check_stage(decl.stage)
             by_shard.setdefault(self.layout.shard_of(decl.stage, decl.file_id), []).append(decl)
         # Refuse a conflicting batch before writing anything: the index checks stages,
-        # dependencies and cycles, the shards (read fresh: 304s) check consumers.
+        # dependencies and cycles, the shards (read fresh: 304s) check consumers. Shards are
+        # read before the index: a declaration in flight writes the index first, so an id
+        # found in a shard and missing from a later read of the index is damage, not a race.
+        shards = {shard: self.read_shard(shard) for shard in by_shard}
+        self._refuse_unindexed(batch, shards)
         for shard, group in by_shard.items():
-            changes.declare(self.read_shard(shard), self.store.now(), group)
+            changes.declare(shards[shard], self.store.now(), group)
         if batch:
             self.docs.commit(self.layout.index, INDEX, DeclareInIndex(batch))
         declared: dict[str, Entry] = {}
@@ -359,6 +389,74 @@ class Manifest:
             )
             declared.update((e.file_id, e) for e in entries)
         return [declared[d.file_id] for d in batch]
+
+    def _all_shards(self, read: dict[str, Shard] | None = None) -> dict[str, Shard]:
+        """Every shard of the task, read fresh (those in ``read`` are taken as they are)."""
+        shards = dict(read or {})
+        for stage in self.stages:
+            for shard in self.layout.shards_of(stage):
+                if shard not in shards:
+                    shards[shard] = self.read_shard(shard)
+        return shards
+
+    def _refuse_unindexed(self, batch: list[Declaration], shards: dict[str, Shard]) -> None:
+        """Refuse to declare an id that a shard holds but the index lacks (the index was
+        deleted or replaced by hand): declaring it again could put it in a second stage."""
+        index = self.index()
+        new = {d.file_id for d in batch if d.file_id not in index}
+        if not new:
+            return
+        everything = self._all_shards(shards)
+        index = self.index()  # again, after the shards
+        for shard_name, shard in everything.items():
+            for file_id in sorted(new & set(shard.entries)):
+                if file_id in index:
+                    continue
+                raise CorruptShard(
+                    self.layout.index,
+                    f"it lacks {file_id!r}, which shard {shard_name!r} holds: the index was "
+                    "deleted or replaced by hand",
+                    self.store.describe(self.layout.index),
+                    "run `objmanifest repair` (Task.repair_index()) to add what the shards "
+                    "hold, then declare again",
+                )
+
+    def repair_index(self) -> list[str]:
+        """Put back into the index every entry a shard holds and the index lacks (after the
+        index was deleted or replaced by hand); returns their file ids.
+
+        An id held by two shards, or by a shard other than the stage the index gives it,
+        cannot be placed: the others are added, then ``CorruptShard`` names those.
+        """
+        shards = self._all_shards()
+        index = self.index()
+        held: dict[str, list[Entry]] = {}
+        for shard in shards.values():
+            for file_id, entry in shard.entries.items():
+                held.setdefault(file_id, []).append(entry)
+        missing: list[tuple[str, str, tuple[str, ...]]] = []
+        unplaced: list[str] = []
+        for file_id, entries in sorted(held.items()):
+            stages = sorted({e.stage for e in entries})
+            known = index.stage_of(file_id)
+            if len(stages) > 1:
+                unplaced.append(f"{file_id!r} is in the shards of {', '.join(stages)}")
+            elif known is None:
+                missing.append((file_id, entries[0].stage, entries[0].depends_on))
+            elif known != stages[0]:
+                unplaced.append(
+                    f"{file_id!r} is in the shard of {stages[0]}, the index puts it in {known}"
+                )
+        if missing:
+            self.docs.commit(self.layout.index, INDEX, RepairIndex(missing))
+        if unplaced:
+            raise CorruptShard(
+                self.layout.index,
+                f"it cannot be repaired for {len(unplaced)} file ids: {'; '.join(unplaced[:20])}",
+                self.store.describe(self.layout.index),
+                "remove each of these entries from the shard where it does not belong",
+            )
+        return [file_id for file_id, _, _ in missing]
 
     # -- dependencies, status, reaping, cleaning up --------------------------------------
 
@@ -395,12 +493,15 @@ class Manifest:
         return make
 
     def status(self) -> TaskStatus:
-        """Counts per stage and state; blocked, overdue and dead entries named."""
+        """Counts per stage and state; blocked, overdue and dead entries named, and file ids
+        the index and the shards disagree about."""
         shards = {s: self.shard(s) for s in self.stages}
+        index = self.index()  # after the shards: see declare_many
         everything = {fid: e for sh in shards.values() for fid, e in sh.entries.items()}
         now = self.store.now()
         counts: dict[str, dict[str, int]] = {}
         notes: dict[str, list[EntryNote]] = {"blocked": [], "overdue": [], "dead": []}
+        unindexed: list[IndexNote] = []
         for stage, shard in shards.items():
             counts[stage] = {s.value: 0 for s in State}
             for entry in shard.entries.values():
@@ -413,7 +514,35 @@ class Manifest:
                             file_id=entry.file_id, stage=stage, state=entry.state, reason=reason
                         )
                     )
-        return TaskStatus(task_id=self.task_id, store_time=now, stages=counts, **notes)
+                indexed = index.stage_of(entry.file_id)
+                if indexed != stage:
+                    where = "not in the index" if indexed is None else f"indexed in {indexed}"
+                    unindexed.append(
+                        IndexNote(
+                            file_id=entry.file_id,
+                            stage=stage,
+                            reason=f"in this stage's shard but {where} (damaged): run "
+                            "`objmanifest repair`",
+                        )
+                    )
+        unfinished = [
+            IndexNote(
+                file_id=file_id,
+                stage=stage,
+                reason="declared, not yet in its shard: rerun the declare",
+            )
+            for file_id in sorted(index.file_ids())
+            if (stage := index.stage_of(file_id) or "") in shards
+            and file_id not in shards[stage].entries
+        ]
+        return TaskStatus(
+            task_id=self.task_id,
+            store_time=now,
+            stages=counts,
+            unfinished=unfinished,
+            unindexed=unindexed,
+            **notes,
+        )
 
     def reap(self) -> list[Entry]:
         """Release every expired lease of the task; returns the entries released.
@@ -434,6 +563,23 @@ class Manifest:
         return sweep(self.uploads)
 
 
+def _refuse_twice(batch: list[Declaration]) -> None:
+    """One batch may name an id twice only with the same declaration."""
+    first: dict[str, Declaration] = {}
+    for decl in batch:
+        seen = first.setdefault(decl.file_id, decl)
+        if seen != decl:
+            diffs = [
+                f"{name}: {getattr(seen, name)!r} vs {getattr(decl, name)!r}"
+                for name in ("stage", "depends_on", "consumers")
+                if getattr(seen, name) != getattr(decl, name)
+            ]
+            raise DeclarationConflict(
+                f"the batch declares {decl.file_id!r} twice, differently ({'; '.join(diffs)}); "
+                "nothing was declared. Keep one of them."
+            )
+
+
 class DeclareInIndex:
     """The index's half of a declaration: every file id, its stage and dependencies."""
 
@@ -451,6 +597,15 @@ class DeclareInIndex:
         except shard_index.ShardIndexError as e:
             raise index_error(e) from None
         return (None if new is index else new), None
+
+
+class RepairIndex(DeclareInIndex):
+    """Put entries the shards hold back into the index (file id, stage, dependencies)."""
+
+    name: ClassVar[str] = "repair_index"
+
+    def __init__(self, tuples: list[tuple[str, str, tuple[str, ...]]]) -> None:
+        self.tuples = tuples
 
 
 def attention(entry: Entry, now: datetime, lookup: changes.Lookup) -> tuple[str, str] | None:

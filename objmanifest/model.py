@@ -7,6 +7,7 @@ objmanifest of the same schema version loses nothing when this version rewrites 
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -29,6 +30,13 @@ COMMITS_KEPT = 64
 even after dozens of others committed on top."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+MAX_FILE_ID_BYTES = 512
+MAX_AGENT_BYTES = 256
+"""The longest agent name or consumer role, in bytes of UTF-8: each is stored in every
+entry it holds or consumed, and every commit rewrites the shard."""
+MAX_ERROR_CHARS = 1024
+"""Stored error text (a ``fail`` reason, a mismatch) is cut to this many characters."""
 
 
 class State(str, Enum):
@@ -55,16 +63,32 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+def _has_control(text: str) -> bool:
+    """C0 and C1 control characters and DEL (tab and newline included)."""
+    return any(unicodedata.category(c) == "Cc" for c in text)
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a lone surrogate (bytes that were not UTF-8, smuggled in by the OS)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_file_id(file_id: str) -> str:
     """File ids are relative object keys: refuse what could escape or confuse a prefix."""
     problem = None
     if not isinstance(file_id, str) or not file_id:
-        problem = "it is empty"
+        problem = "it is empty" if file_id == "" else "it is not a string"
+    elif not _is_utf8(file_id):
+        problem = "it is not valid UTF-8 text"
     elif file_id.startswith("/"):
         problem = "it is absolute (starts with '/')"
-    elif len(file_id.encode()) > 512:
-        problem = "it is longer than 512 bytes"
-    elif any(ord(c) < 32 or ord(c) == 127 for c in file_id):
+    elif len(file_id.encode()) > MAX_FILE_ID_BYTES:
+        problem = f"it is longer than {MAX_FILE_ID_BYTES} bytes"
+    elif _has_control(file_id):
         problem = "it contains a control character"
     elif "\\" in file_id:
         problem = "it contains a backslash; use '/' between parts"
@@ -77,6 +101,41 @@ def check_file_id(file_id: str) -> str:
             f"invalid file id {file_id!r}: {problem}. Use a relative key such as 'raw/a.json'."
         )
     return file_id
+
+
+def check_agent(kind: str, value: object) -> str:
+    """An agent name or a consumer role: any text a person would type, within limits."""
+    problem = None
+    if not isinstance(value, str):
+        problem = f"it is a {type(value).__name__}, not a string"
+    elif not value.strip():
+        problem = "it is empty"
+    elif not _is_utf8(value):
+        problem = "it is not valid UTF-8 text"
+    elif len(value.encode()) > MAX_AGENT_BYTES:
+        problem = f"it is longer than {MAX_AGENT_BYTES} bytes"
+    elif _has_control(value):
+        problem = "it contains a control character (a newline, a tab, an escape ...)"
+    if problem:
+        shown = value if not isinstance(value, str) or len(value) <= 80 else value[:80] + "..."
+        raise InvalidInput(
+            f"invalid {kind} {shown!r}: {problem}. Use up to {MAX_AGENT_BYTES} bytes of "
+            "printable text, such as 'collector-1'."
+        )
+    assert isinstance(value, str)
+    return value
+
+
+def error_text(text: object) -> str:
+    """Error text as it is stored in an entry: a string of at most ``MAX_ERROR_CHARS``
+    characters (a longer one is cut, saying how long it was), valid UTF-8."""
+    if not isinstance(text, str):
+        raise InvalidInput(f"a reason must be a string, not {type(text).__name__}")
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    tail = f" ... [cut to {MAX_ERROR_CHARS} of {len(text)} characters]"
+    return text[: MAX_ERROR_CHARS - len(tail)] + tail
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -195,6 +254,8 @@ class Declaration(BaseModel):
         """A lone string would be read as its characters: refuse it, ask for a list."""
         if isinstance(v, (str, bytes)):
             raise InvalidInput(f"{info.field_name} must be a list of strings, not the string {v!r}")
+        if isinstance(v, dict):
+            raise InvalidInput(f"{info.field_name} must be a list of strings, not a dict: {v!r}")
         return v
 
     @field_validator("depends_on")
@@ -202,12 +263,18 @@ class Declaration(BaseModel):
     def _deps(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(sorted({check_file_id(d) for d in v}))
 
+    @field_validator("consumers", mode="before")
+    @classmethod
+    def _roles(cls, v: Any) -> Any:
+        """Each role is checked like an agent name, before pydantic's own type check."""
+        if isinstance(v, (list, tuple, set, frozenset)):
+            for role in v:
+                check_agent("consumer role", role)
+        return v
+
     @field_validator("consumers")
     @classmethod
     def _consumers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for role in v:
-            if not role or not isinstance(role, str):
-                raise InvalidInput(f"invalid consumer role {role!r}")
         return tuple(sorted(set(v)))
 
     @classmethod
@@ -217,6 +284,11 @@ class Declaration(BaseModel):
             return value
         if isinstance(value, dict):
             fields = value
+        elif not isinstance(value, (tuple, list)):
+            raise InvalidInput(
+                f"a declaration is a Declaration, a dict or a (file_id, stage, ...) tuple, not "
+                f"{type(value).__name__} {value!r}"
+            )
         else:
             fields = dict(zip(("file_id", "stage", "depends_on", "consumers"), value, strict=False))
         return validated(cls, f"declaration {value!r}", **fields)
@@ -276,6 +348,16 @@ class EntryNote(BaseModel):
     reason: str
 
 
+class IndexNote(BaseModel):
+    """A file id the index and the shards disagree about, and what to do about it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    file_id: str
+    stage: str
+    reason: str
+
+
 class TaskStatus(BaseModel):
     """Counts per stage and state, and the entries that are stuck."""
 
@@ -287,6 +369,10 @@ class TaskStatus(BaseModel):
     blocked: list[EntryNote] = Field(default_factory=list)
     overdue: list[EntryNote] = Field(default_factory=list)
     dead: list[EntryNote] = Field(default_factory=list)
+    unfinished: list[IndexNote] = Field(default_factory=list)
+    """In the index, in no shard: a declaration that was interrupted (rerun it)."""
+    unindexed: list[IndexNote] = Field(default_factory=list)
+    """In a shard, not in the index: damage (``Task.repair_index()`` repairs it)."""
 
     @property
     def totals(self) -> dict[str, int]:
@@ -298,6 +384,7 @@ class TaskStatus(BaseModel):
 
     @property
     def finished(self) -> bool:
-        """Every entry is ready or consumed: nothing is left to produce."""
+        """Every entry is ready or consumed and no declaration is unfinished: nothing is
+        left to produce."""
         t = self.totals
-        return sum(t.values()) == t["ready"] + t["consumed"]
+        return sum(t.values()) == t["ready"] + t["consumed"] and not self.unfinished

@@ -253,6 +253,13 @@ def open_source(data: Source, threshold: int) -> Iterator[Prepared]:
     """
     if isinstance(data, io.TextIOBase):
         raise TypeError("put() needs bytes, a path, or a file opened in binary mode ('rb')")
+    if not isinstance(data, (bytes, bytearray, memoryview, str, os.PathLike)) and not callable(
+        getattr(data, "read", None)
+    ):
+        raise TypeError(
+            f"put() takes bytes (the data), a path (str or os.PathLike) or a binary file "
+            f"object, not {type(data).__name__}"
+        )
     with contextlib.ExitStack() as opened:
         source = _source_of(data, threshold, opened)
         if not isinstance(source, bytes):
@@ -270,11 +277,32 @@ def _source_of(data: Source, threshold: int, opened: contextlib.ExitStack) -> by
         return bytes(data) if len(data) <= threshold else _BufferSource(data)
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
-        file = opened.enter_context(path.open("rb"))
+        file = opened.enter_context(open_path(path, isinstance(data, str)))
         if stat.S_ISREG(os.fstat(file.fileno()).st_mode):
             return _FdSource(file.fileno(), 0, str(path), owned=False)
         data = file  # a named pipe or a device: a stream, read in order
     return _file_source(data, threshold)
+
+
+def open_path(path: Path, given_as_str: bool = False) -> BinaryIO:
+    """Open a file to upload; a missing file or a directory is refused saying what ``put``
+    takes (a str is a path, bytes are data)."""
+    if path.is_dir():
+        raise IsADirectoryError(f"cannot upload {str(path)!r}: it is a directory; put one file")
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        hint = (
+            "; put() takes a str as the path of a file to upload: pass bytes "
+            "(for example text.encode()) to upload the string itself"
+            if given_as_str
+            else ""
+        )
+        raise FileNotFoundError(f"cannot read {str(path)!r}: no such file{hint}") from None
+    except IsADirectoryError:
+        raise IsADirectoryError(
+            f"cannot upload {str(path)!r}: it is a directory; put one file"
+        ) from None
 
 
 def _file_source(file: BinaryIO, threshold: int) -> bytes | PartSource:

@@ -14,5 +14,11 @@ STATE_STYLES: dict[State, str] = {
 }
 """A rich style per state."""
 
-ATTENTION_STYLES = {"dead": "bold red", "overdue": "bold yellow", "blocked": "cyan"}
+ATTENTION_STYLES = {
+    "dead": "bold red",
+    "overdue": "bold yellow",
+    "blocked": "cyan",
+    "damaged": "bold magenta",
+    "unfinished": "magenta",
+}
 """A rich style per kind of entry a status report names."""

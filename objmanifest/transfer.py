@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import stat
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -226,24 +227,103 @@ def download(store: ObjectStore, file_id: str, key: str, expected: str, size: in
     return bytes(buf)
 
 
+@dataclass(frozen=True)
+class Destination:
+    """Where ``consume(dest=)`` writes, looked at before anything is downloaded.
+
+    * ``target``: the file that receives the bytes (a symlink is followed to it);
+    * ``special``: a character or block device or a FIFO, written into (never replaced);
+    * ``mode``: the permission bits of an existing regular file, kept; None for a new one;
+    * ``parents``: missing parent directories may be created.
+    """
+
+    given: str
+    target: Path
+    special: bool = False
+    mode: int | None = None
+    owner: tuple[int, int] | None = None
+    parents: bool = False
+
+
+def check_destination(dest: str | os.PathLike[str], parents: bool = False) -> Destination:
+    """What writing to ``dest`` means, or an error saying why it cannot be written (a
+    directory, a socket, a read-only file, a missing parent without ``parents``)."""
+    if not isinstance(dest, (str, os.PathLike)):
+        raise TypeError(f"dest must be a path (str or os.PathLike), not {type(dest).__name__}")
+    given = os.fspath(dest)
+    if not given:
+        raise InvalidInput("dest is empty: name the file to write")
+    try:
+        st = os.stat(given)  # follows symlinks: /dev/stdout is whatever stdout is
+    except FileNotFoundError:
+        st = None
+    except NotADirectoryError:
+        raise NotADirectoryError(
+            f"cannot write {given!r}: a part of its path is a file, not a directory"
+        ) from None
+    except OSError as e:  # a symlink loop, a path too long, no permission to look
+        raise type(e)(f"cannot write {given!r}: {e.strerror or e}") from None
+    if st is None:
+        return _new_file(given, parents)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(
+            f"cannot write {given!r}: it is a directory; name a file in it, such as "
+            f"{os.path.join(given, 'NAME')!r}"
+        )
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+        return Destination(given, Path(given), special=True)
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInput(f"cannot write {given!r}: it is not a file, a device or a FIFO")
+    target = Path(os.path.realpath(given))
+    if not os.access(target, os.W_OK):
+        raise PermissionError(f"cannot write {given!r}: permission denied (it is read-only)")
+    _check_writable_dir(given, target.parent)
+    return Destination(given, target, mode=stat.S_IMODE(st.st_mode), owner=(st.st_uid, st.st_gid))
+
+
+def _new_file(given: str, parents: bool) -> Destination:
+    target = Path(os.path.realpath(given))  # a dangling symlink: the file it points to
+    parent = target.parent
+    if not parent.is_dir():
+        if parent.exists() or parent.is_symlink():
+            raise NotADirectoryError(f"cannot write {given!r}: {str(parent)!r} is not a directory")
+        if not parents:
+            raise FileNotFoundError(
+                f"cannot write {given!r}: the directory {str(parent)!r} does not exist; "
+                "create it first, or ask for it to be created (parents=True, --parents)"
+            )
+        existing = next(p for p in parent.parents if p.exists())
+        _check_writable_dir(given, existing)
+    else:
+        _check_writable_dir(given, parent)
+    return Destination(given, target, parents=parents)
+
+
+def _check_writable_dir(given: str, directory: Path) -> None:
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"cannot write {given!r}: no permission to create files in {str(directory)!r}"
+        )
+
+
 def download_to(
     store: ObjectStore,
     file_id: str,
     key: str,
     expected: str,
     size: int,
-    dest: str | os.PathLike[str],
+    dest: Destination,
 ) -> Path:
-    """Stream to a temporary file beside ``dest`` and move it into place only once verified:
-    on a mismatch nothing is left at ``dest``."""
-    with temp_beside(dest) as (fd, target):
+    """Stream to a temporary file and put it in place only once verified: on a mismatch
+    nothing is written to ``dest``."""
+    with writing(dest) as fd:
         digest = checksum.Digest()
         with contextlib.closing(store.open(key)) as stream:
             for chunk in _chunks(stream):
                 digest.update(chunk)
                 write_all(fd, chunk, digest.size - len(chunk))
         _check(store, file_id, key, digest, expected, size)
-    return target
+    return dest.target
 
 
 def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -255,19 +335,40 @@ def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 
 
 @contextlib.contextmanager
-def temp_beside(dest: str | os.PathLike[str], size: int = 0) -> Iterator[tuple[int, Path]]:
-    """A temporary file beside ``dest``, moved into place (fsynced) when the block ends
-    without an error and removed otherwise: nothing half-written is ever left at ``dest``."""
-    target = Path(dest)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _mkstemp(target)
+def writing(dest: Destination, size: int = 0) -> Iterator[int]:
+    """A temporary file to write the bytes into, put in place when the block ends without
+    an error and removed otherwise: nothing unverified is ever written to ``dest``.
+
+    A regular file is replaced atomically (a temporary file beside it, fsynced, renamed),
+    keeping an existing file's mode (a new one gets ``0666 & ~umask``). A device or a FIFO
+    is never replaced: the verified temporary file is copied into it.
+    """
+    if dest.special:
+        fd, tmp = tempfile.mkstemp(prefix="objmanifest-", suffix=".part")
+        try:
+            yield fd
+            _copy_into(fd, dest.given)
+        finally:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return
+    target = dest.target
+    if dest.parents:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     try:
+        os.fchmod(fd, dest.mode if dest.mode is not None else 0o666 & ~_umask())
+        if dest.owner is not None and dest.owner != (os.getuid(), os.getgid()):
+            with contextlib.suppress(PermissionError):
+                os.fchown(fd, *dest.owner)
         if size:
             os.ftruncate(fd, size)
-        yield fd, target
+        yield fd
         os.fsync(fd)
         os.close(fd)
         fd = -1
+        _refuse_changed(dest)
         os.replace(tmp, target)
     except BaseException:
         if fd >= 0:
@@ -277,5 +378,46 @@ def temp_beside(dest: str | os.PathLike[str], size: int = 0) -> Iterator[tuple[i
         raise
 
 
-def _mkstemp(target: Path) -> tuple[int, str]:
-    return tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+def _refuse_changed(dest: Destination) -> None:
+    """What was a regular file (or nothing) must not have become a directory, a device or a
+    FIFO while the bytes were downloaded: those are never replaced."""
+    try:
+        st = os.stat(dest.target)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise FileExistsError(
+            f"cannot write {dest.given!r}: it became something other than a file while the "
+            "data was downloaded; nothing was written"
+        )
+
+
+def _copy_into(fd: int, path: str) -> None:
+    """Copy the temporary file into a device or FIFO, opened for writing as it is."""
+    try:
+        out = os.open(path, os.O_WRONLY)
+        try:
+            offset = 0
+            while chunk := os.pread(fd, READ_CHUNK, offset):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view) :]
+                offset += len(chunk)
+        finally:
+            os.close(out)
+    except OSError as e:
+        problem = e.strerror or str(e)
+        raise type(e)(
+            f"cannot write {path!r}: {problem} (the data was verified, not consumed)"
+        ) from None
+
+
+def _umask() -> int:
+    """The process's umask (read without changing it where the system allows)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

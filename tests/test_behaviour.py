@@ -470,7 +470,7 @@ def test_queue_consume_once(task: om.Task, tmp_path: Path) -> None:
     assert c1.consume("q") == b"payload"  # idempotent retry
     with pytest.raises(om.AlreadyConsumed, match="c1"):
         c2.consume("q")
-    entry = c1.consume("q", dest=tmp_path / "out" / "q.bin")
+    entry = c1.consume("q", dest=tmp_path / "out" / "q.bin", parents=True)
     assert entry.state is om.State.consumed
     assert (tmp_path / "out" / "q.bin").read_bytes() == b"payload"
 

@@ -262,7 +262,7 @@ def test_large_file_round_trip_in_parts(server: Server, store: om.Store, tmp_pat
     dest = tmp_path / "out" / "big.bin"
     consumer = task.agent("consumer")
     with requests(store) as seen_ops:
-        got = consumer.consume("big", dest=dest, concurrency=4)
+        got = consumer.consume("big", dest=dest, concurrency=4, parents=True)
     assert got.state is om.State.consumed
     assert seen_ops["GetObject"] == parts + 3  # index, shard, part list; then a GET per part
     assert filecmp.cmp(src, dest, shallow=False)

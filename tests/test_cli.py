@@ -51,6 +51,8 @@ STATUS_KEYS = {
     "blocked",
     "overdue",
     "dead",
+    "unfinished",
+    "unindexed",
 }
 SENTINEL_SECRET = "sentinel-SECRET-9f3a7c"
 SENTINEL_KEY_ID = "sentinel-KEYID-41b2"
@@ -230,7 +232,7 @@ def test_a_file_is_handed_from_shell_agent_to_shell_agent(cli: Cli, tmp_path: Pa
     assert shell.stderr == ""  # no progress bars, no noise when stderr is not a terminal
 
     got = tmp_path / "got" / "a.txt"
-    consumed = cli.json("consume", "raw/a.txt", "--agent", "writer", "-o", str(got))
+    consumed = cli.json("consume", "raw/a.txt", "--agent", "writer", "-o", str(got), "--parents")
     assert consumed["state"] == "consumed" and consumed["consumed_by"] == ["writer"]
     assert got.read_bytes() == b"hello from raw/a.txt at epoch 1"
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 
 from .. import demo
 from . import commands, serve
-from .exits import ExitCode, UsageError
+from .exits import ExitCode, Stopped, UsageError
 from .output import Output
 from .parser import parse
 
@@ -26,7 +29,23 @@ HANDLERS: dict[str, Handler] = {
     "status": commands.cmd_status,
     "show": commands.cmd_show,
     "reap": commands.cmd_reap,
+    "repair": commands.cmd_repair,
 }
+
+
+@contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM raises ``Stopped`` like Ctrl-C raises KeyboardInterrupt, so a command that is
+    stopped cleans up on its way out (an upload no upload state records is aborted)."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Stopped(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def dispatch(args: argparse.Namespace, out: Output) -> int:
@@ -34,7 +53,8 @@ def dispatch(args: argparse.Namespace, out: Output) -> int:
         return serve.run(args, out)
     if args.command == "demo":
         return demo.main(args)
-    return HANDLERS[args.command](commands.Context(args, out))
+    with stopped_by_sigterm():
+        return HANDLERS[args.command](commands.Context(args, out))
 
 
 def _stdout_closed(out: Output) -> int:
@@ -59,9 +79,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         return out.error(e)
     out.json_mode = bool(args.json)
+    if out.stdout_closed:
+        return out.error(
+            UsageError(
+                "stdout is closed: objmanifest writes its result (or the data) there. Redirect "
+                "it instead (>/dev/null to discard it); nothing was done"
+            )
+        )
     try:
         return dispatch(args, out)
     except BrokenPipeError:
         return _stdout_closed(out)
-    except (Exception, KeyboardInterrupt) as e:
+    except (Exception, KeyboardInterrupt, Stopped) as e:
         return out.error(e, debug=bool(args.debug))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import objmanifest as om
+from objmanifest.manifest import check_settings
 
 from . import progress
 from .exits import NothingClaimable, UsageError
@@ -99,6 +100,7 @@ def cmd_init(ctx: Context) -> int:
     """Create the task; with ``--exist-ok`` an identical existing task is success too (and
     is looked up first, so a rerun does not probe the store again)."""
     args = ctx.args
+    check_settings(args.lease, args.retries)  # one rule and one message, before any request
     if args.exist_ok:
         with contextlib.suppress(om.NotFound):
             return _report_init(ctx, _same_settings(ctx.task(), args), created=False)
@@ -113,7 +115,10 @@ def cmd_init(ctx: Context) -> int:
         )
     except om.AlreadyExists:
         if not args.exist_ok:
-            raise
+            raise om.AlreadyExists(
+                f"task {ctx.task_id()!r} already exists at {ctx.store().url}; pass --exist-ok "
+                "to go on with it (its settings must match), or pick another --task"
+            ) from None
         return _report_init(ctx, _same_settings(ctx.task(), args), created=False)
     return _report_init(ctx, task, created=True)
 
@@ -164,24 +169,44 @@ def cmd_declare(ctx: Context) -> int:
                 "consumers": args.consumer,
             }
         ]
-    entries = ctx.task().declare_many(decls)
-    ctx.out.result({"entries": [entry_json(e) for e in entries]}, *_declared_lines(entries))
+    if not decls:
+        ctx.out.result({"entries": []}, "nothing to declare: the input has no declarations")
+        return 0
+    listed = ctx.task().declare_many(decls)
+    entries = list({e.file_id: e for e in listed}.values())  # an id listed twice, once
+    ctx.out.result(
+        {"entries": [entry_json(e) for e in entries]},
+        *_declared_lines(entries, len(listed) - len(entries)),
+    )
     return 0
 
 
-def _declared_lines(entries: list[om.Entry]) -> list[str]:
+def _declared_lines(entries: list[om.Entry], repeats: int = 0) -> list[str]:
+    again = f" ({repeats} repeated in the input)" if repeats else ""
     if len(entries) == 1:
         e = entries[0]
-        return [f"declared {e.file_id} in stage {e.stage} ({e.state.value})"]
+        return [f"declared {e.file_id} in stage {e.stage} ({e.state.value}){again}"]
     per_stage = Counter(e.stage for e in entries)
     detail = ", ".join(f"{n} in {stage}" for stage, n in per_stage.items())
-    return [f"declared {len(entries)} entries: {detail}"]
+    return [f"declared {len(entries)} entries: {detail}{again}"]
 
 
 def _read_text(source: str) -> str:
     if source == "-":
+        if sys.stdin is None:
+            raise UsageError("stdin is closed: give --from PATH, or pipe the declarations in")
         return sys.stdin.read()
-    return Path(source).read_text(encoding="utf-8")
+    path = Path(source)
+    if path.is_dir():
+        raise IsADirectoryError(f"cannot read {source!r}: it is a directory")
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"cannot read {source!r}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise om.InvalidInput(
+            f"{source!r} is not UTF-8 text ({e.reason} at byte {e.start})"
+        ) from None
 
 
 def read_declarations(
@@ -207,12 +232,30 @@ def read_declarations(
     decls = []
     for n, item in numbered:
         if not isinstance(item, dict):
-            raise om.InvalidInput(f"item {n} of the --from input is not a JSON object: {item!r}")
+            raise om.InvalidInput(
+                f"item {n} of the --from input is not a JSON object: {_short(item)}"
+            )
+        if "file_id" not in item:
+            raise om.InvalidInput(f"item {n} of the --from input has no file_id: {_short(item)}")
+        unknown = sorted(set(item) - set(DECLARATION_KEYS))
+        if unknown:
+            raise om.InvalidInput(
+                f"item {n} of the --from input has unknown keys {unknown}; an item has "
+                f"{', '.join(DECLARATION_KEYS)}"
+            )
         decl = {**defaults, **item}
         if "stage" not in decl:
             raise om.InvalidInput(f"item {n} ({decl.get('file_id')!r}) has no stage; add --stage")
         decls.append(decl)
     return decls
+
+
+DECLARATION_KEYS = ("file_id", "stage", "depends_on", "consumers")
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _json(text: str, where: str) -> Any:
@@ -252,6 +295,11 @@ def cmd_claim(ctx: Context) -> int:
         claims = found or []
         if not claims:
             waited = f" after waiting {args.wait:g}s" if args.wait else ""
+            if not ctx.task().shard(args.stage).entries:
+                raise NothingClaimable(
+                    f"stage {args.stage!r} has no entries{waited}: declare some first "
+                    "(`objmanifest declare FILE_ID --stage STAGE`)"
+                )
             raise NothingClaimable(
                 f"no entry of stage {args.stage!r} is claimable{waited}: all are taken, "
                 "done, or waiting for dependencies (see `objmanifest status`)"
@@ -285,11 +333,17 @@ def cmd_fail(ctx: Context) -> int:
 
 def local_source(path: str) -> Path | BinaryIO:
     """What to upload: a file, or stdin streamed as it comes (``-``), so a pipeline's
-    output needs neither memory nor disk for its whole size."""
+    output needs neither memory nor disk for its whole size. A named pipe, a process
+    substitution (``<(cmd)``) or ``/dev/stdin`` is streamed the same way; a directory is
+    refused."""
     if path == "-":
+        if sys.stdin is None:
+            raise UsageError("stdin is closed: give a PATH, or pipe the data into `put FILE_ID -`")
         return sys.stdin.buffer
     source = Path(path)
-    if not source.is_file():
+    if source.is_dir():
+        raise IsADirectoryError(f"cannot upload {path!r}: it is a directory; put one file")
+    if not source.exists():
         raise FileNotFoundError(f"cannot read {path!r}: no such file")
     return source
 
@@ -297,8 +351,8 @@ def local_source(path: str) -> Path | BinaryIO:
 def cmd_put(ctx: Context) -> int:
     """Upload the holder's data and make the entry ready (``LeaseLost`` if fenced)."""
     args = ctx.args
+    source = local_source(args.path)  # before the claim is looked up: a typo changes nothing
     agent, claim = ctx.holder_claim()
-    source = local_source(args.path)
     with progress.bar(ctx.show_progress(), f"put {claim.file_id}", ctx.out.stderr) as bar:
         entry = agent.put(
             claim,
@@ -329,12 +383,12 @@ def cmd_consume(ctx: Context) -> int:
                 _copy_to_stdout(data)
         ctx.out.result(entry_json(entry))
         return 0
-    entry = _consume_to(ctx, agent, Path(target))
+    entry = _consume_to(ctx, agent, target, parents=args.parents)
     ctx.out.result(entry_json(entry), f"consumed {entry.file_id} -> {target} ({entry.size} bytes)")
     return 0
 
 
-def _consume_to(ctx: Context, agent: om.Agent, path: Path) -> om.Entry:
+def _consume_to(ctx: Context, agent: om.Agent, path: str | Path, parents: bool = False) -> om.Entry:
     args = ctx.args
     with progress.bar(ctx.show_progress(), f"consume {args.file_id}", ctx.out.stderr) as bar:
         entry = poll(
@@ -344,6 +398,7 @@ def _consume_to(ctx: Context, agent: om.Agent, path: Path) -> om.Entry:
                 part_size=args.part_size,
                 concurrency=args.concurrency,
                 progress=bar,
+                parents=parents,
             ),
             args.wait,
             (om.NotReady,),
@@ -355,8 +410,16 @@ def _consume_to(ctx: Context, agent: om.Agent, path: Path) -> om.Entry:
 
 def _copy_to_stdout(data: BinaryIO) -> None:
     stdout = sys.stdout.buffer
-    shutil.copyfileobj(data, stdout, 1024 * 1024)
-    stdout.flush()
+    try:
+        shutil.copyfileobj(data, stdout, 1024 * 1024)
+        stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise OSError(
+            f"cannot write the data to stdout: {e.strerror or e}; it was verified and marked "
+            "consumed, so consuming it again as the same consumer gives it again"
+        ) from None
 
 
 # -- status, show, reap ------------------------------------------------------------------
@@ -371,6 +434,18 @@ def cmd_status(ctx: Context) -> int:
 def cmd_show(ctx: Context) -> int:
     entry = ctx.task().entry(ctx.args.file_id)
     ctx.out.result(entry_json(entry), entry_view(entry))
+    return 0
+
+
+def cmd_repair(ctx: Context) -> int:
+    added = ctx.task().repair_index()
+    line = (
+        f"repaired the index: added {len(added)} file id(s): {', '.join(added[:20])}"
+        + (" ..." if len(added) > 20 else "")
+        if added
+        else "the index lacks nothing the shards hold"
+    )
+    ctx.out.result({"added": added}, line)
     return 0
 
 

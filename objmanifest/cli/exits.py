@@ -12,7 +12,7 @@ from enum import IntEnum
 from typing import Any
 
 import objmanifest as om
-from objmanifest.errors import NothingClaimable, UsageError
+from objmanifest.errors import NothingClaimable, Stopped, UsageError
 
 
 class ExitCode(IntEnum):
@@ -67,6 +67,7 @@ _TABLE: tuple[tuple[type[BaseException], ExitCode, str], ...] = (
     (om.ObjManifestError, ExitCode.ERROR, "error"),
     (OSError, ExitCode.ERROR, "i/o error"),
     (KeyboardInterrupt, ExitCode.INTERRUPTED, "interrupted"),
+    (Stopped, ExitCode.INTERRUPTED, "interrupted"),
 )
 
 
@@ -90,7 +91,16 @@ def _fields(error: BaseException) -> dict[str, Any]:
         fields.update(file_id=error.file_id, reason=error.reason)
     if isinstance(error, (om.CorruptShard, om.UnsupportedSchema)):
         fields["key"] = error.key
+        fields["address"] = error.address
     return fields
 
 
-__all__ = ["ExitCode", "NothingClaimable", "Outcome", "UsageError", "classify", "expected"]
+__all__ = [
+    "ExitCode",
+    "NothingClaimable",
+    "Outcome",
+    "Stopped",
+    "UsageError",
+    "classify",
+    "expected",
+]

@@ -8,6 +8,7 @@ stdout and messages to stderr. Keys and formats are documented in ``docs/cli.md`
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import sys
 import traceback
@@ -20,7 +21,7 @@ from rich.console import Console, RenderableType
 
 import objmanifest as om
 
-from .exits import UsageError, classify, expected
+from .exits import Stopped, UsageError, classify, expected
 
 PROG = "objmanifest"
 
@@ -69,9 +70,12 @@ class Output:
         self, json_mode: bool, stdout: TextIO | None = None, stderr: TextIO | None = None
     ) -> None:
         self.json_mode = json_mode
-        self.stdout = stdout or sys.stdout
-        self.stderr = stderr or sys.stderr
-        self.json_stream = self.stdout
+        given = stdout or sys.stdout
+        self.stdout_closed = given is None
+        """The process started with stdout closed (``>&-``): nothing may rely on it."""
+        self.stdout: TextIO = given if given is not None else io.StringIO()
+        self.stderr: TextIO = stderr or sys.stderr or io.StringIO()
+        self.json_stream = self.stderr if self.stdout_closed else self.stdout
         self._console: Console | None = None
 
     def data_on_stdout(self) -> None:
@@ -119,6 +123,8 @@ class Output:
             message = f"{type(error).__name__}: {message}"
         if isinstance(error, KeyboardInterrupt):
             message = "interrupted by a signal"
+        elif isinstance(error, Stopped):
+            message = f"stopped by {error}"
         if debug:
             traceback.print_exception(type(error), error, error.__traceback__, file=self.stderr)
         if self.json_mode:
@@ -137,6 +143,8 @@ class Output:
     def _error_line(self, error: BaseException, label: str, message: str, debug: bool) -> None:
         if isinstance(error, KeyboardInterrupt):
             self.stderr.write(f"{PROG}: interrupted\n")
+        elif isinstance(error, Stopped):
+            self.stderr.write(f"{PROG}: {message}\n")
         elif isinstance(error, UsageError):
             if error.usage:
                 self.stderr.write(error.usage.rstrip("\n") + "\n")

@@ -71,6 +71,26 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
 
 
+def port(text: str) -> int:
+    value = _int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is from 1 to 65535, not {value}")
+    return value
+
+
+def number(text: str) -> float:
+    """Any number; the command checks its range (``init --lease``, with the API's rule)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+
+
+def whole(text: str) -> int:
+    """Any whole number; the command checks its range (``init --retries``)."""
+    return _int(text)
+
+
 def seconds(text: str) -> float:
     try:
         value = float(text)
@@ -118,7 +138,8 @@ def add_globals(parser: argparse.ArgumentParser, suppress: bool) -> None:
         "--endpoint-url",
         default=default(None),
         metavar="URL",
-        help="S3 endpoint of a non-AWS store (default: $AWS_ENDPOINT_URL)",
+        help="S3 endpoint of a non-AWS store (default: $AWS_ENDPOINT_URL_S3, then "
+        "$AWS_ENDPOINT_URL)",
     )
     group.add_argument(
         "--task",
@@ -201,17 +222,17 @@ def _init(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("stages", nargs="+", metavar="STAGE", help="stage names, in order")
     p.add_argument(
         "--lease",
-        type=seconds,
+        type=number,
         default=300.0,
         metavar="SECONDS",
-        help="lease length (default: 300)",
+        help="lease length, above 0 and at most 30 days (default: 300)",
     )
     p.add_argument(
         "--retries",
-        type=non_negative_int,
+        type=whole,
         default=3,
         metavar="N",
-        help="failures allowed before an entry is dead (default: 3)",
+        help="failures allowed before an entry is dead, 0 to 1000 (default: 3)",
     )
     p.add_argument(
         "--exist-ok", action="store_true", help="succeed if the task exists with the same settings"
@@ -304,7 +325,13 @@ def _consume(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--output",
         default="-",
         metavar="PATH",
-        help="where to write the data ('-', the default, for stdout)",
+        help="where to write the data ('-', the default, for stdout); a file is replaced "
+        "only once verified, a device or FIFO is written into",
+    )
+    p.add_argument(
+        "--parents",
+        action="store_true",
+        help="create the missing parent directories of -o PATH",
     )
     p.add_argument(
         "--part-size", type=size, metavar="SIZE", help="bytes per ranged GET of a chunked file"
@@ -322,6 +349,14 @@ def _views(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("show", parents=parents, help="one entry, every field")
     p.add_argument("file_id", metavar="FILE_ID")
     sub.add_parser("reap", parents=parents, help="release every expired lease of the task")
+    sub.add_parser(
+        "repair",
+        parents=parents,
+        help="put entries the shards hold back into a damaged dependency index",
+        description="After index.json was deleted or replaced by hand, `declare` refuses the "
+        "file ids the shards hold and the index lacks, and `status` lists them. This adds them "
+        "back, from the shards.",
+    )
 
 
 def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -330,7 +365,9 @@ def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         parents=parents,
         help="run a local S3 server on loopback",
         description="Starts a local S3 server on 127.0.0.1, prints the environment to use it "
-        "(its own local test credentials), and runs until Ctrl-C or SIGTERM.",
+        "(its own local test credentials), and runs until Ctrl-C or SIGTERM. With --detach it "
+        'runs in the background and the command returns: eval "$(objmanifest serve --detach)" '
+        "sets up the shell, `objmanifest serve --stop` stops it.",
     )
     p.add_argument(
         "--backend",
@@ -338,13 +375,25 @@ def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         default="moto",
         help="moto (in memory, starts fast) or seaweedfs (a real store on disk)",
     )
-    p.add_argument("--port", type=positive_int, metavar="N", help="S3 port (default: a free one)")
+    p.add_argument("--port", type=port, metavar="N", help="S3 port (default: a free one)")
     p.add_argument(
         "--data",
         metavar="DIR",
         help="seaweedfs: keep data in DIR across restarts (default: temporary)",
     )
     p.add_argument("--bucket", metavar="NAME", help="create this bucket once it runs")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--detach",
+        action="store_true",
+        help="run the server in the background: print the export lines (with "
+        "OBJMANIFEST_SERVE_PID) once it is ready, and return",
+    )
+    mode.add_argument(
+        "--stop",
+        action="store_true",
+        help="stop the server a --detach started (the one $OBJMANIFEST_SERVE_PID names)",
+    )
 
 
 def _demo(sub: Any) -> None:

@@ -86,7 +86,8 @@ def counts_table(status: om.TaskStatus) -> Table:
 
 
 def attention_table(status: om.TaskStatus) -> Table | None:
-    """Dead, overdue and blocked entries, worst first; None when nothing needs attention."""
+    """Dead, overdue and blocked entries, worst first, then file ids the index and the
+    shards disagree about; None when nothing needs attention."""
     notes: Iterable[tuple[str, EntryNote]] = [
         *(("dead", n) for n in status.dead),
         *(("overdue", n) for n in status.overdue),
@@ -103,6 +104,19 @@ def attention_table(status: om.TaskStatus) -> Table | None:
             Text(note.stage),
             state_text(note.state),
             Text(note.reason),
+        )
+    index_notes = [
+        *(("damaged", n) for n in status.unindexed),
+        *(("unfinished", n) for n in status.unfinished),
+    ]
+    for kind, index_note in index_notes:
+        style = ATTENTION_STYLES[kind]
+        table.add_row(
+            Text(kind, style=style),
+            Text(index_note.file_id, style=style),
+            Text(index_note.stage),
+            Text("-"),
+            Text(index_note.reason),
         )
     return table if table.row_count else None
 

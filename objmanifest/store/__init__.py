@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -34,6 +35,10 @@ Store = S3Store
 """The S3 implementation under its first name (``om.Store``)."""
 
 SCHEMES = ("s3", "memory")
+
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+"""What any S3 store could call a bucket (AWS today: 3-63 lowercase letters, digits, '.'
+and '-'; older buckets and other stores allow capitals and '_' too)."""
 
 __all__ = [
     "CREATE",
@@ -73,6 +78,12 @@ def parse_url(url: str) -> tuple[str, str, str]:
         )
     if parsed.query or parsed.fragment or parsed.params:
         raise InvalidInput(f"a store URL has no query or fragment: {url!r}")
+    if not _BUCKET.match(parsed.netloc):
+        raise InvalidInput(
+            f"invalid bucket name {parsed.netloc!r} in {url!r}: a bucket name has letters, "
+            "digits, '.', '-' and '_' only (on AWS: 3-63 lowercase letters, digits, '.' and "
+            "'-'), such as s3://my-bucket/jobs"
+        )
     prefix = parsed.path.strip("/")
     if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
         raise InvalidInput(

@@ -37,8 +37,11 @@ def probe_conditional_writes(store: ObjectStore, key: str) -> list[str]:
         return blob is not None and blob.body == body
 
     problems = []
+    reached = False  # did the first write get an answer? (if not, there is nothing to remove)
     try:
-        if not accepted("create", CREATE):
+        created = accepted("create", CREATE)
+        reached = True
+        if not created:
             return [f"a create with If-None-Match: * of a new key {store.describe(key)} failed"]
         if accepted("create-again", CREATE):
             problems.append("If-None-Match: * is ignored (a second create of one key succeeded)")
@@ -48,7 +51,8 @@ def probe_conditional_writes(store: ObjectStore, key: str) -> list[str]:
             problems.append("If-Match with the current ETag was refused")
     finally:
         try:
-            store.delete(key)
+            if reached:
+                store.delete(key)
         except ObjManifestError as e:
             log.warning("could not remove the probe object %s: %s", store.describe(key), e)
     return problems

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from functools import partial
 from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
+from urllib.parse import urlparse
 
 import boto3
 import botocore.exceptions
@@ -26,6 +27,7 @@ from botocore.config import Config
 
 from .. import checksum
 from ..errors import (
+    InvalidInput,
     NotFound,
     OutcomeUnknown,
     PartsRejected,
@@ -87,6 +89,8 @@ def make_client(
         or os.environ.get("AWS_ENDPOINT_URL")
         or None
     )
+    if endpoint_url is not None:
+        check_endpoint(endpoint_url)
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     session = boto3.session.Session()
     client: S3Client = session.client(
@@ -96,6 +100,22 @@ def make_client(
         config=_client_config(**config),
     )
     return client
+
+
+def check_endpoint(endpoint_url: str) -> str:
+    """An endpoint is ``http(s)://HOST[:PORT]``; anything else is refused in one line."""
+    try:
+        parsed = urlparse(endpoint_url)
+        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise InvalidInput(
+            f"invalid S3 endpoint URL {endpoint_url!r} (from --endpoint-url, "
+            "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL): use http(s)://HOST[:PORT], such as "
+            "http://127.0.0.1:9000"
+        )
+    return endpoint_url
 
 
 def _error_code(e: botocore.exceptions.ClientError) -> tuple[str, int]:
@@ -162,11 +182,33 @@ class S3Store:
     def _observe(self, response: Any) -> None:
         self.clock.observe(response.get("ResponseMetadata", {}).get("HTTPHeaders"))
 
-    def _fail(self, e: Exception, action: str, key: str) -> StoreError | NotFound:
+    def _not_s3(self, what: str, action: str, key: str) -> StoreError:
+        """The endpoint answered something no S3 store answers."""
+        endpoint = getattr(self.client.meta, "endpoint_url", None) or "the endpoint"
+        return StoreError(
+            f"{endpoint} does not behave like S3: it answered {what} when asked to {action} "
+            f"{self.describe(key)}. Check the endpoint (--endpoint-url, AWS_ENDPOINT_URL_S3, "
+            "AWS_ENDPOINT_URL) and that it is an S3 API, not a web or console port"
+        )
+
+    def _field(self, response: Any, name: str, action: str, key: str) -> Any:
+        """A field every S3 answer to this request has; its absence means it is not S3."""
+        value = response.get(name)
+        if value is None:
+            raise self._not_s3(f"without {name}", action, key)
+        return value
+
+    def _fail(self, e: Exception, action: str, key: str) -> StoreError | NotFound | InvalidInput:
         """Turn a botocore error into one that names the object and the fix."""
+        if isinstance(e, botocore.exceptions.ParamValidationError):
+            detail = " ".join(str(e).split())
+            return InvalidInput(f"cannot {action} {self.describe(key)}: {detail[:300]}")
         if isinstance(e, botocore.exceptions.ClientError):
             self._observe(e.response)
             code, status = _error_code(e)
+            if status == 404 and code in ("404", "") and action != "inspect":
+                # S3 explains every 404 but a HEAD's (NoSuchKey, NoSuchBucket ...)
+                return self._not_s3("404 without an S3 error code", action, key)
             if code == "NoSuchBucket":
                 return StoreError(
                     f"bucket {self.bucket!r} does not exist (while trying to {action} "
@@ -249,7 +291,8 @@ class S3Store:
         except botocore.exceptions.BotoCoreError as e:
             raise self._fail(e, "read", key) from e
         self._observe(response)
-        return Blob(body=body, etag=response["ETag"], metadata=response.get("Metadata", {}))
+        etag = self._field(response, "ETag", "read", key)
+        return Blob(body=body, etag=etag, metadata=response.get("Metadata", {}))
 
     def open(self, key: str, byte_range: tuple[int, int] | None = None) -> _S3Stream:
         """The object's bytes, or ``[start, end)`` of them (an ``end`` past the object's
@@ -284,7 +327,7 @@ class S3Store:
             lambda: self.client.head_object(Bucket=self.bucket, Key=self.full_key(key)),
         )
         return Head(
-            etag=response["ETag"],
+            etag=self._field(response, "ETag", "inspect", key),
             size=int(response["ContentLength"]),
             metadata=response.get("Metadata", {}),
         )
@@ -327,7 +370,7 @@ class S3Store:
             if mode.kind == "update":
                 raise PreconditionFailed(f"{self.describe(key)}: gone") from e
             raise
-        return str(response["ETag"])
+        return str(self._field(response, "ETag", "write", key))
 
     def delete(self, key: str) -> None:
         self._call(
@@ -373,7 +416,7 @@ class S3Store:
             key,
             lambda: self.client.create_multipart_upload(Bucket=self.bucket, Key=self.full_key(key)),
         )
-        return str(response["UploadId"])
+        return str(self._field(response, "UploadId", "start a multipart upload of", key))
 
     def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
         """Send one part; its bare ETag (the part's MD5 on S3 and the stores tested here).
@@ -401,7 +444,7 @@ class S3Store:
             if self._unclear_but_gone(e, key, upload_id):
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
             raise
-        return checksum.bare_etag(response["ETag"])
+        return checksum.bare_etag(self._field(response, "ETag", f"upload part {number} of", key))
 
     def _unclear_but_gone(self, e: Exception, key: str, upload_id: str) -> bool:
         """Whether an upload call's error that did not name ``NoSuchUpload`` (a 404 of

@@ -24,7 +24,7 @@ from ..errors import Cancelled, ChecksumMismatch, DataChanged, StoreError
 from ..model import Entry
 from ..runtime import Runtime
 from ..store import ObjectStore
-from ..transfer import Progress, TransferConfig
+from ..transfer import Destination, Progress, TransferConfig
 from .scope import Scope
 from .state import Part, read_state
 
@@ -72,7 +72,7 @@ def _parts_problem(scope: Scope, entry: Entry) -> list[Part] | str:
 def download(
     scope: Scope,
     entry: Entry,
-    dest: str | os.PathLike[str] | None,
+    dest: Destination | None,
     config: TransferConfig,
     *,
     range_size: int | None = None,
@@ -80,8 +80,8 @@ def download(
 ) -> bytes | Path:
     """Fetch a chunked entry with parallel ranged GETs, verifying each part as it streams.
 
-    With ``dest`` the bytes go to a temporary file beside it (``os.pwrite`` at each part's
-    offset) that is moved into place only once every part matched; without, they are
+    With ``dest`` the bytes go to a temporary file (``os.pwrite`` at each part's offset)
+    that is put in place only once every part matched (``transfer.writing``); without, they are
     returned. A part is fetched in ranges of at most ``range_size`` bytes, resuming after a
     broken connection where it stopped; it is verified whole.
     """
@@ -98,9 +98,9 @@ def download(
         memory = _MemorySink(entry.size)
         fetch.run(memory)
         return bytes(memory.buffer)
-    with transfer.temp_beside(dest, entry.size) as (fd, target):
+    with transfer.writing(dest, entry.size) as fd:
         fetch.run(_FileSink(fd))
-    return target
+    return dest.target
 
 
 class _MemorySink:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from .. import checksum, transfer
 from ..cas import Command
 from ..errors import (
+    LeaseLost,
     NotFound,
     ObjManifestError,
     OutcomeUnknown,
@@ -97,6 +98,8 @@ class Upload:
         self.docs = scope.docs.detached()
         self.concurrency = max(1, min(self.config.concurrency, self.store.connections))
         self.done_bytes = 0
+        self.working: tuple[str, str] | None = None
+        """(key, upload id) of the upload this holder is sending, once the state records it."""
 
     def advance(self, size: int) -> None:
         self.done_bytes += size
@@ -109,11 +112,37 @@ class Upload:
     # -- the plan: adopt, or start anew ----------------------------------------------------
 
     def run(self) -> tuple[Stored, UploadStats]:
+        try:
+            return self._run()
+        except LeaseLost:
+            self._abort_if_replaced()
+            raise
+
+    def _abort_if_replaced(self) -> None:
+        """Fenced: the upload this holder was sending stays if the upload state still
+        records it (the next holder adopts it); if another upload replaced it, nobody can
+        ever finish it, so it is aborted now rather than left to a sweep."""
+        if self.working is None:
+            return
+        key, upload_id = self.working
+        try:
+            doc = self.docs.read(self.state_key, self.codec)
+        except ObjManifestError as e:
+            log.warning("could not read %s to clean up after a lost lease: %s", self.state_key, e)
+            return
+        if (doc.key, doc.upload_id, doc.status) == (key, upload_id, "open"):
+            return
+        log.info("%s: the upload %s was replaced; aborting it", self.claim.file_id, upload_id)
+        self._abort_own(key, upload_id)
+
+    def _run(self) -> tuple[Stored, UploadStats]:
         self.scope.held(self.claim)
         doc = self.docs.read(self.state_key, self.codec)
         parts: list[Part] | None = None
         if doc.status == "open" and doc.upload_id and self.source.seekable:
             doc = self.commit(TakeOver(self.claim))
+            if doc.key is not None and doc.upload_id is not None:
+                self.working = (doc.key, doc.upload_id)
             parts = self._adopt(doc)
         for attempt in range(COMPLETE_ROUNDS):
             if parts is not None:
@@ -190,6 +219,7 @@ class Upload:
         except BaseException:
             self._abort_own(key, upload_id)
             raise
+        self.working = (key, upload_id)
         self._retire(replaced, keep=key)
         try:
             return doc, self._send_and_complete(doc, {})

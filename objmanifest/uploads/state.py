@@ -19,7 +19,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..codecs import VersionedCodec
+from ..codecs import UPLOAD_REPAIR, VersionedCodec
 from ..errors import CorruptShard, LeaseLost, NotFound, ObjManifestError
 from ..events import Transition
 from ..layout import TaskLayout
@@ -72,6 +72,7 @@ class UploadCodec(VersionedCodec[UploadState]):
     model: ClassVar[type[BaseModel]] = UploadState
     schema: ClassVar[int] = STATE_SCHEMA
     what: ClassVar[str] = "upload state"
+    repair: ClassVar[str] = UPLOAD_REPAIR
 
     task_id: str
     stage: str

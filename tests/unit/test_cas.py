@@ -64,6 +64,8 @@ class Tally:
 class TallyCodec:
     """A tally as JSON; its transitions are the counters a commit changed."""
 
+    repair = "write the tally again"
+
     def decode(self, key: str, body: bytes) -> Tally:
         try:
             data = json.loads(body)
@@ -701,7 +703,8 @@ def test_nothing_to_write_that_still_holds_on_a_fresh_read_is_returned(rig: Rig)
 def test_a_corrupt_object_is_refused_and_left_as_it_is(rig: Rig) -> None:
     MemoryStore(rig.store.bucket, "p").put(KEY, b"{not json")
 
-    with pytest.raises(CorruptShard, match=re.escape(f"manifest object {KEY!r} is corrupt")):
+    where = rig.store.describe(KEY)  # the full address, and what to do about it
+    with pytest.raises(CorruptShard, match=re.escape(f"manifest object {where} is corrupt")):
         rig.docs.commit(KEY, CODEC, Add("x"))
     assert rig.calls == {"get": 1}
     assert MemoryStore(rig.store.bucket, "p").open(KEY).read() == b"{not json"

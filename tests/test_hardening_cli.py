@@ -1,0 +1,577 @@
+"""Hostile input through the command line: one line, the right exit code, nothing touched
+(issue "Hardening"). The attack table in docs/cli.md lists what was tried.
+
+What needs no store runs ``main()`` in this process; everything else runs ``python -m
+objmanifest`` as a child process against the real servers of ``conftest``, the way a shell
+step runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rawstore
+from conftest import BUCKET, Server
+from faults import FaultProxy
+from test_hardening import not_s3
+
+import objmanifest as om
+from objmanifest.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1024 * 1024
+USAGE, NOT_FOUND, CLAIM, STORE, UNSUPPORTED, IO, INTERRUPTED = 2, 8, 3, 13, 12, 1, 130
+
+
+@dataclass
+class Ran:
+    code: int
+    stdout: bytes
+    stderr: str
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode()
+
+    def __str__(self) -> str:
+        return f"exit {self.code}\nstdout: {self.out}\nstderr: {self.stderr}"
+
+
+@dataclass
+class Cli:
+    env: dict[str, str]
+    cwd: Path
+
+    def run(self, *args: str, code: int = 0, stdin: bytes = b"", shell: str = "") -> Ran:
+        """``objmanifest ARGS`` (or a bash line with ``om`` for it) in a child process."""
+        if shell:
+            command = ["bash", "-c", f'om() {{ "$PY" -m objmanifest "$@"; }}\n{shell}']
+        else:
+            command = [sys.executable, "-m", "objmanifest", *args]
+        proc = subprocess.run(
+            command,
+            input=stdin,
+            capture_output=True,
+            env={**self.env, "PY": sys.executable},
+            cwd=self.cwd,
+            timeout=120,
+        )
+        ran = Ran(proc.returncode, proc.stdout, proc.stderr.decode())
+        assert ran.code == code, str(ran)
+        assert "Traceback" not in ran.stderr, str(ran)
+        return ran
+
+    def json(self, *args: str, code: int = 0) -> Any:
+        return json.loads(self.run("--json", *args, code=code).stdout)
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OBJMANIFEST_", "AWS_"))}
+    env.update(COLUMNS="200", PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.fixture
+def cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
+    env = {
+        **clean_env(),
+        **server.env,
+        "OBJMANIFEST_URL": f"s3://{BUCKET}/{prefix}",
+        "OBJMANIFEST_TASK": "job",
+    }
+    return Cli(env, tmp_path)
+
+
+MOTO_ONLY = pytest.mark.parametrize("server", ["moto"], indirect=True)
+"""For what the command line does the same on every store."""
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_line(text: str) -> str:
+    assert text.endswith("\n") and text.count("\n") == 1, repr(text)
+    return text
+
+
+# -- no store needed ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value", ["0", "-5", "-0", "inf", "-inf", "nan", "1e12", "2592001", "1e400"]
+)
+def test_init_refuses_every_bad_lease_with_one_message(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = in_process(
+        capsys, "--url", "s3://work/p", "--task", "t", "init", "a", f"--lease={value}"
+    )
+    assert code == USAGE and out == ""
+    assert one_line(err).startswith(
+        "objmanifest: invalid input: lease_seconds must be a number of seconds above 0 and at "
+        "most 2592000 (30 days), not "
+    )
+
+
+@pytest.mark.parametrize("value", ["-1", "1001"])
+def test_init_refuses_retries_out_of_range_with_the_apis_message(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = in_process(
+        capsys, "--url", "s3://work/p", "--task", "t", "init", "a", f"--retries={value}"
+    )
+    assert code == USAGE
+    assert one_line(err).startswith(
+        "objmanifest: invalid input: max_retries must be a whole number from 0 to 1000"
+    )
+
+
+@pytest.mark.parametrize("port", ["70000", "0", "-1", "65536"])
+def test_serve_refuses_a_port_out_of_range(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = in_process(capsys, "serve", f"--port={port}")
+    assert code == USAGE and out == ""
+    assert err.endswith(
+        f"objmanifest: error: argument --port: a TCP port is from 1 to 65535, not {int(port)}\n"
+    )
+
+
+@pytest.mark.parametrize("url", ["s3://Bad_Bucket!!/x", "s3://a b/x", "s3://x:1/p"])
+def test_a_malformed_bucket_name_is_one_line_and_exit_2(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = in_process(capsys, "--url", url, "--task", "t", "status")
+    assert code == USAGE
+    assert one_line(err).startswith("objmanifest: invalid input: invalid bucket name")
+
+
+def test_an_endpoint_that_is_not_s3_is_said_plainly(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    with not_s3(404) as endpoint:
+        for command in (["status"], ["show", "a"], ["init", "a"]):
+            code, _, err = in_process(
+                capsys, "--url", "s3://work/p", "--task", "t", "--endpoint-url", endpoint, *command
+            )
+            assert code == STORE, err
+            assert f"store error: {endpoint} does not behave like S3" in one_line(err)
+    code, _, err = in_process(capsys, "--url", "s3://w/p", "--task", "t", "--endpoint-url", "x")
+    assert code == USAGE
+
+
+def test_endpoint_url_help_names_both_variables(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "$AWS_ENDPOINT_URL_S3, then $AWS_ENDPOINT_URL" in text
+
+
+def test_serve_stop_without_a_detached_server_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OBJMANIFEST_SERVE_PID", raising=False)
+    code, _, err = in_process(capsys, "serve", "--stop")
+    assert code == USAGE and "OBJMANIFEST_SERVE_PID is not set" in err
+    monkeypatch.setenv("OBJMANIFEST_SERVE_PID", str(os.getpid()))
+    code, _, err = in_process(capsys, "serve", "--stop")
+    assert code == USAGE and "is not an objmanifest server; it was left alone" in err
+
+
+# -- against a store ------------------------------------------------------------------------
+
+
+@MOTO_ONLY
+def test_init_of_an_existing_task_points_at_exist_ok(cli: Cli) -> None:
+    cli.run("init", "a")
+    err = cli.run("init", "a", code=9).stderr
+    assert "pass --exist-ok" in one_line(err) and "Task.open" not in err
+    assert cli.json("init", "a", "--exist-ok")["created"] is False
+
+
+@MOTO_ONLY
+@pytest.mark.parametrize("file_id", ["", "../x", "/etc/passwd", "a//b", "a\tb"])
+def test_show_of_an_invalid_file_id_is_a_usage_error(cli: Cli, file_id: str) -> None:
+    cli.run("init", "a")
+    err = cli.run("show", file_id, code=USAGE).stderr
+    assert one_line(err).startswith("objmanifest: invalid input: invalid file id")
+
+
+@MOTO_ONLY
+def test_declare_from_says_what_is_wrong_with_the_batch(cli: Cli, tmp_path: Path) -> None:
+    cli.run("init", "a", "b")
+    err = cli.run("declare", "--from", "-", stdin=b'{"a": 1}\n', code=USAGE).stderr
+    assert "item 1 of the --from input has no file_id: {'a': 1}" in err
+    err = cli.run(
+        "declare", "--from", "-", "--stage", "a", stdin=b'{"file_id": "x", "stag": "b"}', code=USAGE
+    ).stderr
+    assert "unknown keys ['stag']" in err
+    twice = cli.run("declare", "--from", "-", "--stage", "a", stdin=b"x\nx\n").out
+    assert twice == "declared x in stage a (pending) (1 repeated in the input)\n"
+    empty = cli.run("declare", "--from", "-", stdin=b"\n\n").out
+    assert empty == "nothing to declare: the input has no declarations\n"
+    two_stages = b'{"file_id": "y", "stage": "a"}\n{"file_id": "y", "stage": "b"}\n'
+    err = cli.run("declare", "--from", "-", stdin=two_stages, code=9).stderr
+    assert "the batch declares 'y' twice, differently (stage: 'a' vs 'b')" in err
+    assert "already declared differently" not in err
+    cli.run("show", "y", code=NOT_FOUND)
+    (tmp_path / "d").mkdir()
+    assert "is a directory" in cli.run("declare", "--from", "d", code=IO).stderr
+    (tmp_path / "bin").write_bytes(b"\xff\xfe")
+    assert "is not UTF-8 text" in cli.run("declare", "--from", "bin", code=USAGE).stderr
+
+
+@MOTO_ONLY
+def test_claim_by_stage_says_when_the_stage_has_no_entries(cli: Cli) -> None:
+    cli.run("init", "a", "b")
+    cli.run("declare", "x", "--stage", "a")
+    err = cli.run("claim", "--stage", "b", "--agent", "w", code=CLAIM).stderr
+    assert "stage 'b' has no entries" in one_line(err)
+    cli.run("claim", "--stage", "a", "--agent", "w")
+    err = cli.run("claim", "--stage", "a", "--agent", "w", code=CLAIM).stderr
+    assert "all are taken, done, or waiting" in err
+
+
+@MOTO_ONLY
+@pytest.mark.parametrize("name", ["ev\nil", "x" * 300, " ", "esc\x1b[2J"])
+def test_an_agent_name_with_control_characters_or_too_long_is_refused(cli: Cli, name: str) -> None:
+    cli.run("init", "a")
+    cli.run("declare", "x", "--stage", "a")
+    err = cli.run("claim", "x", "--agent", name, code=USAGE).stderr
+    assert one_line(err).startswith("objmanifest: invalid input: invalid agent name")
+    assert cli.json("show", "x")["state"] == "pending"
+
+
+@MOTO_ONLY
+def test_a_long_fail_reason_is_stored_cut(cli: Cli) -> None:
+    cli.run("init", "a")
+    cli.run("declare", "x", "--stage", "a")
+    cli.run("claim", "x", "--agent", "w")
+    failed = cli.json("fail", "x", "r" * 120_000, "--agent", "w", "--epoch", "1")
+    assert len(failed["error"]) == 1024 and failed["error"].endswith("of 120000 characters]")
+
+
+@MOTO_ONLY
+def test_put_streams_a_pipe_a_fifo_or_dev_stdin_and_refuses_a_directory(
+    cli: Cli, tmp_path: Path
+) -> None:
+    cli.run("init", "a")
+    for n in range(4):
+        cli.run("declare", f"f{n}", "--stage", "a")
+        cli.run("claim", f"f{n}", "--agent", "w")
+    err = cli.run("put", "f0", str(tmp_path), "--agent", "w", "--epoch", "1", code=IO).stderr
+    assert "it is a directory; put one file" in one_line(err)
+    assert cli.json("show", "f0")["state"] == "writing"
+    err = cli.run("put", "nosuch", str(tmp_path), "--agent", "w", "--epoch", "1", code=IO).stderr
+    assert "it is a directory" in err  # found before the file id is looked up
+    cli.run(shell='om put f0 <(printf "from a process") --agent w --epoch 1')
+    cli.run(shell="printf 'from stdin' | om put f1 /dev/stdin --agent w --epoch 1")
+    os.mkfifo(tmp_path / "fifo")
+    cli.run(shell="(printf 'from a fifo' > fifo &) ; om put f2 fifo --agent w --epoch 1")
+    err = cli.run(shell="om put f3 - --agent w --epoch 1 <&-", code=USAGE).stderr
+    assert "stdin is closed" in err
+    for n, data in enumerate([b"from a process", b"from stdin", b"from a fifo"]):
+        assert cli.run("consume", f"f{n}", "--agent", "r").stdout == data
+
+
+@MOTO_ONLY
+def test_consume_writes_into_devices_and_fifos_and_refuses_directories(
+    cli: Cli, tmp_path: Path
+) -> None:
+    cli.run("init", "a")
+    for n in range(3):
+        cli.run("declare", f"f{n}", "--stage", "a")
+        cli.run("claim", f"f{n}", "--agent", "w")
+        cli.run("put", f"f{n}", "-", "--agent", "w", "--epoch", "1", stdin=b"data %d" % n)
+    (tmp_path / "null").symlink_to("/dev/null")
+    cli.run("consume", "f0", "--agent", "r", "-o", "null")
+    assert os.readlink(tmp_path / "null") == "/dev/null"
+    (tmp_path / "dir").mkdir()
+    err = cli.run("consume", "f1", "--agent", "r", "-o", "dir", code=IO).stderr
+    assert "cannot write 'dir': it is a directory" in one_line(err)
+    err = cli.run("consume", "f1", "--agent", "r", "-o", "no/such/f", code=IO).stderr
+    assert "does not exist" in err and "--parents" in err
+    assert not (tmp_path / "no").exists()
+    assert cli.json("show", "f1")["state"] == "ready"
+    cli.run("consume", "f1", "--agent", "r", "-o", "no/such/f", "--parents")
+    assert (tmp_path / "no" / "such" / "f").read_bytes() == b"data 1"
+    os.mkfifo(tmp_path / "fifo")
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append((tmp_path / "fifo").read_bytes()))
+    reader.daemon = True
+    reader.start()
+    cli.run("consume", "f2", "--agent", "r", "-o", "fifo")
+    reader.join(30)
+    assert got == [b"data 2"] and (tmp_path / "fifo").is_fifo()
+
+
+@MOTO_ONLY
+def test_consume_with_stdout_closed_marks_nothing(cli: Cli) -> None:
+    cli.run("init", "a")
+    cli.run("declare", "x", "--stage", "a")
+    cli.run("claim", "x", "--agent", "w")
+    cli.run("put", "x", "-", "--agent", "w", "--epoch", "1", stdin=b"precious")
+    for line in ("om consume x --agent r >&-", "om --json consume x --agent r -o out >&-"):
+        err = cli.run(shell=line, code=USAGE).stderr
+        assert "stdout is closed" in err and "nothing was done" in err
+    assert cli.json("show", "x")["state"] == "ready"
+
+
+@MOTO_ONLY
+def test_a_corrupt_shard_is_named_by_its_full_address(cli: Cli, store: om.Store) -> None:
+    cli.run("init", "a")
+    key = "job/shards/a.json"
+    rawstore.put(store, key, b'{"schema_version": 0, "task_id": "job", "stage": "a"}')
+    err = cli.json("status", code=UNSUPPORTED)
+    assert err["key"] == key and err["address"] == store.describe(key)
+    assert err["message"].startswith(f"manifest object {store.describe(key)} is corrupt")
+    assert "journal" not in err["message"]
+
+
+@MOTO_ONLY
+def test_status_flags_damage_and_repair_puts_the_index_back(cli: Cli, store: om.Store) -> None:
+    cli.run("init", "a", "b")
+    cli.run("declare", "x", "--stage", "a")
+    cli.run("declare", "y", "--stage", "b")
+    store.delete("job/index.json")
+    store.delete("job/shards/b.json")
+    err = cli.run("declare", "x", "--stage", "b", code=UNSUPPORTED).stderr
+    assert "lacks 'x', which shard 'a' holds" in err and "objmanifest repair" in err
+    status = cli.json("status")
+    assert [(n["file_id"], n["stage"]) for n in status["unindexed"]] == [("x", "a")]
+    assert status["unfinished"] == []
+    human = cli.run("status").out
+    assert "damaged" in human and "objmanifest repair" in human
+    assert cli.json("repair") == {"added": ["x"]}
+    cli.run("declare", "y", "--stage", "b")  # y is lost with its shard: declared again
+    assert cli.json("status")["unindexed"] == []
+    assert cli.run("declare", "x", "--stage", "b", code=9).stderr.count("\n") == 1
+
+
+# -- uploads nobody records --------------------------------------------------------------------
+
+
+class HoldingProxy(FaultProxy):
+    """Holds the first request whose method and target match until ``release``; then
+    answers it 503 without forwarding it (as if it never reached the store)."""
+
+    def __init__(self, upstream_url: str, method: str, pattern: str) -> None:
+        super().__init__(upstream_url)
+        self.match = (method, re.compile(pattern))
+        self.holding = threading.Event()
+        self.released = threading.Event()
+        self._taken = False
+
+    def _forward(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        if not self._taken and method == self.match[0] and self.match[1].search(target):
+            self._taken = True
+            self.holding.set()
+            self.released.wait(120)
+            return 503, "Service Unavailable", [("Content-Length", "0")], b""
+        return super()._forward(method, target, headers, body)
+
+
+@MOTO_ONLY
+@pytest.mark.parametrize(
+    ("held", "left"),
+    [
+        ("PUT /.*/job/uploads/", 0),  # the upload state that records it: the upload is aborted
+        ("PUT /.*/job/data/.*partNumber=1", 1),  # a part of a recorded upload: it stays
+    ],
+)
+def test_a_put_stopped_by_sigterm_leaves_only_a_recorded_upload(
+    cli: Cli, store: om.Store, held: str, left: int
+) -> None:
+    cli.run("init", "a")
+    cli.run("declare", "big", "--stage", "a")
+    cli.run("claim", "big", "--agent", "w")
+    method, pattern = held.split(" ", 1)
+    source = cli.cwd / "big.bin"
+    source.write_bytes(os.urandom(6 * MiB))
+    with (
+        HoldingProxy(cli.env["AWS_ENDPOINT_URL"], method, pattern) as proxy,
+        source.open("rb") as stdin,
+    ):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "objmanifest",
+                "--endpoint-url",
+                proxy.endpoint_url,
+                "put",
+                "big",
+                "-",
+                "--agent",
+                "w",
+                "--epoch",
+                "1",
+                "--threshold",
+                "1MiB",
+                "--part-size",
+                "5MiB",
+            ],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=cli.env,
+            cwd=cli.cwd,
+        )
+        try:
+            assert proxy.holding.wait(60), "the request to hold never came"
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(1)
+            proxy.released.set()  # a part in flight ends (503, sent again), then it stops
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proxy.released.set()
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    try:
+        assert proc.returncode == INTERRUPTED, err
+        assert err.decode() == "objmanifest: stopped by SIGTERM\n" and out == b""
+        uploads = rawstore.multipart_uploads(store, "job/")
+        assert len(uploads) == left
+        if left:  # it is the one the upload state records, for the next holder to adopt
+            state = json.loads(rawstore.get(store, "job/uploads/a/big.json"))
+            assert (state["key"], state["upload_id"], state["status"]) == (*uploads[0], "open")
+    finally:
+        rawstore.abort_uploads(store, "job/")
+
+
+# -- the README ----------------------------------------------------------------------------
+
+
+def readme_quick_start() -> str:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    found = [b for b in blocks if "serve --detach" in b]
+    assert len(found) == 1, "the README's command-line quick start uses `serve --detach`"
+    return found[0]
+
+
+REAL_AWS = {
+    "AWS_ACCESS_KEY_ID": "AKIA-REAL-KEY",
+    "AWS_SECRET_ACCESS_KEY": "real-secret",
+    "AWS_SESSION_TOKEN": "real-session",
+    "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9",  # where real requests would go: nothing
+}
+
+
+@pytest.mark.parametrize("shell", [{}, REAL_AWS], ids=["no-aws-settings", "real-aws-settings"])
+def test_the_readme_quick_start_works_when_pasted(tmp_path: Path, shell: dict[str, str]) -> None:
+    """Pasted into a shell with no AWS settings, or with real ones, the block runs to the
+    end, talks to the server it started (never to AWS), and leaves nothing running."""
+    block = readme_quick_start()
+    assert "serve --stop" in block
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env = {**clean_env(), **shell, "PATH": path}
+    script = (
+        "set -euo pipefail\n"
+        # a safety net for this test only: the block stops its server itself
+        "trap 'objmanifest serve --stop >/dev/null 2>&1 || true' EXIT\n"
+        f"{block}\n"
+        'echo "served by $AWS_ENDPOINT_URL"\n'
+    )
+    proc = subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"served by http://127\.0\.0\.1:\d+", proc.stdout)
+    assert (tmp_path / "a.json").read_bytes()
+    assert "stopped the server" in proc.stdout
+    pid = re.search(r"\(pid (\d+)\)", proc.stderr)
+    assert pid is not None
+    assert not running(int(pid.group(1)))
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (an init that does not reap leaves those)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_serve_detach_reports_a_server_that_cannot_start(tmp_path: Path) -> None:
+    env = clean_env()
+    with subprocess.Popen(
+        [sys.executable, "-m", "objmanifest", "serve", "--detach"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    ) as first:
+        out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in out.decode().splitlines())
+    port = exports["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]
+    stop_env = {**env, "OBJMANIFEST_SERVE_PID": exports["OBJMANIFEST_SERVE_PID"]}
+    try:
+        busy = subprocess.run(
+            [sys.executable, "-m", "objmanifest", "serve", "--detach", "--port", port],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert busy.returncode == 1 and busy.stdout == ""
+        assert (
+            busy.stderr == f"objmanifest: server error: cannot start moto: 127.0.0.1:{port} "
+            "is already in use\n"
+        )
+    finally:
+        stopped = subprocess.run(
+            [sys.executable, "-m", "objmanifest", "serve", "--stop"],
+            capture_output=True,
+            text=True,
+            env=stop_env,
+            timeout=90,
+        )
+    assert stopped.returncode == 0 and "stopped the server" in stopped.stdout
+    again = subprocess.run(
+        [sys.executable, "-m", "objmanifest", "serve", "--stop"],
+        capture_output=True,
+        text=True,
+        env=stop_env,
+        timeout=30,
+    )
+    assert again.returncode == 0 and "already stopped" in again.stdout
+
+
+def test_the_readme_layout_names_every_kind_of_key() -> None:
+    """The bucket layout in the README has a line for every kind of key a task writes."""
+    text = (ROOT / "README.md").read_text()
+    layout = text[text.index("## Layout in the bucket") :]
+    layout = layout[: layout.index("```", layout.index("```") + 3)]
+    for key in (
+        "task.json",
+        "index.json",
+        "shards/STAGE.json",
+        "uploads/STAGE/FILE_ID.json",
+        "data/STAGE/FILE_ID@EPOCH",
+        "data/STAGE/FILE_ID@EPOCH~N",
+        ".objmanifest-probe/",
+    ):
+        assert key in layout, key
