@@ -575,3 +575,14 @@ def test_the_readme_layout_names_every_kind_of_key() -> None:
         ".objmanifest-probe/",
     ):
         assert key in layout, key
+
+
+def test_main_may_be_called_from_a_thread(capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the main thread may handle SIGTERM; from another thread a command still runs."""
+    codes: list[int] = []
+    args = ["--url", "s3://work/p", "--task", "t", "init", "a", "--lease", "0"]
+    thread = threading.Thread(target=lambda: codes.append(main(args)))
+    thread.start()
+    thread.join(30)
+    assert codes == [USAGE]
+    assert "lease_seconds must be" in capsys.readouterr().err

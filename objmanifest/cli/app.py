@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
@@ -41,6 +42,9 @@ def stopped_by_sigterm() -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         raise Stopped(signal.Signals(signum).name)
 
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may handle signals (main() called from a thread)
+        return
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
