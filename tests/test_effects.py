@@ -28,9 +28,12 @@ def open_uploads(store: om.ObjectStore) -> list[str]:
 
 
 def wait_expired(task: om.Task, claim: om.Claim) -> None:
-    """Sleep until the store's clock is past the lease and its margin."""
+    """Sleep until the store's clock is past the entry's lease and its margin (the lease as
+    the entry has it now: the put renewed it in the background before it broke)."""
+    expiry = task.entry(claim.file_id).lease_expires_at
+    assert expiry is not None
     deadline = time.monotonic() + 30
-    while task.store.now() <= claim.lease_expires_at + timedelta(seconds=2.2):
+    while task.store.now() <= expiry + timedelta(seconds=2.2):
         assert time.monotonic() < deadline, "the lease never expired on the store's clock"
         time.sleep(0.2)
 

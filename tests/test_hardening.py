@@ -242,7 +242,7 @@ def test_a_corrupt_shard_names_its_full_address_and_is_never_overwritten(
     key = task.shard_key("collect")
     rawstore.put(task.store, key, body)
     address = task.store.describe(key)
-    assert address.startswith("s3://") and address.endswith("/job/shards/collect.json")
+    assert address.startswith(task.store.url) and address.endswith("/job/shards/collect.json")
     with pytest.raises(om.CorruptShard, match=problem) as caught:
         task.declare("a", "collect")
     message = str(caught.value)
