@@ -33,6 +33,7 @@ from objmanifest.errors import (
     OutcomeUnknown,
     PreconditionFailed,
     StoreError,
+    UnsupportedSchema,
 )
 from objmanifest.events import CommitEvent, Transition
 from objmanifest.runtime import Runtime
@@ -704,10 +705,32 @@ def test_a_corrupt_object_is_refused_and_left_as_it_is(rig: Rig) -> None:
     MemoryStore(rig.store.bucket, "p").put(KEY, b"{not json")
 
     where = rig.store.describe(KEY)  # the full address, and what to do about it
-    with pytest.raises(CorruptShard, match=re.escape(f"manifest object {where} is corrupt")):
+    with pytest.raises(
+        CorruptShard, match=re.escape(f"manifest object {where} is corrupt")
+    ) as caught:
         rig.docs.commit(KEY, CODEC, Add("x"))
+    assert (caught.value.key, caught.value.address) == (KEY, where)
+    assert str(caught.value).endswith("otherwise write the tally again.")
     assert rig.calls == {"get": 1}
     assert MemoryStore(rig.store.bucket, "p").open(KEY).read() == b"{not json"
+
+
+class NewerTallyCodec(TallyCodec):
+    """A tally written by a newer objmanifest."""
+
+    def decode(self, key: str, body: bytes) -> Tally:
+        raise UnsupportedSchema(key, 9, 1)
+
+
+def test_an_object_of_a_newer_schema_is_refused_by_its_full_address(rig: Rig) -> None:
+    MemoryStore(rig.store.bucket, "p").put(KEY, b'{"schema_version": 9}')
+    where = rig.store.describe(KEY)
+    with pytest.raises(
+        UnsupportedSchema, match=re.escape(f"{where} has schema_version 9")
+    ) as caught:
+        rig.docs.commit(KEY, NewerTallyCodec(), Add("x"))
+    assert (caught.value.key, caught.value.address, caught.value.version) == (KEY, where, 9)
+    assert MemoryStore(rig.store.bucket, "p").open(KEY).read() == b'{"schema_version": 9}'
 
 
 # -- reads and the cache --------------------------------------------------------------------
