@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib.metadata
 import json
 import os
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import boto3
 import boto3.session
@@ -212,8 +213,10 @@ def _create_bucket(client: S3Client, name: str) -> None:
 def start_moto(port: int | None = None, host: str = "127.0.0.1") -> LocalS3:
     """Start moto's threaded server in this process and wait until it answers HTTP."""
     # moto is an optional dependency (the `servers` extra): imported only when asked for.
+    from moto.s3.responses import S3Response
     from moto.server import ThreadedMotoServer
 
+    _serialise_moto_writes(S3Response)
     if port is not None and not _port_is_free(host, port):
         # ThreadedMotoServer.start() waits forever if its bind fails, so check first.
         raise LocalServerError(f"cannot start moto: {host}:{port} is already in use")
@@ -230,6 +233,37 @@ def start_moto(port: int | None = None, host: str = "127.0.0.1") -> LocalS3:
     local._stopper = server.stop
     atexit.register(local.stop)
     return local
+
+
+_moto_serialised = False
+
+
+def _serialise_moto_writes(responses: Any) -> None:
+    """Make moto apply object writes one at a time, as S3 does.
+
+    moto checks a write's ``If-Match`` / ``If-None-Match`` and then applies it with no lock
+    between, and its server runs each request in a thread of its own: two racing
+    conditional writes could both pass (two creates of one key both won about once in a
+    hundred 8-thread races), and two agents' commits would both land. Every write to an
+    object (put, copy, delete, multipart completion) holds one lock in this process.
+    """
+    global _moto_serialised
+    with _SESSION_LOCK:
+        if _moto_serialised:
+            return
+        lock = threading.RLock()
+        for name in ("put_object", "copy_object", "delete_object", "_key_response_post"):
+            original = getattr(responses, name)
+
+            @functools.wraps(original)
+            def one_at_a_time(
+                self: Any, *args: Any, _original: Any = original, **kwargs: Any
+            ) -> Any:
+                with lock:
+                    return _original(self, *args, **kwargs)
+
+            setattr(responses, name, one_at_a_time)
+        _moto_serialised = True
 
 
 def _wait_http(url: str, timeout: float) -> None:

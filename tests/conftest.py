@@ -15,9 +15,7 @@ cannot serve, so they are deselected there, as are behaviour tests marked ``s3_o
 
 from __future__ import annotations
 
-import functools
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -103,34 +101,6 @@ class Server:
 
 
 _running: dict[str, Server] = {}
-_moto_serialised = False
-
-
-def serialise_moto_writes() -> None:
-    """Make the in-process moto apply object writes one at a time, as S3 does.
-
-    moto checks a write's ``If-Match`` / ``If-None-Match`` and then applies it with no lock
-    between, and its server runs each request in a thread of its own: two racing
-    conditional writes can both pass (two creates of one key both win about once in a
-    hundred 8-thread races). The race tests are about our code, not moto's, so every
-    write to an object (put, copy, delete, multipart completion) holds one lock here.
-    """
-    global _moto_serialised
-    if _moto_serialised:
-        return
-    from moto.s3.responses import S3Response
-
-    lock = threading.RLock()
-    for name in ("put_object", "copy_object", "delete_object", "_key_response_post"):
-        original = getattr(S3Response, name)
-
-        @functools.wraps(original)
-        def one_at_a_time(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            with lock:
-                return _original(self, *args, **kwargs)
-
-        setattr(S3Response, name, one_at_a_time)
-    _moto_serialised = True
 
 
 def _start(name: str) -> Server:
@@ -148,8 +118,6 @@ def _start(name: str) -> Server:
         }
         server = Server(name, endpoint, env)
     else:
-        if name == "moto":
-            serialise_moto_writes()
         local = servers.start(name)
         server = Server(name, local.endpoint_url, local.env(), local)
     os.environ.update({k: v for k, v in server.env.items() if k != "AWS_ENDPOINT_URL"})
