@@ -27,20 +27,22 @@ from .errors import (
     UnsupportedSchema,
     UnsupportedStore,
 )
-from .events import CommitEvent, Transition
-from .model import Claim, Declaration, Entry, State, TaskStatus
+from .events import Change, CommitEvent
+from .history import Lineage, LineageNode, Transition
+from .model import Claim, Declaration, Entry, JournalRecord, State, TaskStatus
 from .runtime import Runtime
 from .store import MemoryStore, ObjectStore, S3Store, Store, connect
 from .task import Task
 from .transfer import TransferConfig, set_defaults
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Agent",
     "AlreadyConsumed",
     "AlreadyExists",
     "CasPolicy",
+    "Change",
     "ChecksumMismatch",
     "Claim",
     "CommitEvent",
@@ -52,7 +54,10 @@ __all__ = [
     "Entry",
     "InvalidFileId",
     "InvalidInput",
+    "JournalRecord",
     "LeaseLost",
+    "Lineage",
+    "LineageNode",
     "MemoryStore",
     "NotAConsumer",
     "NotClaimable",

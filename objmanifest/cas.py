@@ -11,15 +11,26 @@ Each written version carries its commit id, and every attempt's id differs, so a
 write whose answer was lost (or a client retry that met its own earlier write) the re-read
 tells "my attempt landed" from "someone else won": a change is never applied twice.
 
-Every commit that lands is published once to the observers (``events.py``). This module
-knows nothing of shards, entries or uploads: a ``Codec`` says how to read, write and stamp
-one kind of object, and what a change did to it.
+Every commit that lands is published once to the observers (``events.py``), and, for an
+object at the journal's schema, leaves exactly one journal record: it is written inside the
+version it describes, so it lands (or not) with the commit itself, and costs no request of
+its own. Once the object carries a whole block of ``BLOCK`` records, they are copied to a
+write-once block object in the background (``If-None-Match: *`` at a key derived from the
+versions it covers, so two writers of one block cannot disagree), and the next commit that
+knows the block is stored drops them from the object. A writer that dies anywhere in that
+sequence loses nothing: the records stay in the object until a block holds them.
+
+This module knows nothing of shards, entries or uploads: a ``Codec`` says how to read,
+write and stamp one kind of object, and what a change did to it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextlib
+import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
@@ -33,8 +44,19 @@ from .errors import (
     PreconditionFailed,
     UnsupportedSchema,
 )
-from .events import CommitEvent, Observers, Transition
+from .events import Change, CommitEvent, Observers
+from .model import JournalBlock, JournalRecord
 from .store import CREATE, ObjectStore, PutMode
+
+log = logging.getLogger(__name__)
+
+BLOCK = 32
+"""Journal records per block: one block PUT per this many commits of an object, so the
+journal costs about 1/32 of a request per commit, and an object carries at most about
+twice this many records."""
+
+BlockKey = Callable[[str, str, int, int], str]
+"""(object key, journal id, first version, last version) -> the block's key."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -56,7 +78,12 @@ class Codec(Protocol[T]):
     def stamp(self, doc: T, commit_id: str) -> T: ...
     def commit_ids(self, doc: T) -> Sequence[str]: ...
     def version(self, doc: T) -> int | None: ...
-    def transitions(self, before: T, after: T) -> Sequence[Transition]: ...
+    def transitions(self, before: T, after: T) -> Sequence[Change]: ...
+    def journal(self, doc: T) -> tuple[str | None, tuple[JournalRecord, ...]] | None:
+        """The journal id and records ``doc`` carries; None if its schema has no journal."""
+        ...
+
+    def with_journal(self, doc: T, journal_id: str, records: Sequence[JournalRecord]) -> T: ...
 
 
 class Command(Protocol[T, R_co]):
@@ -100,6 +127,8 @@ class Stats:
     reads: int = 0
     not_modified: int = 0
     lost_responses: int = 0
+    journal_blocks: int = 0
+    """Journal blocks this process wrote (or found written by another)."""
 
     def count(self, name: str) -> None:
         """Add one to ``name``; safe from any thread (commits of different objects run in
@@ -136,14 +165,22 @@ class Documents:
     policy: CasPolicy = field(default_factory=CasPolicy)
     stats: Stats = field(default_factory=Stats)
     observers: Observers = field(default_factory=Observers)
+    block_key: BlockKey | None = None
+    """Where journal blocks go; None: records stay in their objects (never flushed)."""
 
     def __post_init__(self) -> None:
         self._cache: dict[str, _Version[Any]] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
+        self._stored: dict[tuple[str, str], int] = {}  # (key, journal id) -> last in a block
+        self._flushing: set[tuple[str, str, int]] = set()
+        self._flusher: cf.Executor | None = None
 
     def detached(self) -> Documents:
-        return Documents(self.store, self.policy, self.stats, self.observers)
+        docs = Documents(self.store, self.policy, self.stats, self.observers, self.block_key)
+        docs._stored, docs._flushing = self._stored, self._flushing
+        docs._flusher = self._flusher_pool()
+        return docs
 
     def _lock(self, key: str) -> threading.RLock:
         with self._guard:
@@ -192,14 +229,16 @@ class Documents:
         nothing to write) are checked against a fresh read before they are believed.
         """
         with self._lock(key):
-            result, event = self._commit(key, codec, command)
+            result, event, landed = self._commit(key, codec, command)
         if event is not None:
             self.observers.publish(event)
+        if landed is not None:
+            self._flush_due(key, codec, landed.doc)
         return result
 
     def _commit(
         self, key: str, codec: Codec[T], command: Command[T, R]
-    ) -> tuple[R, CommitEvent | None]:
+    ) -> tuple[R, CommitEvent | None, _Version[T] | None]:
         runtime = self.store.runtime
         op = runtime.new_id()[:16]
         sent: dict[str, _Sent[T, R]] = {}  # commit id -> attempt that may have landed
@@ -214,9 +253,10 @@ class Documents:
                     if commit_id in sent:
                         landed = sent[commit_id]
                         self.stats.count("commits")
-                        return landed.result, self._event(
+                        event = self._event(
                             key, codec, command, commit_id, landed.before, landed.after, landed.at
                         )
+                        return landed.result, event, current
             now = self.store.now()
             try:
                 new_doc, result = command.apply(current.doc, now)
@@ -227,7 +267,7 @@ class Documents:
                 continue
             if new_doc is None:
                 if validated:
-                    return result, None
+                    return result, None, None
                 current, validated = self._refresh(key, codec), True
                 continue
             attempt += 1
@@ -238,7 +278,9 @@ class Documents:
                     "call. Retry later, or spread the work over more stages."
                 )
             commit_id = f"{op}.{attempt}"
-            stamped = codec.stamp(new_doc, commit_id)
+            stamped = self._journaled(
+                key, codec, command, commit_id, current.doc, codec.stamp(new_doc, commit_id), now
+            )
             mode = CREATE if current.etag is None else PutMode.update(current.etag)
             try:
                 etag = self.store.put(
@@ -257,9 +299,101 @@ class Documents:
                 current, validated = self._refresh(key, codec), True
                 continue
             before = current.doc
-            self._cache[key] = _Version(stamped, etag)
+            self._cache[key] = written = _Version(stamped, etag)
             self.stats.count("commits")
-            return result, self._event(key, codec, command, commit_id, before, stamped, now)
+            event = self._event(key, codec, command, commit_id, before, stamped, now)
+            return result, event, written
+
+    # -- the journal ---------------------------------------------------------------------
+
+    def _journaled(
+        self,
+        key: str,
+        codec: Codec[T],
+        command: Command[T, R],
+        commit_id: str,
+        before: T,
+        after: T,
+        at: datetime,
+    ) -> T:
+        """``after`` carrying its own journal record, without the records known to be in a
+        block already."""
+        journal = codec.journal(after)
+        version = codec.version(after)
+        if journal is None or version is None:
+            return after
+        journal_id, records = journal
+        journal_id = journal_id or self.store.runtime.new_id()
+        stored = self._stored.get((key, journal_id), 0)
+        record = JournalRecord(
+            version=version,
+            commit_id=commit_id,
+            command=command.name,
+            actor=command.actor,
+            at=at,
+            transitions=tuple(codec.transitions(before, after)),
+        )
+        kept = [r for r in records if r.version > stored and r.version < version]
+        return codec.with_journal(after, journal_id, [*kept, record])
+
+    def _flush_due(self, key: str, codec: Codec[T], doc: T) -> None:
+        """Start writing every whole block ``doc`` carries that is not known to be stored."""
+        journal = codec.journal(doc)
+        if journal is None or self.block_key is None:
+            return
+        journal_id, records = journal
+        if journal_id is None:
+            return
+        stored = self._stored.get((key, journal_id), 0)
+        by_version = {r.version: r for r in records if r.version > stored}
+        for first in sorted(v for v in by_version if v % BLOCK == 1):
+            block = [by_version.get(v) for v in range(first, first + BLOCK)]
+            if any(r is None for r in block):
+                continue
+            job = (key, journal_id, first)
+            with self._guard:
+                if job in self._flushing:
+                    continue
+                self._flushing.add(job)
+            whole = [r for r in block if r is not None]
+            self._flusher_pool().submit(self._write_block, key, journal_id, whole)
+
+    def _flusher_pool(self) -> cf.Executor:
+        with self._guard:
+            if self._flusher is None:
+                self._flusher = self.store.runtime.pool(1, "objmanifest-journal")
+            return self._flusher
+
+    def _write_block(self, key: str, journal_id: str, records: list[JournalRecord]) -> None:
+        first, last = records[0].version, records[-1].version
+        assert self.block_key is not None
+        block_key = self.block_key(key, journal_id, first, last)
+        block = JournalBlock(
+            object_key=key, journal_id=journal_id, first=first, last=last, records=tuple(records)
+        )
+        body = block.model_dump_json(exclude_none=True).encode()
+        try:
+            # A 412: written already, by another agent or an earlier attempt of ours.
+            with contextlib.suppress(PreconditionFailed):
+                self.store.put(block_key, body, mode=CREATE, content_type="application/json")
+            self.stats.count("journal_blocks")
+            with self._guard:
+                done = self._stored.get((key, journal_id), 0)
+                if last > done:
+                    self._stored[(key, journal_id)] = last
+        except ObjManifestError as e:
+            # The records stay in the object; whoever commits to it next tries again.
+            log.warning("could not write journal block %s: %s", block_key, e)
+        finally:
+            with self._guard:
+                self._flushing.discard((key, journal_id, first))
+
+    def flush(self) -> None:
+        """Wait until every journal block started so far is written (or failed)."""
+        with self._guard:
+            flusher = self._flusher
+        if flusher is not None:
+            flusher.submit(lambda: None).result()
 
     def _event(
         self,

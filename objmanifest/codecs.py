@@ -10,16 +10,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 import shard_index
 
-from .errors import CorruptShard, DeclarationConflict, DependencyCycle, UnsupportedSchema
-from .events import Transition
-from .model import COMMITS_KEPT, SCHEMA_VERSION, Shard
+from .errors import (
+    CorruptShard,
+    DeclarationConflict,
+    DependencyCycle,
+    NotFound,
+    UnsupportedSchema,
+)
+from .events import Change
+from .model import (
+    COMMITS_KEPT,
+    JOURNAL_SCHEMA,
+    SCHEMA_VERSION,
+    JournalRecord,
+    Shard,
+    TaskHeader,
+)
 
 SHARD_REPAIR = (
     "delete it and declare its entries again (`objmanifest status` lists them as declared "
@@ -29,6 +42,8 @@ INDEX_REPAIR = (
     "delete it and run `objmanifest repair` (Task.repair_index()), which rebuilds it from "
     "the shards"
 )
+REMOVED = "removed"
+"""The state a journal gives an entry that left its shard (undeclared, or archived)."""
 HEADER_REPAIR = "delete it and run `objmanifest init` again with the task's stages and settings"
 UPLOAD_REPAIR = "delete it: the entry's next holder then starts its upload anew"
 
@@ -59,15 +74,22 @@ def load_json(key: str, body: bytes, supported: int) -> dict[str, Any]:
     if version < 1:
         raise CorruptShard(key, f"schema_version {version} is not a valid version (1 or more)")
     if version > supported:
-        raise UnsupportedSchema(key, version, supported)
+        requires = data.get("requires")
+        raise UnsupportedSchema(
+            key, version, supported, requires=requires if isinstance(requires, str) else ""
+        )
     return data
 
 
 class Versioned(Protocol):
-    """A document the CAS loop stamps: a version counter and its last commit ids."""
+    """A document the CAS loop stamps: a version counter, its last commit ids, and (from
+    ``JOURNAL_SCHEMA`` on) the journal records it carries."""
 
+    schema_version: int
     version: int
     commits: tuple[str, ...]
+    journal_id: str | None
+    journal: tuple[JournalRecord, ...] | None
 
 
 D = TypeVar("D", bound=BaseModel)
@@ -81,6 +103,8 @@ class VersionedCodec(Generic[D]):
     what: ClassVar[str]
     repair: ClassVar[str] = ""
     """What a user can do about a corrupt object of this kind (``CorruptShard`` says it)."""
+    writes: int
+    """The schema version a new object of this kind is created at: the task's."""
 
     def decode(self, key: str, body: bytes) -> D:
         data = load_json(key, body, self.schema)
@@ -112,6 +136,24 @@ class VersionedCodec(Generic[D]):
         versioned: Versioned = doc  # type: ignore[assignment]
         return versioned.version
 
+    def journal(self, doc: D) -> tuple[str | None, tuple[JournalRecord, ...]] | None:
+        """The journal id and the records ``doc`` carries; None below ``JOURNAL_SCHEMA``."""
+        versioned: Versioned = doc  # type: ignore[assignment]
+        if versioned.schema_version < JOURNAL_SCHEMA:
+            return None
+        return versioned.journal_id, versioned.journal or ()
+
+    def with_journal(self, doc: D, journal_id: str, records: Sequence[JournalRecord]) -> D:
+        return doc.model_copy(update={"journal_id": journal_id, "journal": tuple(records)})
+
+    def schema_of(self, doc: D) -> int:
+        versioned: Versioned = doc  # type: ignore[assignment]
+        return versioned.schema_version
+
+    def migrated(self, doc: D, schema_version: int) -> D:
+        """``doc`` at a newer schema version (the journal starts with its next version)."""
+        return doc.model_copy(update={"schema_version": schema_version})
+
 
 @dataclass(frozen=True)
 class ShardCodec(VersionedCodec[Shard]):
@@ -124,23 +166,28 @@ class ShardCodec(VersionedCodec[Shard]):
 
     task_id: str
     stage: str
+    writes: int = SCHEMA_VERSION
 
     def check(self, key: str, doc: Shard) -> None:
         if doc.stage != self.stage or doc.task_id != self.task_id:
             raise CorruptShard(key, f"belongs to task {doc.task_id!r} stage {doc.stage!r}")
 
     def empty(self) -> Shard:
-        return Shard(task_id=self.task_id, stage=self.stage)
+        return Shard(task_id=self.task_id, stage=self.stage, schema_version=self.writes)
 
-    def transitions(self, before: Shard, after: Shard) -> list[Transition]:
-        changed = []
+    def transitions(self, before: Shard, after: Shard) -> list[Change]:
+        changed = [
+            Change(item=file_id, before=was.state.value, after=REMOVED, epoch=was.epoch)
+            for file_id, was in before.entries.items()
+            if file_id not in after.entries
+        ]
         old = before.entries
         for file_id, entry in after.entries.items():
             was = old.get(file_id)
             if was is entry or was == entry:
                 continue
             changed.append(
-                Transition(
+                Change(
                     item=file_id,
                     before=was.state.value if was is not None else None,
                     after=entry.state.value,
@@ -153,12 +200,15 @@ class ShardCodec(VersionedCodec[Shard]):
         return changed
 
 
+@dataclass(frozen=True)
 class IndexCodec:
-    """The cross-shard index: ``shard_index``'s strict JSON, parsed once. Its changes are
-    idempotent declarations, so it needs no commit ids: re-applying one that landed is a
-    no-op."""
+    """The cross-shard index: ``shard_index``'s strict JSON, parsed once. From schema 2 on it
+    carries its last commit ids and its journal records like every manifest object (as
+    ``shard_index.Meta``, JSON that package does not interpret). Its version goes up in
+    ``declare_many`` (and ``migrated``), once per written version, not in ``stamp``."""
 
     repair: ClassVar[str] = INDEX_REPAIR
+    writes: int = SCHEMA_VERSION
 
     def decode(self, key: str, body: bytes) -> shard_index.ShardIndex:
         try:
@@ -172,27 +222,60 @@ class IndexCodec:
         return doc.to_json()
 
     def empty(self) -> shard_index.ShardIndex:
-        return shard_index.ShardIndex.empty()
+        return shard_index.ShardIndex.empty(self.writes)
 
     def stamp(self, doc: shard_index.ShardIndex, commit_id: str) -> shard_index.ShardIndex:
-        return doc
+        meta = doc.meta
+        if meta.schema_version < JOURNAL_SCHEMA:
+            return doc
+        commits = (*meta.commits, commit_id)[-COMMITS_KEPT:]
+        return doc.with_meta(replace(meta, commits=commits))
 
     def commit_ids(self, doc: shard_index.ShardIndex) -> Sequence[str]:
-        return ()
+        return doc.meta.commits
 
     def version(self, doc: shard_index.ShardIndex) -> int | None:
         return doc.version
 
+    def journal(
+        self, doc: shard_index.ShardIndex
+    ) -> tuple[str | None, tuple[JournalRecord, ...]] | None:
+        meta = doc.meta
+        if meta.schema_version < JOURNAL_SCHEMA:
+            return None
+        try:
+            records = tuple(JournalRecord.model_validate(r) for r in meta.journal)
+        except ValidationError as e:
+            problem = f"a journal record is malformed: {schema_problems(e)}"
+            raise CorruptShard("index.json", problem) from None
+        return meta.journal_id or None, records
+
+    def with_journal(
+        self, doc: shard_index.ShardIndex, journal_id: str, records: Sequence[JournalRecord]
+    ) -> shard_index.ShardIndex:
+        stored = tuple(r.model_dump(mode="json", exclude_none=True) for r in records)
+        return doc.with_meta(replace(doc.meta, journal_id=journal_id, journal=stored))
+
+    def schema_of(self, doc: shard_index.ShardIndex) -> int:
+        return doc.meta.schema_version
+
+    def migrated(self, doc: shard_index.ShardIndex, schema_version: int) -> shard_index.ShardIndex:
+        """``doc`` at a newer schema version, one version later."""
+        return doc.with_meta(replace(doc.meta, schema_version=schema_version), doc.version + 1)
+
     def transitions(
         self, before: shard_index.ShardIndex, after: shard_index.ShardIndex
-    ) -> list[Transition]:
+    ) -> list[Change]:
         return [
-            Transition(item=file_id, before=None, after="declared")
-            for file_id in sorted(after.file_ids() - before.file_ids())
+            *(
+                Change(item=file_id, before=None, after="declared")
+                for file_id in sorted(after.file_ids() - before.file_ids())
+            ),
+            *(
+                Change(item=file_id, before="declared", after=REMOVED)
+                for file_id in sorted(before.file_ids() - after.file_ids())
+            ),
         ]
-
-
-INDEX = IndexCodec()
 
 
 def index_error(e: shard_index.ShardIndexError) -> DeclarationConflict:
@@ -200,3 +283,55 @@ def index_error(e: shard_index.ShardIndexError) -> DeclarationConflict:
     if isinstance(e, shard_index.DependencyCycle):
         return DependencyCycle(f"refused: it would make a dependency cycle: {e}")
     return DeclarationConflict(str(e))
+
+
+@dataclass(frozen=True)
+class HeaderCodec:
+    """``task.json``, written once at create and changed only by ``Task.migrate``: no
+    version counter, no journal (what a migration did is journaled by the objects it
+    moves)."""
+
+    task_id: str
+    repair: ClassVar[str] = HEADER_REPAIR
+
+    def decode(self, key: str, body: bytes) -> TaskHeader:
+        data = load_json(key, body, SCHEMA_VERSION)
+        try:
+            header = TaskHeader.model_validate(data)
+        except ValidationError as e:
+            raise CorruptShard(key, f"not a task header: {schema_problems(e)}") from None
+        if header.task_id != self.task_id:
+            raise CorruptShard(key, f"it is the header of task {header.task_id!r}")
+        return header
+
+    def encode(self, doc: TaskHeader) -> bytes:
+        return doc.model_dump_json(exclude_none=True).encode()
+
+    def empty(self) -> TaskHeader:
+        raise NotFound(f"task {self.task_id!r} has no header: create it first")
+
+    def stamp(self, doc: TaskHeader, commit_id: str) -> TaskHeader:
+        return doc
+
+    def commit_ids(self, doc: TaskHeader) -> Sequence[str]:
+        return ()
+
+    def version(self, doc: TaskHeader) -> int | None:
+        return None
+
+    def transitions(self, before: TaskHeader, after: TaskHeader) -> list[Change]:
+        return [
+            Change(
+                item="task",
+                before=f"schema {before.schema_version}",
+                after=f"schema {after.schema_version}",
+            )
+        ]
+
+    def journal(self, doc: TaskHeader) -> None:
+        return None
+
+    def with_journal(
+        self, doc: TaskHeader, journal_id: str, records: Sequence[JournalRecord]
+    ) -> TaskHeader:
+        return doc

@@ -125,18 +125,22 @@ class CorruptShard(ObjManifestError):
 class UnsupportedSchema(ObjManifestError):
     """A manifest object written by a newer objmanifest."""
 
-    def __init__(self, key: str, version: int, supported: int, address: str = "") -> None:
+    def __init__(
+        self, key: str, version: int, supported: int, address: str = "", requires: str = ""
+    ) -> None:
         self.key = key
         self.version = version
         self.supported = supported
         self.address = address or key
+        self.requires = requires
+        upgrade = f"install objmanifest {requires} or newer" if requires else "upgrade objmanifest"
         super().__init__(
             f"{self.address} has schema_version {version}, this objmanifest reads up to "
-            f"{supported}; upgrade objmanifest to work on this task."
+            f"{supported}; {upgrade} to work on this task."
         )
 
     def at(self, address: str, repair: str = "") -> UnsupportedSchema:
-        return UnsupportedSchema(self.key, self.version, self.supported, address)
+        return UnsupportedSchema(self.key, self.version, self.supported, address, self.requires)
 
 
 class StoreError(ObjManifestError):

@@ -19,14 +19,15 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Transition:
+class Change:
     """One item of an object that a commit changed: an entry of a shard (states are entry
-    states), or the upload of an upload state (states are its status)."""
+    states; ``removed`` when it left the shard), the upload of an upload state (states are
+    its status), or a declaration in the index."""
 
     item: str
-    before: str | None
-    """Its state before the commit; None if the commit created it."""
     after: str
+    before: str | None = None
+    """Its state before the commit; None if the commit created it."""
     epoch: int | None = None
     retry_count: int | None = None
     error: str | None = None
@@ -44,7 +45,7 @@ class CommitEvent:
     actor: str
     commit_id: str
     at: datetime
-    transitions: tuple[Transition, ...]
+    transitions: tuple[Change, ...]
 
 
 Observer = Callable[[CommitEvent], None]

@@ -8,7 +8,11 @@ Under the store's prefix::
     TASK_ID/data/STAGE/FILE_ID@EPOCH       an entry's bytes, written once per holder
     TASK_ID/data/STAGE/FILE_ID@EPOCH~X     the same holder's other bytes, or a later upload
     TASK_ID/uploads/STAGE/FILE_ID.json     a chunked entry's upload state
-    TASK_ID/journal/...                    (reserved for the history)
+    TASK_ID/journal/OBJECT/JID/FIRST-LAST.json
+                                           journal records FIRST..LAST of one manifest
+                                           object (OBJECT is its key without ".json",
+                                           e.g. shards/collect), incarnation JID; written
+                                           once
     TASK_ID/archive/...                    (reserved for archived entries)
 
 Nobody else writes a key as a string or takes one apart: a stage that is later split into
@@ -44,6 +48,20 @@ class Parsed:
     shard: str | None = None
     file_id: str | None = None
     epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """A journal block's key taken apart: whose records (the manifest object's key), which
+    incarnation of it, and the versions it covers."""
+
+    object_key: str
+    journal_id: str
+    first: int
+    last: int
+
+
+_VERSION_DIGITS = 12
 
 
 @dataclass(frozen=True)
@@ -94,6 +112,36 @@ class TaskLayout:
     @property
     def journal_prefix(self) -> str:
         return f"{self.task_id}/{JOURNAL}"
+
+    def journal_of(self, object_key: str) -> str:
+        """The prefix of every journal block of the manifest object ``object_key``."""
+        rest = object_key[len(self.root) :] if object_key.startswith(self.root) else object_key
+        return f"{self.task_id}/{JOURNAL}{rest.removesuffix('.json')}/"
+
+    def journal_block(self, object_key: str, journal_id: str, first: int, last: int) -> str:
+        """Where records ``first``..``last`` of ``object_key`` (incarnation ``journal_id``)
+        are written once: two writers of the same records pick the same key."""
+        return (
+            f"{self.journal_of(object_key)}{journal_id}/"
+            f"{first:0{_VERSION_DIGITS}d}-{last:0{_VERSION_DIGITS}d}.json"
+        )
+
+    def parse_block(self, key: str) -> BlockRef | None:
+        """The block ``key`` names, or None if it is not a journal block of this task."""
+        prefix = f"{self.task_id}/{JOURNAL}"
+        if not key.startswith(prefix) or not key.endswith(".json"):
+            return None
+        rest, _, name = key[len(prefix) : -len(".json")].rpartition("/")
+        obj, _, journal_id = rest.rpartition("/")
+        first, dash, last = name.partition("-")
+        if not (obj and journal_id and dash and first.isdigit() and last.isdigit()):
+            return None
+        return BlockRef(f"{self.task_id}/{obj}.json", journal_id, int(first), int(last))
+
+    def manifest_objects(self, stages: tuple[str, ...]) -> list[str]:
+        """The keys of the shards and the index (upload states are found by listing)."""
+        shards = [self.shard(s) for stage in stages for s in self.shards_of(stage)]
+        return [*shards, self.index]
 
     @property
     def archive_prefix(self) -> str:
@@ -167,4 +215,4 @@ def task_of(key: str) -> str | None:
         return None
 
 
-__all__ = ["Parsed", "TaskLayout", "check_file_id", "task_of"]
+__all__ = ["BlockRef", "Parsed", "TaskLayout", "check_file_id", "task_of"]

@@ -12,16 +12,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import ValidationError
 
 import shard_index
 
 from . import changes, leases, transfer
-from .cas import CasPolicy, Documents
-from .codecs import HEADER_REPAIR, INDEX, ShardCodec, index_error, load_json, schema_problems
+from .cas import CasPolicy, Codec, Documents
+from .codecs import (
+    HEADER_REPAIR,
+    HeaderCodec,
+    IndexCodec,
+    ShardCodec,
+    index_error,
+    load_json,
+    schema_problems,
+)
 from .effects import TransitionEffects
 from .errors import (
     AlreadyExists,
@@ -36,14 +45,17 @@ from .errors import (
     UnsupportedStore,
 )
 from .events import Observer, Observers
+from .history import History, Lineage, Transition, lineage
 from .layout import TaskLayout
 from .model import (
+    READERS,
     SCHEMA_VERSION,
     Claim,
     Declaration,
     Entry,
     EntryNote,
     IndexNote,
+    JournalRecord,
     Shard,
     State,
     TaskHeader,
@@ -54,8 +66,18 @@ from .model import (
 from .store import CREATE, PROBE_PREFIX, ObjectStore, probe_conditional_writes
 from .transfer import TransferConfig
 from .uploads import Scope, sweep
+from .uploads.state import UploadCodec
 
 M = TypeVar("M", bound="Manifest")
+D = TypeVar("D")
+
+
+class Migratable(Codec[D], Protocol[D]):
+    """A codec whose objects can be moved to a newer schema version."""
+
+    def schema_of(self, doc: D) -> int: ...
+    def migrated(self, doc: D, schema_version: int) -> D: ...
+
 
 MAX_LEASE_SECONDS = 30 * 24 * 3600.0
 """The longest lease a task may set (30 days); a lease renews itself while its holder works."""
@@ -103,23 +125,36 @@ class Manifest:
         self.header = header
         self.layout = TaskLayout(header.task_id)
         self.observers = Observers()
-        self.docs = Documents(store, policy or CasPolicy(), observers=self.observers)
+        self.docs = Documents(
+            store,
+            policy or CasPolicy(),
+            observers=self.observers,
+            block_key=self.layout.journal_block,
+        )
         self.rules = changes.Rules(header.task_id, header.lease_seconds, header.max_retries)
         self._transfer = transfer
+        self._configure(header)
+        self.journal = History(store, self.docs, self.layout, self._journaled_objects)
+        self.observers.subscribe(TransitionEffects(self.uploads))
+
+    def _configure(self, header: TaskHeader) -> None:
+        """The codecs and the upload scope for the task's schema version."""
+        self.header = header
+        self.index_codec = IndexCodec(header.schema_version)
         self._codecs = {
-            shard: ShardCodec(header.task_id, shard)
+            shard: ShardCodec(header.task_id, shard, header.schema_version)
             for stage in header.stages
             for shard in self.layout.shards_of(stage)
         }
         self.uploads = Scope(
-            store=store,
+            store=self.store,
             docs=self.docs,
             layout=self.layout,
             stages=header.stages,
             held=self.held,
             entry=self._entry_now,
+            schema=header.schema_version,
         )
-        self.observers.subscribe(TransitionEffects(self.uploads))
 
     def __repr__(self) -> str:
         return f"Task({self.task_id!r} at {self.store.url})"
@@ -165,6 +200,7 @@ class Manifest:
             max_retries=retries,
             created_at=store.now(),
             creation_id=runtime.new_id(),
+            requires=READERS[SCHEMA_VERSION],
         )
         key = layout.header
         body = header.model_dump_json().encode()
@@ -288,7 +324,7 @@ class Manifest:
         return self.read_shard(self.layout.shard_of(stage))
 
     def index(self) -> shard_index.ShardIndex:
-        return self.docs.read(self.layout.index, INDEX)
+        return self.docs.read(self.layout.index, self.index_codec)
 
     def stage_of(self, file_id: str) -> str:
         check_file_id(file_id)
@@ -381,7 +417,7 @@ class Manifest:
         for shard, group in by_shard.items():
             changes.declare(shards[shard], self.store.now(), group)
         if batch:
-            self.docs.commit(self.layout.index, INDEX, DeclareInIndex(batch))
+            self.docs.commit(self.layout.index, self.index_codec, DeclareInIndex(batch))
         declared: dict[str, Entry] = {}
         for shard, group in by_shard.items():
             entries = self.docs.commit(
@@ -448,7 +484,7 @@ class Manifest:
                     f"{file_id!r} is in the shard of {stages[0]}, the index puts it in {known}"
                 )
         if missing:
-            self.docs.commit(self.layout.index, INDEX, RepairIndex(missing))
+            self.docs.commit(self.layout.index, self.index_codec, RepairIndex(missing))
         if unplaced:
             raise CorruptShard(
                 self.layout.index,
@@ -561,6 +597,133 @@ class Manifest:
     def sweep_uploads(self) -> list[str]:
         """Abort the multipart uploads nobody can adopt any more; returns their keys."""
         return sweep(self.uploads)
+
+    # -- history ---------------------------------------------------------------------------
+
+    @property
+    def schema_version(self) -> int:
+        """The format the task is at: 1 (no journal) or 2 (every version journaled)."""
+        return self.header.schema_version
+
+    def _upload_codec(self, key: str) -> UploadCodec | None:
+        parsed = self.layout.parse(key)
+        if parsed.kind != "upload" or parsed.stage is None or parsed.file_id is None:
+            return None
+        return UploadCodec(self.task_id, parsed.stage, parsed.file_id, self.schema_version)
+
+    def _journaled_objects(self) -> list[tuple[str, Migratable[Any]]]:
+        """Every manifest object of the task that keeps a journal, with its codec."""
+        objects: list[tuple[str, Migratable[Any]]] = [
+            (self.layout.shard(shard), codec) for shard, codec in self._codecs.items()
+        ]
+        objects.append((self.layout.index, self.index_codec))
+        for row in self.store.list(self.layout.uploads_prefix):
+            codec = self._upload_codec(row.key)
+            if codec is not None:
+                objects.append((row.key, codec))
+        return objects
+
+    def history(self, file_id: str) -> list[Transition]:
+        """The transitions of one entry, oldest first, across takeovers: every committed
+        version of its shard that changed it (from the journal)."""
+        stage = self.stage_of(file_id)
+        shard = self.layout.shard_of(stage, file_id)
+        return self.journal.history(file_id, self.layout.shard(shard), self.codec(shard))
+
+    def log(
+        self,
+        since: datetime | None = None,
+        stage: str | None = None,
+        agent: str | None = None,
+    ) -> list[JournalRecord]:
+        """The task's journal records (every object: shards, index, upload states), in the
+        order they were decided; only those at or after ``since`` (store time), of
+        ``stage``'s objects, or committed by ``agent`` if given."""
+        if stage is not None:
+            self._check_stage(stage)
+        return self.journal.log(since=since, stage=stage, agent=agent)
+
+    def lineage(self, file_id: str) -> Lineage:
+        """The upstream graph of ``file_id`` through ``depends_on``, across shards: each
+        node with its producer, epoch, checksum, size and times."""
+        check_file_id(file_id)
+        index = self.index()
+        if file_id not in index:
+            raise NotFound(f"{file_id!r} is not declared in task {self.task_id!r}")
+        shards: dict[str, Shard] = {}
+
+        def entry(fid: str) -> Entry | None:
+            stage = index.stage_of(fid)
+            if stage is None or stage not in self.stages:
+                return None
+            shard = self.layout.shard_of(stage, fid)
+            if shard not in shards:
+                shards[shard] = self.read_shard(shard)
+            return shards[shard].entries.get(fid)
+
+        return lineage(file_id, index, entry)
+
+    def flush_journal(self) -> None:
+        """Wait for the journal blocks this process started writing."""
+        self.docs.flush()
+
+    def migrate(self) -> list[str]:
+        """Move the task to this release's schema (``SCHEMA_VERSION``): the header first, so
+        agents that open the task from now on use it, then every shard, the index and every
+        upload state, each by a commit (journaled from that version on). Run it once every
+        agent runs this release: an older release then refuses the task
+        (``UnsupportedSchema``) and changes nothing. Returns the keys it moved; running it
+        again moves nothing."""
+        target = SCHEMA_VERSION
+        moved: list[str] = []
+        header_codec = HeaderCodec(self.task_id)
+        header = self.docs.read(self.layout.header, header_codec)
+        if header.schema_version < target:
+            header = self.docs.commit(
+                self.layout.header, header_codec, MigrateHeader(target, READERS[target])
+            )
+            moved.append(self.layout.header)
+        self._configure(header)
+        for key, codec in self._journaled_objects():
+            try:
+                if self.docs.commit(key, codec, Migrate(codec, target)):
+                    moved.append(key)
+            except NotFound:
+                continue
+        return moved
+
+
+@dataclass(frozen=True)
+class MigrateHeader:
+    """The task header at a newer schema version (and the release that reads it)."""
+
+    schema_version: int
+    requires: str
+    name: ClassVar[str] = "migrate"
+    actor: ClassVar[str] = ""
+
+    def apply(self, doc: TaskHeader, now: datetime) -> tuple[TaskHeader | None, TaskHeader]:
+        if doc.schema_version >= self.schema_version:
+            return None, doc
+        moved = doc.model_copy(
+            update={"schema_version": self.schema_version, "requires": self.requires}
+        )
+        return moved, moved
+
+
+@dataclass(frozen=True)
+class Migrate(Generic[D]):
+    """A manifest object at a newer schema version; nothing to write if it is there."""
+
+    codec: Migratable[D]
+    schema_version: int
+    name: ClassVar[str] = "migrate"
+    actor: ClassVar[str] = ""
+
+    def apply(self, doc: D, now: datetime) -> tuple[D | None, bool]:
+        if self.codec.schema_of(doc) >= self.schema_version:
+            return None, False
+        return self.codec.migrated(doc, self.schema_version), True
 
 
 def _refuse_twice(batch: list[Declaration]) -> None:

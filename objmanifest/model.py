@@ -23,8 +23,17 @@ from pydantic import (
 )
 
 from .errors import InvalidFileId, InvalidInput
+from .events import Change
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The newest format this objmanifest writes: 2 journals every version of every manifest
+object. A task stays at the version its header says (1 for tasks made before the journal)
+until ``Task.migrate`` moves it, so agents of both releases can share it meanwhile."""
+JOURNAL_SCHEMA = 2
+"""The first schema version whose manifest objects carry their journal records."""
+READERS = {1: "0.1.0", 2: "0.2.0"}
+"""The first objmanifest release that reads each schema version."""
+"""The first schema version whose manifest objects carry their journal records."""
 COMMITS_KEPT = 64
 """How many commit ids a shard remembers: enough to tell a lost response from a lost race
 even after dozens of others committed on top."""
@@ -160,6 +169,49 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True, use_enum_values=False)
 
 
+class JournalRecord(_Model):
+    """One committed version of a manifest object: who changed it, how, when (the store's
+    time the change was decided at), and what each changed item went through.
+
+    Stored inside the object it describes until it is flushed to a journal block
+    (``object_key`` is then implied); readers fill ``object_key`` in."""
+
+    version: int
+    commit_id: str
+    command: str
+    actor: str
+    at: datetime
+    transitions: tuple[Change, ...] = ()
+    object_key: str | None = None
+
+
+class Journaled(_Model):
+    """A manifest object whose newest journal records travel inside it.
+
+    ``journal_id`` names this incarnation of the object (a deleted and re-created object
+    starts a new one, so its versions never collide with older blocks); ``journal`` holds
+    the records not yet known to be flushed, oldest first. Both stay None below
+    ``JOURNAL_SCHEMA``."""
+
+    schema_version: int = SCHEMA_VERSION
+    version: int = 0
+    commits: tuple[str, ...] = ()
+    journal_id: str | None = None
+    journal: tuple[JournalRecord, ...] | None = None
+
+
+class JournalBlock(_Model):
+    """Records ``first`` to ``last`` of one incarnation of a manifest object, written once
+    at a key derived from exactly those (``layout.TaskLayout.journal_block``)."""
+
+    schema_version: int = 1
+    object_key: str
+    journal_id: str
+    first: int
+    last: int
+    records: tuple[JournalRecord, ...]
+
+
 class Entry(_Model):
     """One file of the task: its stage, state, holder, lease, checksum and dependencies."""
 
@@ -196,14 +248,11 @@ class Entry(_Model):
         return not self.consumers
 
 
-class Shard(_Model):
+class Shard(Journaled):
     """All live entries of one stage, stored as ``shards/STAGE.json``."""
 
-    schema_version: int = SCHEMA_VERSION
     task_id: str
     stage: str
-    version: int = 0
-    commits: tuple[str, ...] = ()
     entries: dict[str, Entry] = Field(default_factory=dict)
 
     def with_entries(self, changed: dict[str, Entry]) -> Shard:
@@ -220,6 +269,9 @@ class TaskHeader(_Model):
     max_retries: int
     created_at: datetime
     creation_id: str = ""
+    requires: str | None = None
+    """The oldest objmanifest release that can work on the task (from schema 2 on), so an
+    older one can say which to install."""
 
     @field_validator("stages")
     @classmethod

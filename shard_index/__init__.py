@@ -4,6 +4,7 @@ Maps every file id of a task to its stage (shard) and dependencies, so checking 
 reads only the shards it needs. Pure data and (de)serialisation: no S3, no objmanifest.
 """
 
+from shard_index._codec import Meta
 from shard_index.errors import (
     DeclarationConflict,
     DependencyCycle,
@@ -18,6 +19,7 @@ __all__ = [
     "DeclarationConflict",
     "DependencyCycle",
     "IndexFormatError",
+    "Meta",
     "Node",
     "ShardIndex",
     "ShardIndexError",

@@ -10,27 +10,53 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Final
+from dataclasses import dataclass
+from typing import Any, Final
 
 from shard_index.errors import IndexFormatError, UnsupportedIndexSchema
 from shard_index.node import Node
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+"""2 adds the last commit ids and the journal of the newest versions (``Meta``); an index
+at 1 is still read and written as 1 until its owner moves it on."""
 
-_KEYS: Final = frozenset({"schema_version", "version", "stages"})
+_KEYS: Final = {
+    1: frozenset({"schema_version", "version", "stages"}),
+    2: frozenset({"schema_version", "version", "stages", "commits", "journal_id", "journal"}),
+}
 
 
-def encode(version: int, nodes: Mapping[str, Node]) -> bytes:
-    """Serialise to compact, deterministic JSON bytes."""
+@dataclass(frozen=True)
+class Meta:
+    """What an index of schema 2 carries beside its entries, for the store that keeps it:
+    its last commit ids, and its journal (an id, and JSON objects this package does not
+    interpret)."""
+
+    schema_version: int = SCHEMA_VERSION
+    commits: tuple[str, ...] = ()
+    journal_id: str = ""
+    journal: tuple[Mapping[str, Any], ...] = ()
+
+
+def encode(version: int, nodes: Mapping[str, Node], meta: Meta) -> bytes:
+    """Serialise to compact, deterministic JSON bytes, at ``meta.schema_version``."""
     stages: dict[str, dict[str, list[str]]] = {}
     for file_id, node in nodes.items():
         stages.setdefault(node.stage, {})[file_id] = sorted(node.depends_on)
-    document = {"schema_version": SCHEMA_VERSION, "version": version, "stages": stages}
+    document: dict[str, object] = {
+        "schema_version": meta.schema_version,
+        "version": version,
+        "stages": stages,
+    }
+    if meta.schema_version >= 2:
+        document.update(
+            commits=list(meta.commits), journal_id=meta.journal_id, journal=list(meta.journal)
+        )
     return json.dumps(document, sort_keys=True, separators=(",", ":")).encode("ascii")
 
 
-def decode(data: bytes) -> tuple[int, dict[str, Node]]:
-    """Parse and check ``encode``'s output; return (version, nodes)."""
+def decode(data: bytes) -> tuple[int, dict[str, Node], Meta]:
+    """Parse and check ``encode``'s output; return (version, nodes, meta)."""
     document = _load(data)
     if not isinstance(document, dict):
         raise IndexFormatError(f"index must be a JSON object, got {_kind(document)}")
@@ -44,16 +70,31 @@ def decode(data: bytes) -> tuple[int, dict[str, Node]]:
     # Checked before the shape: a newer schema may well have another shape.
     if schema_version > SCHEMA_VERSION:
         raise UnsupportedIndexSchema(schema_version, SCHEMA_VERSION)
-    missing = sorted(_KEYS - document.keys())
+    keys = _KEYS[schema_version]
+    missing = sorted(keys - document.keys())
     if missing:
         raise IndexFormatError(f"index is missing {', '.join(map(repr, missing))}")
-    unknown = sorted(document.keys() - _KEYS)
+    unknown = sorted(document.keys() - keys)
     if unknown:
         raise IndexFormatError(f"index has unknown keys {', '.join(map(repr, unknown))}")
     version = document["version"]
     if not _is_int(version) or version < 0:
         raise IndexFormatError(f"'version' must be an integer >= 0, got {_show(version)}")
-    return version, _decode_stages(document["stages"])
+    meta = Meta(schema_version=schema_version)
+    if schema_version >= 2:
+        meta = _decode_meta(document)
+    return version, _decode_stages(document["stages"]), meta
+
+
+def _decode_meta(document: dict[str, Any]) -> Meta:
+    commits, journal_id, journal = document["commits"], document["journal_id"], document["journal"]
+    if not isinstance(commits, list) or not all(isinstance(c, str) and c for c in commits):
+        raise IndexFormatError(f"'commits' must be a list of commit ids, got {_show(commits)}")
+    if not isinstance(journal_id, str):
+        raise IndexFormatError(f"'journal_id' must be a string, got {_show(journal_id)}")
+    if not isinstance(journal, list) or not all(isinstance(r, dict) for r in journal):
+        raise IndexFormatError(f"'journal' must be a list of objects, got {_show(journal)}")
+    return Meta(2, tuple(commits), journal_id, tuple(journal))
 
 
 def _load(data: bytes) -> object:

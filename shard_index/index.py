@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 from shard_index import _codec, _graph
+from shard_index._codec import Meta
 from shard_index.errors import (
     DeclarationConflict,
     DependencyCycle,
@@ -36,7 +37,15 @@ class ShardIndex:
 
     SCHEMA_VERSION: ClassVar[int] = _codec.SCHEMA_VERSION
 
-    __slots__ = ("_by_stage", "_cross_edges", "_dependents", "_nodes", "_undeclared", "_version")
+    __slots__ = (
+        "_by_stage",
+        "_cross_edges",
+        "_dependents",
+        "_meta",
+        "_nodes",
+        "_undeclared",
+        "_version",
+    )
 
     _nodes: Mapping[str, Node]
     _version: int
@@ -44,20 +53,25 @@ class ShardIndex:
     _by_stage: dict[str, frozenset[str]] | None
     _undeclared: frozenset[str] | None
     _cross_edges: frozenset[tuple[str, str]] | None
+    _meta: Meta
 
     def __init__(self) -> None:
         """Make an empty index (same as ``ShardIndex.empty()``)."""
         self._nodes = {}
         self._version = 0
+        self._meta = Meta()
         self._dependents = None
         self._by_stage = None
         self._undeclared = None
         self._cross_edges = None
 
     @classmethod
-    def empty(cls) -> ShardIndex:
-        """The index of a task where nothing is declared yet (version 0)."""
-        return cls()
+    def empty(cls, schema_version: int = _codec.SCHEMA_VERSION) -> ShardIndex:
+        """The index of a task where nothing is declared yet (version 0), to be written at
+        ``schema_version``."""
+        index = cls()
+        index._meta = Meta(schema_version=schema_version)
+        return index
 
     @classmethod
     def _create(
@@ -65,12 +79,30 @@ class ShardIndex:
         nodes: Mapping[str, Node],
         version: int,
         dependents: dict[str, frozenset[str]] | None,
+        meta: Meta,
     ) -> ShardIndex:
         """Wrap already-checked content; the dicts passed in must not be changed later."""
         index = cls()
         index._nodes = nodes
         index._version = version
         index._dependents = dependents
+        index._meta = meta
+        return index
+
+    # -------------------------------------------------------------------- meta
+
+    @property
+    def meta(self) -> Meta:
+        """The schema version it is written at, its last commit ids and its journal."""
+        return self._meta
+
+    def with_meta(self, meta: Meta, version: int | None = None) -> ShardIndex:
+        """The same entries with other ``meta`` (and ``version``, if given)."""
+        index = ShardIndex._create(
+            self._nodes, self._version if version is None else version, self._dependents, meta
+        )
+        index._by_stage, index._undeclared = self._by_stage, self._undeclared
+        index._cross_edges = self._cross_edges
         return index
 
     # ----------------------------------------------------------------- reading
@@ -169,13 +201,13 @@ class ShardIndex:
         if not draft.added:
             return self
         nodes, dependents = draft.result()
-        return ShardIndex._create(nodes, self._version + 1, dependents)
+        return ShardIndex._create(nodes, self._version + 1, dependents, self._meta)
 
     # ------------------------------------------------------------ serialising
 
     def to_json(self) -> bytes:
         """Compact, deterministic JSON: equal indexes give equal bytes."""
-        return _codec.encode(self._version, self._nodes)
+        return _codec.encode(self._version, self._nodes, self._meta)
 
     @classmethod
     def from_json(cls, data: bytes) -> ShardIndex:
@@ -184,12 +216,12 @@ class ShardIndex:
         Raises IndexFormatError (a ValueError) for anything malformed and
         UnsupportedIndexSchema for an index written by a newer schema.
         """
-        version, nodes = _codec.decode(data)
+        version, nodes, meta = _codec.decode(data)
         dependents = _reverse_of(nodes)
         cycle = _graph.find_any_cycle(nodes, dependents)
         if cycle is not None:
             raise IndexFormatError(f"index contains a dependency cycle: {cycle_path(cycle)}")
-        return cls._create(nodes, version, dependents)
+        return cls._create(nodes, version, dependents, meta)
 
     # ------------------------------------------------------------- comparing
 

@@ -18,7 +18,6 @@ import pytest
 from conftest import raw_delete, raw_get, raw_put, requests
 
 import objmanifest as om
-from objmanifest.codecs import INDEX
 from objmanifest.errors import ReadBrokeOff
 from objmanifest.manifest import DeclareInIndex
 from objmanifest.store import make_client
@@ -201,7 +200,7 @@ def test_bad_file_ids_are_refused(task: om.Task, file_id: str) -> None:
 def test_interrupted_declare_is_finished_by_declaring_again(task: om.Task) -> None:
     # A crash after the index commit, before the shard commit: simulate the index part only.
     half = om.Declaration(file_id="half", stage="collect")
-    task.docs.commit(task.index_key, INDEX, DeclareInIndex([half]))
+    task.docs.commit(task.index_key, task.index_codec, DeclareInIndex([half]))
     with pytest.raises(om.NotFound, match="declare it again"):
         task.entry("half")
     task.declare("half", stage="collect")

@@ -16,6 +16,7 @@ from shard_index import (
     DeclarationConflict,
     DependencyCycle,
     IndexFormatError,
+    Meta,
     Node,
     ShardIndex,
     ShardIndexError,
@@ -325,8 +326,11 @@ def test_empty_index() -> None:
     assert index.file_ids() == frozenset()
     assert index.file_ids("collect") == frozenset()
     assert index == ShardIndex()
-    assert index.to_json() == b'{"schema_version":1,"stages":{},"version":0}'
-    assert ShardIndex.SCHEMA_VERSION == 1
+    assert index.to_json() == (
+        b'{"commits":[],"journal":[],"journal_id":"","schema_version":2,"stages":{},"version":0}'
+    )
+    assert ShardIndex.empty(1).to_json() == b'{"schema_version":1,"stages":{},"version":0}'
+    assert ShardIndex.SCHEMA_VERSION == 2
 
 
 def test_declare_builds_every_view() -> None:
@@ -604,7 +608,7 @@ def test_declare_many_validates_the_shape_of_each_declaration(decl: object) -> N
 
 
 def test_to_json_is_compact_sorted_and_grouped_by_stage() -> None:
-    index = ShardIndex.empty().declare_many(
+    index = ShardIndex.empty(1).declare_many(
         [("b", "write", ["z", "a"]), ("a", "collect", []), ("c", "write", ["a"])]
     )
     assert index.to_json() == (
@@ -640,6 +644,56 @@ def test_from_json_accepts_valid_input_in_any_layout() -> None:
     assert index.version == 2
     assert index.dependencies("b") == {"a", "z"}
     assert ShardIndex.from_json(valid()).dependents("a") == {"b"}
+
+
+def test_schema_2_carries_commit_ids_and_a_journal_it_does_not_interpret() -> None:
+    record = {"version": 1, "note": ["anything", {"json": None}]}
+    index = (
+        ShardIndex.empty()
+        .declare("a", "collect")
+        .with_meta(Meta(2, ("c.1", "c.2"), "j1", (record,)))
+    )
+    data = index.to_json()
+    assert data == (
+        b'{"commits":["c.1","c.2"],"journal":[{"note":["anything",{"json":null}],"version":1}],'
+        b'"journal_id":"j1","schema_version":2,"stages":{"collect":{"a":[]}},"version":1}'
+    )
+    back = ShardIndex.from_json(data)
+    assert back.meta == Meta(2, ("c.1", "c.2"), "j1", (record,))
+    assert back.declare("b", "write").meta == back.meta  # a declaration keeps them
+    assert back.declare("b", "write").version == 2
+
+
+def test_an_index_at_schema_1_stays_at_1() -> None:
+    index = ShardIndex.from_json(valid())
+    assert index.meta == Meta(schema_version=1)
+    again = index.declare("c", "write")
+    assert json.loads(again.to_json())["schema_version"] == 1
+    assert set(json.loads(again.to_json())) == {"schema_version", "version", "stages"}
+
+
+def valid2(**changes: object) -> bytes:
+    document = json.loads(valid(schema_version=2, commits=[], journal_id="j", journal=[]))
+    document.update(changes)
+    return json.dumps(document).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (valid(schema_version=2), "index is missing 'commits', 'journal', 'journal_id'"),
+        (valid2(commits="c.1"), "'commits' must be a list of commit ids"),
+        (valid2(commits=[""]), "'commits' must be a list of commit ids"),
+        (valid2(journal_id=None), "'journal_id' must be a string, got null"),
+        (valid2(journal={}), "'journal' must be a list of objects"),
+        (valid2(journal=[1]), "'journal' must be a list of objects"),
+        (valid2(extra=1), "index has unknown keys 'extra'"),
+        (valid(commits=[]), "index has unknown keys 'commits'"),
+    ],
+)
+def test_from_json_checks_the_schema_2_fields(data: bytes, message: str) -> None:
+    with pytest.raises(IndexFormatError, match=re.escape(message)):
+        ShardIndex.from_json(data)
 
 
 @pytest.mark.parametrize(
@@ -701,7 +755,7 @@ def test_from_json_rejects_malformed_input(data: bytes, message: str) -> None:
 @pytest.mark.parametrize(
     "data",
     [
-        valid(schema_version=2),
+        valid(schema_version=3),
         # A newer schema may have another shape: the version is checked first.
         b'{"schema_version": 5, "entries": [1, 2, 3]}',
     ],

@@ -24,7 +24,7 @@ def abandon(scope: Scope, stage: str, file_id: str, epoch: int | None = None) ->
     an entry that is dead or was produced another way. The state is marked aborted first,
     so no holder records parts for it any more; returns the key if an upload was aborted."""
     key = scope.layout.upload_state(stage, file_id)
-    codec = UploadCodec(scope.layout.task_id, stage, file_id)
+    codec = UploadCodec(scope.layout.task_id, stage, file_id, scope.schema)
     old = scope.docs.detached().commit(key, codec, Abort(epoch))
     if old is None or old.key is None or old.upload_id is None:
         return None
@@ -40,7 +40,7 @@ def reject_data(scope: Scope, entry: Entry) -> None:
     fault is raised (the entry then stays as it is, and the next consumer tries again)."""
     if not entry.is_chunked or entry.key is None or entry.parts_key is None:
         return
-    codec = UploadCodec(scope.layout.task_id, entry.stage, entry.file_id)
+    codec = UploadCodec(scope.layout.task_id, entry.stage, entry.file_id, scope.schema)
     scope.docs.detached().commit(entry.parts_key, codec, Reject(entry.key))
 
 

@@ -93,7 +93,7 @@ class Upload:
         self.store = scope.store
         self.runtime = scope.store.runtime
         self.state_key = scope.layout.upload_state(claim.stage, claim.file_id)
-        self.codec = UploadCodec(claim.task_id, claim.stage, claim.file_id)
+        self.codec = UploadCodec(claim.task_id, claim.stage, claim.file_id, scope.schema)
         # A cache of its own: a big part list must not stay in the task's cache for good.
         self.docs = scope.docs.detached()
         self.concurrency = max(1, min(self.config.concurrency, self.store.connections))

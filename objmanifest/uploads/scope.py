@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..cas import Documents
 from ..layout import TaskLayout
-from ..model import Claim, Entry
+from ..model import SCHEMA_VERSION, Claim, Entry
 from ..store import ObjectStore
 
 
@@ -27,3 +27,5 @@ class Scope:
     stages: tuple[str, ...]
     held: Callable[[Claim], Entry]
     entry: Callable[[str, str], Entry | None]
+    schema: int = SCHEMA_VERSION
+    """The task's schema version: new upload states are created at it."""

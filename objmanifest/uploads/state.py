@@ -17,18 +17,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from ..codecs import UPLOAD_REPAIR, VersionedCodec
 from ..errors import CorruptShard, LeaseLost, NotFound, ObjManifestError
-from ..events import Transition
+from ..events import Change
 from ..layout import TaskLayout
-from ..model import Claim
+from ..model import SCHEMA_VERSION, Claim, Journaled
 from ..store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-STATE_SCHEMA = 1
+STATE_SCHEMA = SCHEMA_VERSION
 
 Part = tuple[int, int, str, str]
 """(number, size, xxh3-128 hex, bare ETag) of one finished part."""
@@ -36,17 +36,12 @@ Part = tuple[int, int, str, str]
 Status = Literal["none", "open", "aborted"]
 
 
-class UploadState(BaseModel):
+class UploadState(Journaled):
     """``uploads/STAGE/FILE_ID.json``: one entry's multipart upload and its finished parts."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    schema_version: int = STATE_SCHEMA
     task_id: str
     stage: str
     file_id: str
-    version: int = 0
-    commits: tuple[str, ...] = ()
     epoch: int = 0
     """The epoch of the holder that last took the upload over; older ones are refused."""
     owner: str | None = None
@@ -77,17 +72,23 @@ class UploadCodec(VersionedCodec[UploadState]):
     task_id: str
     stage: str
     file_id: str
+    writes: int = STATE_SCHEMA
 
     def check(self, key: str, doc: UploadState) -> None:
         if (doc.task_id, doc.stage, doc.file_id) != (self.task_id, self.stage, self.file_id):
             raise CorruptShard(key, f"describes {doc.task_id}/{doc.stage}/{doc.file_id}")
 
     def empty(self) -> UploadState:
-        return UploadState(task_id=self.task_id, stage=self.stage, file_id=self.file_id)
+        return UploadState(
+            task_id=self.task_id,
+            stage=self.stage,
+            file_id=self.file_id,
+            schema_version=self.writes,
+        )
 
-    def transitions(self, before: UploadState, after: UploadState) -> list[Transition]:
+    def transitions(self, before: UploadState, after: UploadState) -> list[Change]:
         return [
-            Transition(
+            Change(
                 item=after.file_id,
                 before=before.status if before.version else None,
                 after=after.status,

@@ -35,7 +35,7 @@ from objmanifest.errors import (
     StoreError,
     UnsupportedSchema,
 )
-from objmanifest.events import CommitEvent, Transition
+from objmanifest.events import Change, CommitEvent
 from objmanifest.runtime import Runtime
 from objmanifest.store import CREATE, OVERWRITE, MemoryStore, PutMode
 
@@ -99,9 +99,16 @@ class TallyCodec:
     def version(self, doc: Tally) -> int | None:
         return doc.version
 
-    def transitions(self, before: Tally, after: Tally) -> list[Transition]:
+    def journal(self, doc: Tally) -> None:
+        """A tally keeps no journal (the journal has tests of its own, test_journal.py)."""
+        return None
+
+    def with_journal(self, doc: Tally, journal_id: str, records: Sequence[Any]) -> Tally:
+        return doc
+
+    def transitions(self, before: Tally, after: Tally) -> list[Change]:
         return [
-            Transition(
+            Change(
                 item=name,
                 before=None if name not in before.counts else str(before.counts[name]),
                 after=str(n),
@@ -332,7 +339,7 @@ def event(
     commit_id: str,
     at_reading: int,
     version: int,
-    *transitions: Transition,
+    *transitions: Change,
     command: str = "add",
     actor: str = "ann",
     key: str = KEY,
@@ -348,8 +355,8 @@ def event(
     )
 
 
-def moved(item: str, before: int | None, after: int) -> Transition:
-    return Transition(item=item, before=None if before is None else str(before), after=str(after))
+def moved(item: str, before: int | None, after: int) -> Change:
+    return Change(item=item, before=None if before is None else str(before), after=str(after))
 
 
 def backoff(attempt: int) -> float:

@@ -1,0 +1,282 @@
+"""Reading the journal: every record of a manifest object, an entry's history, the task's
+log, and an entry's lineage.
+
+A manifest object's records are in two places: the write-once blocks under
+``TASK/journal/OBJECT/`` (see ``cas.py``) and the newest ones, still inside the object.
+Readers merge both and keep one record per version (a block and the object may both hold a
+record for a while; they are the same record). Objects written before the task moved to
+the journal's schema have no records for those versions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+import shard_index
+
+from .cas import Codec, Documents
+from .codecs import REMOVED, load_json, schema_problems
+from .errors import CorruptShard, NotFound
+from .layout import TaskLayout
+from .model import Entry, JournalBlock, JournalRecord
+from .store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+BLOCK_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One step in an entry's history: the commit (object version, command, actor, store
+    time) and what it did to the entry."""
+
+    version: int
+    command: str
+    actor: str
+    from_state: str | None
+    """None when this commit declared the entry."""
+    to_state: str
+    epoch: int | None
+    retry_count: int | None
+    error: str | None
+    at: datetime
+    checksum: str | None = None
+    object_key: str = ""
+    commit_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "command": self.command,
+            "actor": self.actor,
+            "from_state": self.from_state,
+            "to_state": self.to_state,
+            "epoch": self.epoch,
+            "retry_count": self.retry_count,
+            "error": self.error,
+            "checksum": self.checksum,
+            "at": self.at.isoformat(),
+            "object_key": self.object_key,
+            "commit_id": self.commit_id,
+        }
+
+
+@dataclass(frozen=True)
+class LineageNode:
+    """One entry of a lineage: who produced it, in which epoch, and what it holds."""
+
+    file_id: str
+    stage: str | None
+    state: str | None
+    """None: declared as a dependency but not (yet) declared itself."""
+    producer: str | None
+    epoch: int | None
+    checksum: str | None
+    size: int | None
+    depends_on: tuple[str, ...]
+    declared_at: datetime | None
+    updated_at: datetime | None
+    ready_at: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file_id": self.file_id,
+            "stage": self.stage,
+            "state": self.state,
+            "producer": self.producer,
+            "epoch": self.epoch,
+            "checksum": self.checksum,
+            "size": self.size,
+            "depends_on": list(self.depends_on),
+            "declared_at": _iso(self.declared_at),
+            "updated_at": _iso(self.updated_at),
+            "ready_at": _iso(self.ready_at),
+        }
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """The upstream graph of an entry through ``depends_on``: ``nodes`` by file id, and
+    ``edges`` as (file id, a dependency of it) pairs. The checksums of the nodes say which
+    bytes a result was made from."""
+
+    root: str
+    nodes: dict[str, LineageNode] = field(default_factory=dict)
+    edges: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "nodes": {k: n.to_dict() for k, n in self.nodes.items()},
+            "edges": [list(e) for e in self.edges],
+        }
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
+
+
+def record_dict(record: JournalRecord) -> dict[str, Any]:
+    """A record as the CLI's ``--json`` prints it."""
+    return record.model_dump(mode="json", exclude_none=True)
+
+
+class History:
+    """Reads the journal of one task."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        docs: Documents,
+        layout: TaskLayout,
+        objects: Callable[[], Sequence[tuple[str, Codec[Any]]]],
+    ) -> None:
+        self.store = store
+        self.docs = docs.detached()
+        self.layout = layout
+        self._objects = objects
+
+    # -- one object ------------------------------------------------------------------------
+
+    def blocks(self, object_key: str) -> Iterator[JournalRecord]:
+        """The records in the blocks of ``object_key`` (every incarnation)."""
+        prefix = self.layout.journal_of(object_key)
+        for row in self.store.list(prefix):
+            ref = self.layout.parse_block(row.key)
+            if ref is None or ref.object_key != object_key:
+                continue
+            try:
+                blob = self.store.get(row.key)
+            except NotFound:
+                continue
+            assert blob is not None
+            block = self._decode_block(row.key, blob.body)
+            yield from block.records
+
+    def _decode_block(self, key: str, body: bytes) -> JournalBlock:
+        data = load_json(key, body, BLOCK_SCHEMA)
+        try:
+            return JournalBlock.model_validate(data)
+        except ValidationError as e:
+            problem = f"not a journal block: {schema_problems(e)}"
+            raise CorruptShard(key, problem, self.store.describe(key)) from None
+
+    def records(self, object_key: str, codec: Codec[Any]) -> list[JournalRecord]:
+        """Every record of ``object_key``, oldest first, one per version, each with its
+        ``object_key`` set. The live object is read after the blocks, so a record moved to
+        a block in between is still found."""
+        found: dict[tuple[str, int], JournalRecord] = {}
+        for record in self.blocks(object_key):
+            found.setdefault((record.commit_id, record.version), record)
+        try:
+            doc = self.docs.read(object_key, codec)
+        except NotFound:
+            doc = None
+        journal = codec.journal(doc) if doc is not None else None
+        if journal is not None:
+            for record in journal[1]:
+                found.setdefault((record.commit_id, record.version), record)
+        ordered = sorted(found.values(), key=lambda r: r.version)
+        return [r.model_copy(update={"object_key": object_key}) for r in ordered]
+
+    # -- the task --------------------------------------------------------------------------
+
+    def log(
+        self,
+        since: datetime | None = None,
+        stage: str | None = None,
+        agent: str | None = None,
+        objects: Iterable[tuple[str, Codec[Any]]] | None = None,
+    ) -> list[JournalRecord]:
+        """The task's records in the order they were decided (store time, then object and
+        version), filtered by time, stage and actor."""
+        out: list[JournalRecord] = []
+        for key, codec in objects if objects is not None else self._objects():
+            parsed = self.layout.parse(key)
+            if stage is not None and parsed.stage != stage:
+                continue
+            for record in self.records(key, codec):
+                if since is not None and record.at < since:
+                    continue
+                if agent is not None and record.actor != agent:
+                    continue
+                out.append(record)
+        out.sort(key=lambda r: (r.at, r.object_key or "", r.version))
+        return out
+
+    def history(self, file_id: str, shard_key: str, codec: Codec[Any]) -> list[Transition]:
+        """Every transition of ``file_id`` in its shard, oldest first, across takeovers."""
+        steps: list[Transition] = []
+        for record in self.records(shard_key, codec):
+            for change in record.transitions:
+                if change.item != file_id:
+                    continue
+                steps.append(
+                    Transition(
+                        version=record.version,
+                        command=record.command,
+                        actor=record.actor,
+                        from_state=change.before,
+                        to_state=change.after,
+                        epoch=change.epoch,
+                        retry_count=change.retry_count,
+                        error=change.error,
+                        at=record.at,
+                        checksum=change.checksum,
+                        object_key=shard_key,
+                        commit_id=record.commit_id,
+                    )
+                )
+        return steps
+
+
+def lineage(
+    file_id: str,
+    index: shard_index.ShardIndex,
+    entry: Callable[[str], Entry | None],
+    ready_at: Callable[[Entry], datetime | None] | None = None,
+) -> Lineage:
+    """Walk ``depends_on`` upstream from ``file_id``, across shards (breadth first; the
+    index holds no cycle, and each id is visited once)."""
+    nodes: dict[str, LineageNode] = {}
+    edges: list[tuple[str, str]] = []
+    queue = [file_id]
+    while queue:
+        current = queue.pop(0)
+        if current in nodes:
+            continue
+        found = entry(current) if current in index else None
+        deps = tuple(sorted(index.dependencies(current)))
+        if found is None:
+            nodes[current] = LineageNode(
+                current, index.stage_of(current), None, None, None, None, None, deps, None, None
+            )
+        else:
+            produced = found.checksum is not None
+            nodes[current] = LineageNode(
+                file_id=current,
+                stage=found.stage,
+                state=found.state.value,
+                producer=found.owner if produced else None,
+                epoch=found.epoch if produced else None,
+                checksum=found.checksum,
+                size=found.size,
+                depends_on=deps,
+                declared_at=found.declared_at,
+                updated_at=found.updated_at,
+                ready_at=ready_at(found) if ready_at is not None and produced else None,
+            )
+        for dep in deps:
+            edges.append((current, dep))
+            queue.append(dep)
+    return Lineage(file_id, nodes, tuple(edges))
+
+
+__all__ = ["REMOVED", "History", "Lineage", "LineageNode", "Transition", "lineage", "record_dict"]

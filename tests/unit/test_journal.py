@@ -1,0 +1,367 @@
+"""The journal on ``MemoryStore``: one record per committed version of every manifest
+object, carried inside the object until a write-once block holds it, never lost when a
+block write fails, is lost with its writer, or races another writer's.
+
+The runtime's pool runs block writes at once in the committing thread (``INLINE``), or
+never (``NEVER``: a writer that dies before its background write), so every test states
+exactly what is in the store.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+import objmanifest as om
+from objmanifest.cas import BLOCK
+from objmanifest.errors import UnsupportedSchema
+from objmanifest.model import JournalBlock, TaskHeader
+from objmanifest.runtime import DEFAULT, Runtime
+from objmanifest.store import CREATE
+
+
+class _Inline(cf.Executor):
+    """Runs each job at once, in the caller's thread."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        future: cf.Future[Any] = cf.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # pragma: no cover - the job logs its own failures
+            future.set_exception(e)
+        return future
+
+
+class _Never(cf.Executor):
+    """Accepts jobs and never runs them: the process died before its background work."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        future: cf.Future[Any] = cf.Future()
+        future.set_result(None)
+        return future
+
+
+INLINE = replace(DEFAULT, pool=lambda workers, name: _Inline())
+NEVER = replace(DEFAULT, pool=lambda workers, name: _Never())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def store(
+    bucket: str, runtime: Runtime = INLINE, clock: Callable[[], datetime] | None = None
+) -> om.MemoryStore:
+    return om.MemoryStore(bucket, "p", runtime=runtime, clock=clock)
+
+
+def fresh(runtime: Runtime = INLINE, **kwargs: Any) -> tuple[om.MemoryStore, om.Task]:
+    s = store(f"journal-{uuid.uuid4().hex[:8]}", runtime)
+    task = om.Task.create(s, "job", stages=["a", "b"], **kwargs)
+    return s, task
+
+
+def produce(task: om.Task, agent: om.Agent, file_id: str, stage: str = "a") -> None:
+    task.declare(file_id, stage)
+    claim = agent.claim(file_id)
+    assert claim is not None
+    agent.put(claim, file_id.encode())
+
+
+def versions(records: list[om.JournalRecord]) -> list[int]:
+    return [r.version for r in records]
+
+
+def check_complete(task: om.Task, key: str, codec: Any) -> list[om.JournalRecord]:
+    """Versions 1..N of ``key`` each have exactly one record, and the newest records are
+    those of the commit ids the object itself remembers."""
+    records = task.journal.records(key, codec)
+    doc = task.docs.read(key, codec)
+    n = codec.version(doc)
+    assert versions(records) == list(range(1, n + 1)), key
+    ids = list(codec.commit_ids(doc))
+    assert [r.commit_id for r in records[-len(ids) :]] == ids
+    return records
+
+
+def raw(s: om.MemoryStore, key: str) -> dict[str, Any]:
+    blob = s.get(key)
+    assert blob is not None
+    data: dict[str, Any] = json.loads(blob.body)
+    return data
+
+
+def blocks(s: om.MemoryStore, task: om.Task) -> list[str]:
+    return sorted(row.key for row in s.list(task.layout.journal_prefix))
+
+
+# -- one record per version --------------------------------------------------------------------
+
+
+def test_every_committed_version_of_the_shard_and_the_index_has_one_record() -> None:
+    s, task = fresh()
+    agent = task.agent("ann")
+    for i in range(30):
+        produce(task, agent, f"f{i}")
+    shard = check_complete(task, task.shard_key("a"), task.codec("a"))
+    index = check_complete(task, task.index_key, task.index_codec)
+    assert len(shard) == 90 and len(index) == 30  # declare, claim, finish; one declaration
+    first = shard[:3]
+    assert [(r.command, r.actor) for r in first] == [
+        ("declare", ""),
+        ("claim", "ann"),
+        ("finish", "ann"),
+    ]
+    assert [(c.item, c.before, c.after) for c in first[2].transitions] == [
+        ("f0", "writing", "ready")
+    ]
+    assert first[2].transitions[0].checksum == task.entry("f0").checksum
+    assert all(r.object_key == task.shard_key("a") for r in shard)
+
+
+def test_records_move_to_write_once_blocks_and_leave_the_object() -> None:
+    s, task = fresh()
+    agent = task.agent("ann")
+    for i in range(30):  # 90 versions of shard a: blocks 1-32 and 33-64
+        produce(task, agent, f"f{i}")
+    shard_blocks = [k for k in blocks(s, task) if "/shards/a/" in k]
+    doc = raw(s, task.shard_key("a"))
+    assert len(shard_blocks) == 2
+    assert shard_blocks[0].endswith(f"/{1:012d}-{BLOCK:012d}.json")
+    assert shard_blocks[1].endswith(f"/{BLOCK + 1:012d}-{2 * BLOCK:012d}.json")
+    assert f"/{doc['journal_id']}/" in shard_blocks[0]
+    block = JournalBlock.model_validate(raw(s, shard_blocks[0]))
+    assert (block.first, block.last) == (1, BLOCK)
+    assert versions(list(block.records)) == list(range(1, BLOCK + 1))
+    # The object keeps only what no block holds (dropped by the commit after the block).
+    carried = [r["version"] for r in doc["journal"]]
+    assert carried == list(range(2 * BLOCK + 1, 91))
+    assert task.docs.stats.journal_blocks == len(blocks(s, task))
+
+
+def test_a_warm_commit_is_one_put_and_a_block_one_more_per_block() -> None:
+    s, task = fresh()
+    agent = task.agent("ann")
+    task.declare("x", "a")
+    claim = agent.claim("x")
+    assert claim is not None
+    s.faults.calls.clear()
+    for _ in range(2 * BLOCK):
+        claim = agent.renew(claim)
+    assert s.faults.calls["put"] == 2 * BLOCK + 2  # the renewals, and two blocks
+    assert s.faults.calls["get"] == 0
+    check_complete(task, task.shard_key("a"), task.codec("a"))
+
+
+# -- nothing lost -------------------------------------------------------------------------------
+
+
+def test_a_block_that_cannot_be_written_keeps_its_records_in_the_object() -> None:
+    s, task = fresh()
+    agent = task.agent("ann")
+    s.faults.add("put", "/journal/", "fail", times=1000)
+    for i in range(30):
+        produce(task, agent, f"f{i}")
+    assert blocks(s, task) == []
+    assert len(raw(s, task.shard_key("a"))["journal"]) == 90
+    s.faults.clear()
+    produce(task, agent, "late")
+    assert len(blocks(s, task)) > 0
+    check_complete(task, task.shard_key("a"), task.codec("a"))
+    assert len(raw(s, task.shard_key("a"))["journal"]) < 2 * BLOCK
+
+
+def test_a_writer_that_dies_before_its_block_write_loses_nothing() -> None:
+    bucket = f"journal-{uuid.uuid4().hex[:8]}"
+    dying = om.Task.create(store(bucket, NEVER), "job", stages=["a", "b"])
+    agent = dying.agent("ann")
+    for i in range(30):
+        produce(dying, agent, f"f{i}")
+    s = store(bucket)
+    assert blocks(s, dying) == []
+    task = om.Task.open(s, "job")
+    produce(task, task.agent("bob"), "next")
+    assert len(blocks(s, task)) > 0
+    records = check_complete(task, task.shard_key("a"), task.codec("a"))
+    assert {r.actor for r in records} == {"", "ann", "bob"}
+
+
+def test_a_block_written_already_is_recognised_and_not_written_twice() -> None:
+    bucket = f"journal-{uuid.uuid4().hex[:8]}"
+    first = om.Task.create(store(bucket), "job", stages=["a", "b"])
+    second = om.Task.open(store(bucket), "job")
+    for i in range(20):  # two agents with caches of their own, interleaved
+        produce(first, first.agent("ann"), f"ann{i}")
+        produce(second, second.agent("bob"), f"bob{i}")
+    s = store(bucket)
+    names = blocks(s, first)
+    assert len(names) == len(set(names)) > 0
+    check_complete(second, second.shard_key("a"), second.codec("a"))
+    for key in names:  # every block holds exactly the versions its key names
+        block = JournalBlock.model_validate(raw(s, key))
+        assert versions(list(block.records)) == list(range(block.first, block.last + 1))
+
+
+def test_a_block_whose_key_is_taken_is_not_overwritten() -> None:
+    s, task = fresh()
+    agent = task.agent("ann")
+    produce(task, agent, "f0")
+    journal_id = raw(s, task.shard_key("a"))["journal_id"]
+    key = task.layout.journal_block(task.shard_key("a"), journal_id, 1, BLOCK)
+    s.put(key, b"written by another", mode=CREATE)
+    for i in range(1, 12):
+        produce(task, agent, f"f{i}")
+    blob = s.get(key)
+    assert blob is not None and blob.body == b"written by another"
+
+
+def test_a_lost_answer_leaves_exactly_one_record() -> None:
+    s, task = fresh()
+    agent = task.agent("ann")
+    task.declare("x", "a")
+    s.faults.add("put", "/shards/a.json", "lose")
+    claim = agent.claim("x")  # applied; the answer lost; the re-read recognises it
+    assert claim is not None
+    records = check_complete(task, task.shard_key("a"), task.codec("a"))
+    assert [r.command for r in records] == ["declare", "claim"]
+
+
+# -- reading history ----------------------------------------------------------------------------
+
+
+def test_history_follows_an_entry_across_a_takeover() -> None:
+    clock = Clock()
+    s = store(f"journal-{uuid.uuid4().hex[:8]}", clock=clock)
+    task = om.Task.create(s, "job", stages=["a"], lease_seconds=10, max_retries=3)
+    task.declare("x", "a", consumers=["checker"])
+    ann, bob = task.agent("ann"), task.agent("bob")
+    assert ann.claim("x") is not None
+    clock.advance(60)  # ann's lease runs out; bob takes over
+    claim = bob.claim("x")
+    assert claim is not None
+    bob.put(claim, b"bytes")
+    task.agent("c1", role="checker").consume("x")
+    steps = task.history("x")
+    assert [(t.command, t.actor, t.from_state, t.to_state, t.epoch) for t in steps] == [
+        ("declare", "", None, "pending", 0),
+        ("claim", "ann", "pending", "writing", 1),
+        ("claim", "bob", "writing", "writing", 2),
+        ("finish", "bob", "writing", "ready", 2),
+        ("consume", "c1", "ready", "consumed", 2),
+    ]
+    assert [t.version for t in steps] == [1, 2, 3, 4, 5]
+    assert steps[1].at < steps[2].at
+    assert steps[3].checksum == task.entry("x").checksum
+
+
+def test_log_filters_by_time_stage_and_agent() -> None:
+    clock = Clock()
+    s = store(f"journal-{uuid.uuid4().hex[:8]}", clock=clock)
+    task = om.Task.create(s, "job", stages=["a", "b"])
+    produce(task, task.agent("ann"), "x", "a")
+    clock.advance(10)
+    middle = clock.now
+    produce(task, task.agent("bob"), "y", "b")
+    everything = task.log()
+    assert [r.at for r in everything] == sorted(r.at for r in everything)
+    assert {r.object_key for r in everything} == {
+        task.shard_key("a"),
+        task.shard_key("b"),
+        task.index_key,
+    }
+    assert {r.actor for r in task.log(agent="bob")} == {"bob"}
+    assert {r.object_key for r in task.log(stage="b")} == {task.shard_key("b")}
+    assert all(r.at >= middle for r in task.log(since=middle))
+    assert len(task.log(since=middle)) == 4  # y: declared in the index and b, claimed, made ready
+
+
+def test_lineage_walks_dependencies_across_shards() -> None:
+    s, task = fresh()
+    ann = task.agent("ann")
+    produce(task, ann, "raw1", "a")
+    produce(task, ann, "raw2", "a")
+    task.declare("out", "b", depends_on=["raw1", "raw2", "never"])
+    graph = task.lineage("out")
+    assert set(graph.nodes) == {"out", "raw1", "raw2", "never"}
+    assert sorted(graph.edges) == [("out", "never"), ("out", "raw1"), ("out", "raw2")]
+    raw1 = graph.nodes["raw1"]
+    assert (raw1.producer, raw1.epoch, raw1.size) == ("ann", 1, 4)
+    assert raw1.checksum == task.entry("raw1").checksum
+    assert graph.nodes["never"].state is None
+    assert graph.nodes["out"].producer is None
+    with pytest.raises(om.NotFound, match="'nope' is not declared"):
+        task.lineage("nope")
+
+
+# -- a task made before the journal, and its migration ------------------------------------------
+
+
+def old_task(s: om.MemoryStore) -> om.Task:
+    """A task whose header says schema 1, as 0.1.0 wrote it."""
+    header = TaskHeader(
+        schema_version=1,
+        task_id="job",
+        stages=("a", "b"),
+        lease_seconds=300,
+        max_retries=3,
+        created_at=s.now(),
+        creation_id="c",
+    )
+    s.put("job/task.json", header.model_dump_json(exclude_none=True).encode(), mode=CREATE)
+    return om.Task.open(s, "job")
+
+
+def test_a_task_at_schema_1_is_written_at_1_until_it_is_migrated() -> None:
+    s = store(f"journal-{uuid.uuid4().hex[:8]}")
+    task = old_task(s)
+    produce(task, task.agent("ann"), "x")
+    shard = raw(s, task.shard_key("a"))
+    assert shard["schema_version"] == 1 and "journal" not in shard
+    assert json.loads(s.get(task.index_key).body)["schema_version"] == 1  # type: ignore[union-attr]
+    assert task.history("x") == []
+
+    moved = task.migrate()
+    assert moved == ["job/task.json", task.shard_key("a"), task.index_key]
+    assert task.migrate() == []
+    assert raw(s, "job/task.json")["schema_version"] == 2
+    assert raw(s, "job/task.json")["requires"] == "0.2.0"
+    produce(task, task.agent("bob"), "y")
+    reopened = om.Task.open(s, "job")
+    assert reopened.schema_version == 2
+    steps = reopened.history("y")
+    assert [t.command for t in steps] == ["declare", "claim", "finish"]
+    records = reopened.journal.records(task.shard_key("a"), reopened.codec("a"))
+    assert records[0].command == "migrate" and records[0].version == 4
+
+
+def test_a_newer_schema_is_refused_naming_the_release_that_reads_it() -> None:
+    s = store(f"journal-{uuid.uuid4().hex[:8]}")
+    body = json.dumps(
+        {
+            "schema_version": 9,
+            "task_id": "job",
+            "stages": ["a"],
+            "lease_seconds": 1,
+            "max_retries": 1,
+            "created_at": "2030-01-01T00:00:00Z",
+            "requires": "7.1.0",
+        }
+    ).encode()
+    s.put("job/task.json", body, mode=CREATE)
+    with pytest.raises(UnsupportedSchema, match="install objmanifest 7.1.0 or newer"):
+        om.Task.open(s, "job")
+    assert s.get("job/task.json").body == body  # type: ignore[union-attr]
