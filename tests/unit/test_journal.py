@@ -113,7 +113,7 @@ def blocks(s: om.MemoryStore, task: om.Task) -> list[str]:
 
 
 def test_every_committed_version_of_the_shard_and_the_index_has_one_record() -> None:
-    s, task = fresh()
+    _, task = fresh()
     agent = task.agent("ann")
     for i in range(30):
         produce(task, agent, f"f{i}")
@@ -290,7 +290,7 @@ def test_log_filters_by_time_stage_and_agent() -> None:
 
 
 def test_lineage_walks_dependencies_across_shards() -> None:
-    s, task = fresh()
+    _, task = fresh()
     ann = task.agent("ann")
     produce(task, ann, "raw1", "a")
     produce(task, ann, "raw2", "a")
@@ -362,6 +362,6 @@ def test_a_newer_schema_is_refused_naming_the_release_that_reads_it() -> None:
         }
     ).encode()
     s.put("job/task.json", body, mode=CREATE)
-    with pytest.raises(UnsupportedSchema, match="install objmanifest 7.1.0 or newer"):
+    with pytest.raises(UnsupportedSchema, match=r"install objmanifest 7\.1\.0 or newer"):
         om.Task.open(s, "job")
     assert s.get("job/task.json").body == body  # type: ignore[union-attr]
