@@ -124,8 +124,14 @@ def _iso(at: datetime | None) -> str | None:
 
 
 def record_dict(record: JournalRecord) -> dict[str, Any]:
-    """A record as the CLI's ``--json`` prints it."""
-    return record.model_dump(mode="json", exclude_none=True)
+    """A record as the CLI's ``--json`` prints it (times as ``isoformat`` writes them, like
+    every other time the CLI prints)."""
+    data = record.model_dump(exclude_none=True)
+    data["at"] = record.at.isoformat()
+    data["transitions"] = [
+        {k: v for k, v in vars(c).items() if v is not None} for c in record.transitions
+    ]
+    return data
 
 
 class History:
@@ -211,30 +217,63 @@ class History:
         out.sort(key=lambda r: (r.at, r.object_key or "", r.version))
         return out
 
+    def newer(
+        self, seen: dict[str, int], objects: Iterable[tuple[str, Codec[Any]]] | None = None
+    ) -> list[JournalRecord]:
+        """The records committed since ``seen`` (object key -> the newest version already
+        returned; updated), oldest first. Each object costs a conditional GET (a 304 when
+        it did not change); its blocks are read only if records moved there meanwhile."""
+        out: list[JournalRecord] = []
+        for key, codec in objects if objects is not None else self._objects():
+            try:
+                doc = self.docs.read(key, codec)
+            except NotFound:
+                continue
+            journal = codec.journal(doc)
+            if journal is None:
+                continue
+            last = seen.get(key, 0)
+            live = [r for r in journal[1] if r.version > last]
+            if not live:
+                continue
+            if live[0].version > last + 1:  # the ones between are in a block by now
+                found = [r for r in self.records(key, codec) if r.version > last]
+            else:
+                found = [r.model_copy(update={"object_key": key}) for r in live]
+            seen[key] = found[-1].version
+            out += found
+        out.sort(key=lambda r: (r.at, r.object_key or "", r.version))
+        return out
+
     def history(self, file_id: str, shard_key: str, codec: Codec[Any]) -> list[Transition]:
         """Every transition of ``file_id`` in its shard, oldest first, across takeovers."""
-        steps: list[Transition] = []
-        for record in self.records(shard_key, codec):
-            for change in record.transitions:
-                if change.item != file_id:
-                    continue
-                steps.append(
-                    Transition(
-                        version=record.version,
-                        command=record.command,
-                        actor=record.actor,
-                        from_state=change.before,
-                        to_state=change.after,
-                        epoch=change.epoch,
-                        retry_count=change.retry_count,
-                        error=change.error,
-                        at=record.at,
-                        checksum=change.checksum,
-                        object_key=shard_key,
-                        commit_id=record.commit_id,
-                    )
+        return transitions_of(file_id, self.records(shard_key, codec))
+
+
+def transitions_of(file_id: str, records: Iterable[JournalRecord]) -> list[Transition]:
+    """What ``records`` did to ``file_id``, in their order."""
+    steps: list[Transition] = []
+    for record in records:
+        for change in record.transitions:
+            if change.item != file_id:
+                continue
+            steps.append(
+                Transition(
+                    version=record.version,
+                    command=record.command,
+                    actor=record.actor,
+                    from_state=change.before,
+                    to_state=change.after,
+                    epoch=change.epoch,
+                    retry_count=change.retry_count,
+                    error=change.error,
+                    at=record.at,
+                    checksum=change.checksum,
+                    object_key=record.object_key or "",
+                    commit_id=record.commit_id,
                 )
-        return steps
+            )
+    return steps
 
 
 def lineage(
@@ -279,4 +318,13 @@ def lineage(
     return Lineage(file_id, nodes, tuple(edges))
 
 
-__all__ = ["REMOVED", "History", "Lineage", "LineageNode", "Transition", "lineage", "record_dict"]
+__all__ = [
+    "REMOVED",
+    "History",
+    "Lineage",
+    "LineageNode",
+    "Transition",
+    "lineage",
+    "record_dict",
+    "transitions_of",
+]

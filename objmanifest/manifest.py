@@ -45,7 +45,7 @@ from .errors import (
     UnsupportedStore,
 )
 from .events import Observer, Observers
-from .history import History, Lineage, Transition, lineage
+from .history import History, Lineage, Transition, lineage, transitions_of
 from .layout import TaskLayout
 from .model import (
     READERS,
@@ -134,7 +134,7 @@ class Manifest:
         self.rules = changes.Rules(header.task_id, header.lease_seconds, header.max_retries)
         self._transfer = transfer
         self._configure(header)
-        self.journal = History(store, self.docs, self.layout, self._journaled_objects)
+        self.journal = History(store, self.docs, self.layout, self.journaled_objects)
         self.observers.subscribe(TransitionEffects(self.uploads))
 
     def _configure(self, header: TaskHeader) -> None:
@@ -611,7 +611,7 @@ class Manifest:
             return None
         return UploadCodec(self.task_id, parsed.stage, parsed.file_id, self.schema_version)
 
-    def _journaled_objects(self) -> list[tuple[str, Migratable[Any]]]:
+    def journaled_objects(self) -> list[tuple[str, Migratable[Any]]]:
         """Every manifest object of the task that keeps a journal, with its codec."""
         objects: list[tuple[str, Migratable[Any]]] = [
             (self.layout.shard(shard), codec) for shard, codec in self._codecs.items()
@@ -661,7 +661,21 @@ class Manifest:
                 shards[shard] = self.read_shard(shard)
             return shards[shard].entries.get(fid)
 
-        return lineage(file_id, index, entry)
+        journals: dict[str, list[JournalRecord]] = {}
+
+        def ready_at(found: Entry) -> datetime | None:
+            shard = self.layout.shard_of(found.stage, found.file_id)
+            if shard not in journals:
+                key = self.layout.shard(shard)
+                journals[shard] = self.journal.records(key, self.codec(shard))
+            made = [
+                t.at
+                for t in transitions_of(found.file_id, journals[shard])
+                if t.to_state == State.ready.value and t.epoch == found.epoch
+            ]
+            return made[-1] if made else None
+
+        return lineage(file_id, index, entry, ready_at)
 
     def flush_journal(self) -> None:
         """Wait for the journal blocks this process started writing."""
@@ -684,7 +698,7 @@ class Manifest:
             )
             moved.append(self.layout.header)
         self._configure(header)
-        for key, codec in self._journaled_objects():
+        for key, codec in self.journaled_objects():
             try:
                 if self.docs.commit(key, codec, Migrate(codec, target)):
                     moved.append(key)

@@ -31,6 +31,9 @@ HANDLERS: dict[str, Handler] = {
     "show": commands.cmd_show,
     "reap": commands.cmd_reap,
     "repair": commands.cmd_repair,
+    "log": commands.cmd_log,
+    "lineage": commands.cmd_lineage,
+    "migrate": commands.cmd_migrate,
 }
 
 

@@ -9,23 +9,38 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import shutil
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import objmanifest as om
+from objmanifest.cas import Codec
+from objmanifest.history import record_dict, transitions_of
 from objmanifest.manifest import check_settings
 
 from . import progress
 from .exits import NothingClaimable, UsageError
 from .holding import held_claim, poll
 from .output import Output, claim_json, entry_json, jsonable, status_json
-from .render import claim_line, entries_table, entry_view, status_view
+from .render import (
+    claim_line,
+    entries_table,
+    entry_view,
+    history_view,
+    lineage_view,
+    log_view,
+    record_line,
+    status_view,
+    transition_line,
+)
 
 STAGES_ARROW = " -> "
 
@@ -455,4 +470,110 @@ def cmd_reap(ctx: Context) -> int:
     if released:
         human.append(entries_table(released, "released"))
     ctx.out.result({"released": [entry_json(e) for e in released]}, *human)
+    return 0
+
+
+# -- history -----------------------------------------------------------------------------
+
+
+def since_time(task: om.Task, text: str | None) -> datetime | None:
+    """``--since``: an ISO 8601 time, or a duration before the store's now (``90s``,
+    ``10m``, ``2h``, ``1d``)."""
+    if text is None:
+        return None
+    match = _DURATION.match(text)
+    if match:
+        amount = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
+        return task.store.now() - timedelta(seconds=amount)
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(
+            f"--since {text!r} is neither a time (2030-01-01T12:00:00Z) nor a duration "
+            "(90s, 10m, 2h, 1d)"
+        ) from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def cmd_log(ctx: Context) -> int:
+    """The task's journal, or one entry's transitions; ``--follow`` keeps printing what
+    is committed from then on (Ctrl-C stops it)."""
+    task = ctx.task()
+    file_id: str | None = ctx.opt("file_id")
+    stage: str | None = ctx.opt("stage")
+    since = since_time(task, ctx.opt("since"))
+    agent: str | None = ctx.opt("by")
+    if file_id is not None:
+        stage = task.stage_of(file_id)
+        shard = task.layout.shard_of(stage, file_id)
+        objects: list[tuple[str, Codec[Any]]] = [(task.layout.shard(shard), task.codec(shard))]
+    else:
+        if stage is not None:
+            task.shard_key(stage)  # NotFound, naming the stages, for a stage the task lacks
+        objects = [
+            (key, codec)
+            for key, codec in task.journaled_objects()
+            if stage is None or task.layout.parse(key).stage == stage
+        ]
+    records = task.journal.log(since=since, agent=agent, objects=objects)
+    if not ctx.opt("follow"):
+        if file_id is not None:
+            steps = transitions_of(file_id, records)
+            ctx.out.result(
+                {"file_id": file_id, "history": [t.to_dict() for t in steps]},
+                *history_view(file_id, steps),
+            )
+        else:
+            ctx.out.result({"records": [record_dict(r) for r in records]}, *log_view(records))
+        return 0
+    seen: dict[str, int] = {}
+    for record in records:
+        if record.object_key is not None:
+            seen[record.object_key] = max(seen.get(record.object_key, 0), record.version)
+    interval = float(ctx.opt("interval", 2.0))
+    while True:
+        for record in records:
+            if agent is not None and record.actor != agent:
+                continue
+            _print_record(ctx, record, file_id)
+        time.sleep(interval)
+        if file_id is None and stage is None:
+            objects = list(task.journaled_objects())  # new upload states appear
+        records = task.journal.newer(seen, objects)
+
+
+def _print_record(ctx: Context, record: om.JournalRecord, file_id: str | None) -> None:
+    """One followed record: a JSON line with ``--json``, else a line of text."""
+    if file_id is not None:
+        for step in transitions_of(file_id, [record]):
+            if ctx.out.json_mode:
+                ctx.out.json_line(step.to_dict())
+            else:
+                ctx.out.line(transition_line(step))
+        return
+    if ctx.out.json_mode:
+        ctx.out.json_line(record_dict(record))
+    else:
+        ctx.out.line(record_line(record))
+
+
+def cmd_lineage(ctx: Context) -> int:
+    graph = ctx.task().lineage(ctx.args.file_id)
+    ctx.out.result(graph.to_dict(), lineage_view(graph))
+    return 0
+
+
+def cmd_migrate(ctx: Context) -> int:
+    task = ctx.task()
+    moved = task.migrate()
+    line = (
+        f"moved task {task.task_id!r} to schema {task.schema_version}: {len(moved)} object(s)"
+        if moved
+        else f"task {task.task_id!r} is at schema {task.schema_version} already"
+    )
+    ctx.out.result({"schema_version": task.schema_version, "moved": moved}, line)
     return 0

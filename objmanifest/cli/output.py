@@ -104,6 +104,11 @@ class Output:
             else:
                 self.console.print(item)
 
+    def json_line(self, obj: dict[str, Any]) -> None:
+        """One JSON object on a line of its own (``log --follow --json``: JSON Lines)."""
+        self.stdout.write(json.dumps(jsonable(obj)) + "\n")
+        self.stdout.flush()
+
     def line(self, text: str) -> None:
         """One plain line of human output on stdout, never parsed as rich markup."""
         self.stdout.write(text + "\n")

@@ -91,6 +91,13 @@ def whole(text: str) -> int:
     return _int(text)
 
 
+def positive_seconds(text: str) -> float:
+    value = seconds(text)
+    if not 0.05 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be from 0.05 to 3600 seconds, not {text}")
+    return value
+
+
 def seconds(text: str) -> float:
     try:
         value = float(text)
@@ -359,6 +366,49 @@ def _views(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
 
 
+def _history(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "log",
+        parents=parents,
+        help="the task's journal, or one entry's history",
+        description="Every committed version of the task's manifest objects, oldest first: "
+        "the command, the agent, the store's time, and what it did to each entry. With "
+        "FILE_ID, that entry's transitions across takeovers. --follow keeps printing new "
+        "records (one JSON object per line with --json) until Ctrl-C.",
+    )
+    p.add_argument("file_id", nargs="?", metavar="FILE_ID", help="one entry's history")
+    p.add_argument("--stage", metavar="STAGE", help="only the objects of this stage")
+    p.add_argument("--by", metavar="AGENT", help="only what this agent committed")
+    p.add_argument(
+        "--since",
+        metavar="TIME|DURATION",
+        help="only records from this store time on (2030-01-01T12:00:00Z), or from this long "
+        "ago (90s, 10m, 2h, 1d)",
+    )
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new records")
+    p.add_argument(
+        "--interval",
+        type=positive_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="with --follow: how often to look (default 2; an unchanged object costs a 304)",
+    )
+    p = sub.add_parser(
+        "lineage",
+        parents=parents,
+        help="the entries a file was made from, with their producers and checksums",
+    )
+    p.add_argument("file_id", metavar="FILE_ID")
+    sub.add_parser(
+        "migrate",
+        parents=parents,
+        help="move the task to this release's format (run once every agent runs it)",
+        description="Moves the task header, every shard, the index and every upload state to "
+        "this release's schema, so every change from then on is journaled. Older releases "
+        "then refuse the task and change nothing: run it once every agent runs this release.",
+    )
+
+
 def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
@@ -455,6 +505,7 @@ def build(argv: Sequence[str] = ()) -> Parser:
     _holder_commands(sub, parents)
     _consume(sub, parents)
     _views(sub, parents)
+    _history(sub, parents)
     _serve(sub, parents)
     _demo(sub)
     return parser

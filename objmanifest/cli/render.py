@@ -13,9 +13,11 @@ from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
 
 import objmanifest as om
-from objmanifest.model import EntryNote, State
+from objmanifest.history import Lineage, LineageNode, Transition
+from objmanifest.model import EntryNote, JournalRecord, State
 from objmanifest.styles import ATTENTION_STYLES, STATE_STYLES
 
 from .output import iso
@@ -154,3 +156,81 @@ def entries_table(entries: Iterable[om.Entry], title: str) -> Table:
             Text(e.error or ""),
         )
     return table
+
+
+# -- history -----------------------------------------------------------------------------
+
+
+def _change_text(item: str, before: str | None, after: str, epoch: int | None) -> str:
+    moved = f"{before} -> {after}" if before is not None else after
+    return f"{item}: {moved}" + (f" (epoch {epoch})" if epoch else "")
+
+
+def record_line(record: JournalRecord) -> str:
+    """``TIME  OBJECT vVERSION  COMMAND  ACTOR  item: before -> after (epoch N); ...``"""
+    changes = "; ".join(
+        _change_text(c.item, c.before, c.after, c.epoch) for c in record.transitions
+    )
+    actor = record.actor or "-"
+    return f"{iso(record.at)}  {record.object_key} v{record.version}  {record.command}  {actor}" + (
+        f"  {changes}" if changes else ""
+    )
+
+
+def transition_line(step: Transition) -> str:
+    """``TIME  vVERSION  COMMAND  ACTOR  before -> after  epoch N  retries N  error``"""
+    moved = f"{step.from_state} -> {step.to_state}" if step.from_state else step.to_state
+    parts = [iso(step.at), f"v{step.version}", step.command, step.actor or "-", moved]
+    if step.epoch:
+        parts.append(f"epoch {step.epoch}")
+    if step.retry_count:
+        parts.append(f"retries {step.retry_count}")
+    if step.error:
+        parts.append(f"error: {step.error}")
+    return "  ".join(parts)
+
+
+def log_view(records: list[JournalRecord]) -> list[str]:
+    """One line per record (plain text, so it greps and never wraps)."""
+    if not records:
+        return [
+            "no journal records (a task made before objmanifest 0.2.0 keeps none until "
+            "`objmanifest migrate`)"
+        ]
+    return [record_line(r) for r in records]
+
+
+def history_view(file_id: str, steps: list[Transition]) -> list[str]:
+    """One line per transition of ``file_id``, oldest first."""
+    if not steps:
+        return [f"no journal records for {file_id} (see `objmanifest migrate`)"]
+    return [transition_line(t) for t in steps]
+
+
+def lineage_view(graph: Lineage) -> RenderableType:
+    """The upstream tree of the root, each node with its producer and checksum (a node
+    reached twice is shown once, then referred to)."""
+    tree = Tree(_node_text(graph.nodes[graph.root]))
+    shown = {graph.root}
+
+    def grow(branch: Tree, file_id: str) -> None:
+        for dep in graph.nodes[file_id].depends_on:
+            if dep in shown:
+                branch.add(Text(f"{dep} (above)", style="dim"))
+                continue
+            shown.add(dep)
+            grow(branch.add(_node_text(graph.nodes[dep])), dep)
+
+    grow(tree, graph.root)
+    return tree
+
+
+def _node_text(node: LineageNode) -> Text:
+    text = Text(node.file_id, style="bold")
+    text.append("  ")
+    text.append_text(state_text(node.state) if node.state else Text("undeclared", style="dim"))
+    if node.producer:
+        text.append(f"  by {node.producer} (epoch {node.epoch})")
+    if node.checksum:
+        text.append(f"  {node.checksum}  {node.size} bytes", style="dim")
+    return text

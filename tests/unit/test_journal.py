@@ -301,6 +301,8 @@ def test_lineage_walks_dependencies_across_shards() -> None:
     raw1 = graph.nodes["raw1"]
     assert (raw1.producer, raw1.epoch, raw1.size) == ("ann", 1, 4)
     assert raw1.checksum == task.entry("raw1").checksum
+    made = [t.at for t in task.history("raw1") if t.to_state == "ready"]
+    assert raw1.ready_at == made[0]
     assert graph.nodes["never"].state is None
     assert graph.nodes["out"].producer is None
     with pytest.raises(om.NotFound, match="'nope' is not declared"):
