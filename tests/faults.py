@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
+import signal
 import socket
 import threading
 import urllib.parse
@@ -56,6 +58,19 @@ class _CutRule:
     path_contains: str
     after_bytes: int
     remaining: int
+
+
+@dataclass
+class _KillRule:
+    pid: int
+    method: str
+    path_contains: str
+    nth: int
+    phase: str
+    after_seen: str | None
+    count: int = 0
+    armed: bool = False
+    fired: bool = False
 
 
 class _ProxyServer(ThreadingHTTPServer):
@@ -129,6 +144,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if proxy.strip_conditional_headers and method in ("PUT", "POST"):
             headers = [(n, v) for n, v in headers if n.lower() not in _CONDITIONAL_HEADERS]
         proxy._hold_while_paused()
+        kill = proxy._take_kill(method, self.path)
+        if kill is not None and kill.phase == "before":
+            proxy._kill(kill)  # the request never reaches the store
+            self.close_connection = True
+            return
         drop = proxy._take_drop(method, self.path)
         proxy._log_request(method, self.path)
 
@@ -145,6 +165,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(message)
+            return
+
+        if kill is not None:
+            proxy._kill(kill)  # applied upstream; the client died before the answer
+            self.close_connection = True
             return
 
         if drop:
@@ -218,6 +243,8 @@ class FaultProxy:
         self.requests: list[tuple[str, str]] = []
         self._rules: list[_DropRule] = []
         self._cuts: list[_CutRule] = []
+        self._kills: list[_KillRule] = []
+        self.killed = 0
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._server = _ProxyServer(self)
@@ -235,6 +262,27 @@ class FaultProxy:
             raise ValueError("count must be at least 1")
         with self._lock:
             self._rules.append(_DropRule(method.upper(), path_contains, count))
+
+    def kill_client(
+        self,
+        pid: int,
+        method: str,
+        path_contains: str,
+        nth: int = 1,
+        phase: str = "before",
+        after_seen: str | None = None,
+    ) -> None:
+        """SIGKILL the process ``pid`` at the ``nth`` request with this method whose target
+        contains ``path_contains`` (counting only from the first request, of any method,
+        whose target contains ``after_seen``, if given): ``before`` it reaches the store, or
+        ``after`` the store applied it and before its answer. Only that process should be
+        talking to this proxy."""
+        if nth < 1 or phase not in ("before", "after"):
+            raise ValueError("nth must be at least 1 and phase 'before' or 'after'")
+        with self._lock:
+            self._kills.append(
+                _KillRule(pid, method.upper(), path_contains, nth, phase, after_seen)
+            )
 
     def pause(self) -> None:
         """Hold every request that arrives from now on (a request already forwarded still
@@ -329,6 +377,27 @@ class FaultProxy:
                     value = format_datetime(moved, usegmt=True)
             shifted.append((name, value))
         return shifted
+
+    def _take_kill(self, method: str, path: str) -> _KillRule | None:
+        with self._lock:
+            for rule in self._kills:
+                if rule.fired:
+                    continue
+                if rule.after_seen is not None and not rule.armed:
+                    rule.armed = rule.after_seen in path
+                    continue
+                if rule.method == method and rule.path_contains in path:
+                    rule.count += 1
+                    if rule.count == rule.nth:
+                        rule.fired = True
+                        return rule
+        return None
+
+    def _kill(self, rule: _KillRule) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rule.pid, signal.SIGKILL)
+        with self._lock:
+            self.killed += 1
 
     def _take_drop(self, method: str, path: str) -> bool:
         with self._lock:
