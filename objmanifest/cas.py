@@ -153,6 +153,85 @@ class _Sent(Generic[T, R]):
     at: datetime
 
 
+def block_end(version: int) -> int:
+    """The last version of the block ``version`` belongs to: blocks end at multiples of
+    ``BLOCK``."""
+    return -(-version // BLOCK) * BLOCK
+
+
+class BlockWriter:
+    """Writes whole blocks of journal records in the background, one at a time, and
+    remembers which blocks are stored, so a commit drops only records a block holds.
+
+    A block is the records of one object incarnation that end at a multiple of ``BLOCK``;
+    it is whole once the object carries the record of its last version (it starts at the
+    oldest record the object carries in its range: after a migration, the first block
+    starts at the first journaled version).
+    """
+
+    def __init__(self, store: ObjectStore, stats: Stats, block_key: BlockKey | None) -> None:
+        self.store = store
+        self.stats = stats
+        self.block_key = block_key
+        self._stored: set[tuple[str, str, int]] = set()  # (key, journal id, block end)
+        self._started: dict[tuple[str, str, int], cf.Future[None]] = {}
+        self._guard = threading.RLock()  # held while a job is submitted; a job takes it too
+        self._pool: cf.Executor | None = None
+
+    def unstored(
+        self, key: str, journal_id: str, records: Sequence[JournalRecord]
+    ) -> list[JournalRecord]:
+        with self._guard:
+            stored = self._stored
+            return [r for r in records if (key, journal_id, block_end(r.version)) not in stored]
+
+    def write_due(self, key: str, journal_id: str, records: Sequence[JournalRecord]) -> None:
+        if self.block_key is None:
+            return
+        blocks: dict[int, list[JournalRecord]] = {}
+        for record in records:
+            blocks.setdefault(block_end(record.version), []).append(record)
+        for end, block in sorted(blocks.items()):
+            whole = block[-1].version == end and len(block) == end - block[0].version + 1
+            job = (key, journal_id, end)
+            with self._guard:
+                if not whole or job in self._stored or job in self._started:
+                    continue
+                if self._pool is None:
+                    self._pool = self.store.runtime.pool(1, "objmanifest-journal")
+                future = self._pool.submit(self._write, key, journal_id, block)
+                if not future.done():  # a job run at once has forgotten itself already
+                    self._started[job] = future
+
+    def _write(self, key: str, journal_id: str, records: list[JournalRecord]) -> None:
+        first, last = records[0].version, records[-1].version
+        assert self.block_key is not None
+        block_key = self.block_key(key, journal_id, first, last)
+        block = JournalBlock(
+            object_key=key, journal_id=journal_id, first=first, last=last, records=tuple(records)
+        )
+        try:
+            # A 412: written already, by another agent or an earlier attempt of ours.
+            with contextlib.suppress(PreconditionFailed):
+                body = block.model_dump_json(exclude_none=True).encode()
+                self.store.put(block_key, body, mode=CREATE)
+            self.stats.count("journal_blocks")
+            with self._guard:
+                self._stored.add((key, journal_id, last))
+        except ObjManifestError as e:
+            # The records stay in the object; whoever commits to it next tries again.
+            log.warning("could not write journal block %s: %s", block_key, e)
+        finally:
+            with self._guard:
+                self._started.pop((key, journal_id, last), None)
+
+    def flush(self) -> None:
+        """Wait until every block started so far is written (or failed)."""
+        with self._guard:
+            started = list(self._started.values())
+        cf.wait(started)
+
+
 @dataclass
 class Documents:
     """Cached, compare-and-swap access to manifest objects of one store.
@@ -172,14 +251,11 @@ class Documents:
         self._cache: dict[str, _Version[Any]] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
-        self._stored: dict[tuple[str, str], int] = {}  # (key, journal id) -> last in a block
-        self._flushing: set[tuple[str, str, int]] = set()
-        self._flusher: cf.Executor | None = None
+        self._blocks = BlockWriter(self.store, self.stats, self.block_key)
 
     def detached(self) -> Documents:
-        docs = Documents(self.store, self.policy, self.stats, self.observers, self.block_key)
-        docs._stored, docs._flushing = self._stored, self._flushing
-        docs._flusher = self._flusher_pool()
+        docs = Documents(self.store, self.policy, self.stats, self.observers)
+        docs._blocks = self._blocks
         return docs
 
     def _lock(self, key: str) -> threading.RLock:
@@ -316,15 +392,14 @@ class Documents:
         after: T,
         at: datetime,
     ) -> T:
-        """``after`` carrying its own journal record, without the records known to be in a
-        block already."""
+        """``after`` carrying its own journal record, without the records whose block is
+        known to be stored."""
         journal = codec.journal(after)
         version = codec.version(after)
         if journal is None or version is None:
             return after
         journal_id, records = journal
         journal_id = journal_id or self.store.runtime.new_id()
-        stored = self._stored.get((key, journal_id), 0)
         record = JournalRecord(
             version=version,
             commit_id=commit_id,
@@ -333,67 +408,18 @@ class Documents:
             at=at,
             transitions=tuple(codec.transitions(before, after)),
         )
-        kept = [r for r in records if r.version > stored and r.version < version]
+        kept = self._blocks.unstored(key, journal_id, records)
         return codec.with_journal(after, journal_id, [*kept, record])
 
     def _flush_due(self, key: str, codec: Codec[T], doc: T) -> None:
         """Start writing every whole block ``doc`` carries that is not known to be stored."""
         journal = codec.journal(doc)
-        if journal is None or self.block_key is None:
-            return
-        journal_id, records = journal
-        if journal_id is None:
-            return
-        stored = self._stored.get((key, journal_id), 0)
-        by_version = {r.version: r for r in records if r.version > stored}
-        for first in sorted(v for v in by_version if v % BLOCK == 1):
-            block = [by_version.get(v) for v in range(first, first + BLOCK)]
-            if any(r is None for r in block):
-                continue
-            job = (key, journal_id, first)
-            with self._guard:
-                if job in self._flushing:
-                    continue
-                self._flushing.add(job)
-            whole = [r for r in block if r is not None]
-            self._flusher_pool().submit(self._write_block, key, journal_id, whole)
-
-    def _flusher_pool(self) -> cf.Executor:
-        with self._guard:
-            if self._flusher is None:
-                self._flusher = self.store.runtime.pool(1, "objmanifest-journal")
-            return self._flusher
-
-    def _write_block(self, key: str, journal_id: str, records: list[JournalRecord]) -> None:
-        first, last = records[0].version, records[-1].version
-        assert self.block_key is not None
-        block_key = self.block_key(key, journal_id, first, last)
-        block = JournalBlock(
-            object_key=key, journal_id=journal_id, first=first, last=last, records=tuple(records)
-        )
-        body = block.model_dump_json(exclude_none=True).encode()
-        try:
-            # A 412: written already, by another agent or an earlier attempt of ours.
-            with contextlib.suppress(PreconditionFailed):
-                self.store.put(block_key, body, mode=CREATE, content_type="application/json")
-            self.stats.count("journal_blocks")
-            with self._guard:
-                done = self._stored.get((key, journal_id), 0)
-                if last > done:
-                    self._stored[(key, journal_id)] = last
-        except ObjManifestError as e:
-            # The records stay in the object; whoever commits to it next tries again.
-            log.warning("could not write journal block %s: %s", block_key, e)
-        finally:
-            with self._guard:
-                self._flushing.discard((key, journal_id, first))
+        if journal is not None and journal[0] is not None:
+            self._blocks.write_due(key, journal[0], journal[1])
 
     def flush(self) -> None:
         """Wait until every journal block started so far is written (or failed)."""
-        with self._guard:
-            flusher = self._flusher
-        if flusher is not None:
-            flusher.submit(lambda: None).result()
+        self._blocks.flush()
 
     def _event(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -21,8 +22,9 @@ import pytest
 
 import objmanifest as om
 from objmanifest.cas import BLOCK
+from objmanifest.changes import Declare
 from objmanifest.errors import UnsupportedSchema
-from objmanifest.model import JournalBlock, TaskHeader
+from objmanifest.model import Declaration, JournalBlock, TaskHeader
 from objmanifest.runtime import DEFAULT, Runtime
 from objmanifest.store import CREATE
 
@@ -367,3 +369,76 @@ def test_a_newer_schema_is_refused_naming_the_release_that_reads_it() -> None:
     with pytest.raises(UnsupportedSchema, match=r"install objmanifest 7\.1\.0 or newer"):
         om.Task.open(s, "job")
     assert s.get("job/task.json").body == body  # type: ignore[union-attr]
+
+
+# -- the block writer ---------------------------------------------------------------------------
+
+
+class _Slow(cf.ThreadPoolExecutor):
+    """One real worker thread whose every job first waits a little: a flush must wait."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        def late() -> Any:
+            time.sleep(0.05)
+            return fn(*args, **kwargs)
+
+        return super().submit(late)
+
+
+def test_blocks_go_out_on_one_background_thread_and_flush_waits_for_them() -> None:
+    asked: list[tuple[int, str]] = []
+
+    def pool(workers: int, name: str) -> cf.Executor:
+        asked.append((workers, name))
+        return _Slow(workers, thread_name_prefix=name)
+
+    s, task = fresh(replace(DEFAULT, pool=pool))
+    agent = task.agent("ann")
+    for i in range(22):  # 66 versions of shard a: two blocks
+        produce(task, agent, f"f{i}")
+    task.flush_journal()
+    assert asked == [(1, "objmanifest-journal")]
+    assert len([k for k in blocks(s, task) if "/shards/a/" in k]) == 2
+
+
+def test_a_detached_view_writes_blocks_through_its_parent() -> None:
+    s, task = fresh()
+    docs = task.docs.detached()
+    key, codec = task.shard_key("a"), task.codec("a")
+    for i in range(BLOCK + 1):
+        docs.commit(key, codec, Declare([Declaration(file_id=f"d{i}", stage="a")]))
+    assert [k for k in blocks(s, task) if "/shards/a/" in k]
+    assert len(raw(s, key)["journal"]) == 1  # the parent knows the block; the view trimmed
+
+
+def test_a_block_that_failed_keeps_its_records_though_a_later_block_was_stored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s, task = fresh()
+    agent = task.agent("ann")
+    s.faults.add("put", f"-{BLOCK:012d}.json", "fail", times=1)  # the first block of each
+    for i in range(30):
+        produce(task, agent, f"f{i}")
+    shard = raw(s, task.shard_key("a"))
+    failed = [r for r in caplog.records if "could not write journal block" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelname == "WARNING"
+    message = failed[0].getMessage()
+    assert message.startswith("could not write journal block job/journal/shards/a/")
+    assert message.endswith(f"-{BLOCK:012d}.json: injected fault")
+    assert message.count(f"-{BLOCK:012d}.json") == 2  # the key, and the store's error
+    check_complete(task, task.shard_key("a"), task.codec("a"))
+    assert "journal" in shard
+
+
+def test_after_a_migration_the_first_block_starts_at_the_first_journaled_version() -> None:
+    s = store(f"journal-{uuid.uuid4().hex[:8]}")
+    task = old_task(s)
+    produce(task, task.agent("ann"), "x")  # versions 1-3 at schema 1: no records
+    task.migrate()  # version 4
+    for i in range(15):
+        produce(task, task.agent("ann"), f"y{i}")  # versions 5-49
+    names = [k for k in blocks(s, task) if "/shards/a/" in k]
+    assert names[0].endswith(f"/{4:012d}-{BLOCK:012d}.json")
+    records = task.journal.records(task.shard_key("a"), task.codec("a"))
+    assert versions(records) == list(range(4, 50))
+    assert min(r["version"] for r in raw(s, task.shard_key("a"))["journal"]) == BLOCK + 1
