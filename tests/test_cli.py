@@ -1047,3 +1047,46 @@ def test_progress_bar_only_on_a_terminal() -> None:
         update(1024, 1024)
     with progress.bar(False, "put x", screen) as nothing:
         assert nothing is None
+
+
+def test_log_lineage_and_follow_show_the_journal(cli: Cli, task: om.Task, tmp_path: Path) -> None:
+    cli.run("declare", "raw", "--stage", "collect")
+    cli.run("declare", "out", "--stage", "write", "--depends-on", "raw")
+    cli.run("claim", "raw", "--agent", "a")
+    (tmp_path / "f").write_bytes(b"bytes")
+    cli.run("put", "raw", str(tmp_path / "f"), "--agent", "a", "--epoch", "1")
+    history = cli.json("log", "raw")["history"]
+    assert [(h["command"], h["actor"], h["from_state"], h["to_state"]) for h in history] == [
+        ("declare", "", None, "pending"),
+        ("claim", "a", "pending", "writing"),
+        ("finish", "a", "writing", "ready"),
+    ]
+    assert history[-1]["checksum"] == task.entry("raw").checksum
+    records = cli.json("log", "--by", "a")["records"]
+    assert [r["command"] for r in records] == ["claim", "finish"]
+    assert all(r["object_key"].endswith("/shards/collect.json") for r in records)
+    text = cli.run("log", "--stage", "write").text
+    assert "shards/write.json v1  declare  -  out: pending" in text
+    graph = cli.json("lineage", "out")
+    assert graph["edges"] == [["out", "raw"]]
+    assert (graph["nodes"]["raw"]["producer"], graph["nodes"]["raw"]["size"]) == ("a", 5)
+    assert cli.json("migrate") == {"schema_version": 2, "moved": []}
+    cli.run("log", "--since", "yesterday", code=2)
+    cli.run("log", "--stage", "nosuch", code=8)
+
+    follower = cli.popen("--json", "log", "--follow", "--interval", "0.1", "--since", "1s")
+    try:
+        time.sleep(1.5)
+        cli.run("declare", "late", "--stage", "collect")
+        deadline = time.monotonic() + 30
+        late: list[str] = []
+        assert follower.stdout is not None
+        while time.monotonic() < deadline and len(late) < 2:
+            line = follower.stdout.readline()
+            record = json.loads(line) if line else {}
+            if any(t["item"] == "late" for t in record.get("transitions", [])):
+                late.append(record["object_key"].rsplit("/", 1)[-1])
+        assert sorted(late) == ["collect.json", "index.json"]
+    finally:
+        follower.kill()
+        follower.wait()
