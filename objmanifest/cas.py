@@ -192,10 +192,11 @@ class BlockWriter:
         for record in records:
             blocks.setdefault(block_end(record.version), []).append(record)
         for end, block in sorted(blocks.items()):
-            whole = block[-1].version == end and len(block) == end - block[0].version + 1
+            # Records are contiguous (each version adds the next; only whole blocks leave),
+            # so a block is whole once it holds its last version.
             job = (key, journal_id, end)
             with self._guard:
-                if not whole or job in self._stored or job in self._started:
+                if block[-1].version != end or job in self._started:
                     continue
                 if self._pool is None:
                     self._pool = self.store.runtime.pool(1, "objmanifest-journal")
@@ -414,8 +415,10 @@ class Documents:
     def _flush_due(self, key: str, codec: Codec[T], doc: T) -> None:
         """Start writing every whole block ``doc`` carries that is not known to be stored."""
         journal = codec.journal(doc)
-        if journal is not None and journal[0] is not None:
-            self._blocks.write_due(key, journal[0], journal[1])
+        if journal is not None:
+            journal_id, records = journal
+            assert journal_id is not None  # every journaled version was given one
+            self._blocks.write_due(key, journal_id, records)
 
     def flush(self) -> None:
         """Wait until every journal block started so far is written (or failed)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import time
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -374,15 +374,17 @@ def test_a_newer_schema_is_refused_naming_the_release_that_reads_it() -> None:
 # -- the block writer ---------------------------------------------------------------------------
 
 
-class _Slow(cf.ThreadPoolExecutor):
-    """One real worker thread whose every job first waits a little: a flush must wait."""
+class _Gated(cf.ThreadPoolExecutor):
+    """Real worker threads whose every job waits until the test opens the gate."""
+
+    gate = threading.Event()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
-        def late() -> Any:
-            time.sleep(0.05)
+        def gated() -> Any:
+            self.gate.wait(timeout=30)
             return fn(*args, **kwargs)
 
-        return super().submit(late)
+        return super().submit(gated)
 
 
 def test_blocks_go_out_on_one_background_thread_and_flush_waits_for_them() -> None:
@@ -390,15 +392,33 @@ def test_blocks_go_out_on_one_background_thread_and_flush_waits_for_them() -> No
 
     def pool(workers: int, name: str) -> cf.Executor:
         asked.append((workers, name))
-        return _Slow(workers, thread_name_prefix=name)
+        return _Gated(workers, thread_name_prefix=name)
 
     s, task = fresh(replace(DEFAULT, pool=pool))
+    s.faults.add("put", f"-{BLOCK:012d}.json", "fail", times=1)  # block 1's first try
     agent = task.agent("ann")
-    for i in range(22):  # 66 versions of shard a: two blocks
-        produce(task, agent, f"f{i}")
+    task.declare("x", "a")
+    claim = agent.claim("x")
+    assert claim is not None
+    s.faults.calls.clear()
+    _Gated.gate.clear()
+    for _ in range(2 * BLOCK - 2):  # to version 64: block 2 is whole while 1 is out
+        claim = agent.renew(claim)
+    assert s.faults.calls["put"] == 2 * BLOCK - 2  # both blocks wait at the gate
+    _Gated.gate.set()
     task.flush_journal()
+    journal_puts = s.faults.calls["put"] - (2 * BLOCK - 2)
+    assert journal_puts == 2  # block 1 (failed), block 2; none sent twice while pending
+    assert len([k for k in blocks(s, task) if "/shards/a/" in k]) == 1
+    claim = agent.renew(claim)  # the next commit sends block 1 again
+    task.flush_journal()
+    shard_blocks = [k for k in blocks(s, task) if "/shards/a/" in k]
+    assert len(shard_blocks) == 2
     assert asked == [(1, "objmanifest-journal")]
-    assert len([k for k in blocks(s, task) if "/shards/a/" in k]) == 2
+    for key in shard_blocks:
+        blob = s.get(key)
+        assert blob is not None and b"null" not in blob.body  # nothing empty is written
+    check_complete(task, task.shard_key("a"), task.codec("a"))
 
 
 def test_a_detached_view_writes_blocks_through_its_parent() -> None:
