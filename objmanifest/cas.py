@@ -191,6 +191,9 @@ class BlockWriter:
         blocks: dict[int, list[JournalRecord]] = {}
         for record in records:
             blocks.setdefault(block_end(record.version), []).append(record)
+        with self._guard:
+            # A finished job is forgotten: stored, or failed and due to be sent again.
+            self._started = {j: f for j, f in self._started.items() if not f.done()}
         for end, block in sorted(blocks.items()):
             # Records are contiguous (each version adds the next; only whole blocks leave),
             # so a block is whole once it holds its last version.
@@ -200,9 +203,7 @@ class BlockWriter:
                     continue
                 if self._pool is None:
                     self._pool = self.store.runtime.pool(1, "objmanifest-journal")
-                future = self._pool.submit(self._write, key, journal_id, block)
-                if not future.done():  # a job run at once has forgotten itself already
-                    self._started[job] = future
+                self._started[job] = self._pool.submit(self._write, key, journal_id, block)
 
     def _write(self, key: str, journal_id: str, records: list[JournalRecord]) -> None:
         first, last = records[0].version, records[-1].version
@@ -222,9 +223,6 @@ class BlockWriter:
         except ObjManifestError as e:
             # The records stay in the object; whoever commits to it next tries again.
             log.warning("could not write journal block %s: %s", block_key, e)
-        finally:
-            with self._guard:
-                self._started.pop((key, journal_id, last), None)
 
     def flush(self) -> None:
         """Wait until every block started so far is written (or failed)."""
