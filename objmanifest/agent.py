@@ -80,7 +80,7 @@ class Agent:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidInput(f"limit must be a whole number of at least 1, not {limit!r}")
         task = self.task
-        task.shard(stage)  # refuses an unknown stage
+        task.shard_key(stage)  # refuses an unknown stage, without a request
         claims: list[Claim] = []
         for shard in task.layout.shards_of(stage):
             current = task.read_shard(shard)

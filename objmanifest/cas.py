@@ -199,7 +199,8 @@ class BlockWriter:
             # so a block is whole once it holds its last version.
             job = (key, journal_id, end)
             with self._guard:
-                if block[-1].version != end or job in self._started:
+                # A stored block is not sent again, though the doc still carries it.
+                if block[-1].version != end or job in self._started or job in self._stored:
                     continue
                 if self._pool is None:
                     self._pool = self.store.runtime.pool(1, "objmanifest-journal")
