@@ -28,7 +28,7 @@ from .errors import (
     UnsupportedStore,
 )
 from .events import Change, CommitEvent
-from .history import Lineage, LineageNode, Transition
+from .history import Dropped, Lineage, LineageNode, Transition
 from .model import Claim, Declaration, Entry, JournalRecord, State, TaskStatus
 from .runtime import Runtime
 from .store import MemoryStore, ObjectStore, S3Store, Store, connect
@@ -51,6 +51,7 @@ __all__ = [
     "Declaration",
     "DeclarationConflict",
     "DependencyCycle",
+    "Dropped",
     "Entry",
     "InvalidFileId",
     "InvalidInput",

@@ -24,12 +24,13 @@ from .cas import Codec, Documents
 from .codecs import REMOVED, load_json, schema_problems
 from .errors import CorruptShard, NotFound
 from .layout import TaskLayout
-from .model import Entry, JournalBlock, JournalRecord
+from .model import DroppedRange, Entry, JournalBlock, JournalRecord, RetentionMarker
 from .store import ObjectStore
 
 log = logging.getLogger(__name__)
 
 BLOCK_SCHEMA = 1
+MARKER_SCHEMA = 1
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,69 @@ class Lineage:
         }
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """Records ``first`` to ``last`` of a manifest object that journal retention dropped
+    (``records`` of them, the newest decided at ``newest_at``), so a reader can say its
+    journal of that object is not complete."""
+
+    object_key: str
+    journal_id: str
+    first: int
+    last: int
+    records: int
+    newest_at: datetime | None
+    trimmed_at: datetime
+
+    def line(self) -> str:
+        """What a reader says of it."""
+        newest = f", the newest from {self.newest_at.isoformat()}" if self.newest_at else ""
+        return (
+            f"records before version {self.last + 1} of {self.object_key} were dropped by "
+            f"retention (versions {self.first}..{self.last}: {self.records} record(s){newest})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "object_key": self.object_key,
+            "journal_id": self.journal_id,
+            "first": self.first,
+            "last": self.last,
+            "records": self.records,
+            "newest_at": _iso(self.newest_at),
+            "trimmed_at": self.trimmed_at.isoformat(),
+        }
+
+    @staticmethod
+    def of(object_key: str, dropped: DroppedRange) -> Dropped:
+        return Dropped(
+            object_key,
+            dropped.journal_id,
+            dropped.first,
+            dropped.last,
+            dropped.records,
+            dropped.newest_at,
+            dropped.trimmed_at,
+        )
+
+
+def decode_marker(key: str, body: bytes, where: str) -> RetentionMarker:
+    """A retention marker, or ``CorruptShard`` naming it."""
+    data = load_json(key, body, MARKER_SCHEMA)
+    try:
+        return RetentionMarker.model_validate(data)
+    except ValidationError as e:
+        problem = f"not a journal retention marker: {schema_problems(e)}"
+        raise CorruptShard(key, problem, where) from None
+
+
+def covered(marker: RetentionMarker | None, journal_id: str, last: int) -> bool:
+    """Whether ``marker`` says the records up to ``last`` of ``journal_id`` were dropped."""
+    if marker is None:
+        return False
+    return any(d.journal_id == journal_id and last <= d.last for d in marker.dropped)
+
+
 def _iso(at: datetime | None) -> str | None:
     return at.isoformat() if at is not None else None
 
@@ -152,11 +216,17 @@ class History:
     # -- one object ------------------------------------------------------------------------
 
     def blocks(self, object_key: str) -> Iterator[JournalRecord]:
-        """The records in the blocks of ``object_key`` (every incarnation)."""
+        """The records in the blocks of ``object_key`` (every incarnation), but for those
+        journal retention dropped (a block it is still deleting is skipped too)."""
         prefix = self.layout.journal_of(object_key)
-        for row in self.store.list(prefix):
+        rows = list(self.store.list(prefix))
+        marker_key = self.layout.journal_retention(object_key)
+        marker = self._marker(marker_key) if any(r.key == marker_key for r in rows) else None
+        for row in rows:
             ref = self.layout.parse_block(row.key)
             if ref is None or ref.object_key != object_key:
+                continue
+            if covered(marker, ref.journal_id, ref.last):
                 continue
             try:
                 blob = self.store.get(row.key)
@@ -165,6 +235,21 @@ class History:
             assert blob is not None
             block = self._decode_block(row.key, blob.body)
             yield from block.records
+
+    def _marker(self, key: str) -> RetentionMarker | None:
+        try:
+            blob = self.store.get(key)
+        except NotFound:
+            return None
+        assert blob is not None
+        return decode_marker(key, blob.body, self.store.describe(key))
+
+    def dropped(self, object_key: str) -> list[Dropped]:
+        """What journal retention dropped of ``object_key``'s records (nothing: [])."""
+        marker = self._marker(self.layout.journal_retention(object_key))
+        if marker is None:
+            return []
+        return [Dropped.of(object_key, d) for d in marker.dropped]
 
     def _decode_block(self, key: str, body: bytes) -> JournalBlock:
         data = load_json(key, body, BLOCK_SCHEMA)
@@ -320,6 +405,7 @@ def lineage(
 
 __all__ = [
     "REMOVED",
+    "Dropped",
     "History",
     "Lineage",
     "LineageNode",

@@ -13,6 +13,7 @@ Under the store's prefix::
                                            object (OBJECT is its key without ".json",
                                            e.g. shards/collect), incarnation JID; written
                                            once
+    TASK_ID/journal/OBJECT/retention.json  what journal retention dropped of OBJECT
     TASK_ID/archive/...                    (reserved for archived entries)
 
 Nobody else writes a key as a string or takes one apart: a stage that is later split into
@@ -33,6 +34,7 @@ DATA = "data/"
 UPLOADS = "uploads/"
 JOURNAL = "journal/"
 ARCHIVE = "archive/"
+RETENTION = "retention.json"
 
 Kind = Literal["header", "index", "shard", "data", "upload", "journal", "archive", "other"]
 
@@ -125,6 +127,11 @@ class TaskLayout:
             f"{self.journal_of(object_key)}{journal_id}/"
             f"{first:0{_VERSION_DIGITS}d}-{last:0{_VERSION_DIGITS}d}.json"
         )
+
+    def journal_retention(self, object_key: str) -> str:
+        """The retention marker of ``object_key``: what a trim dropped of its journal. Not a
+        block (its name has no version range), beside the object's incarnations."""
+        return f"{self.journal_of(object_key)}{RETENTION}"
 
     def parse_block(self, key: str) -> BlockRef | None:
         """The block ``key`` names, or None if it is not a journal block of this task."""

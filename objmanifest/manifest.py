@@ -45,7 +45,7 @@ from .errors import (
     UnsupportedStore,
 )
 from .events import Observer, Observers
-from .history import History, Lineage, Transition, lineage, transitions_of
+from .history import Dropped, History, Lineage, Transition, lineage, transitions_of
 from .layout import TaskLayout
 from .model import (
     READERS,
@@ -63,6 +63,7 @@ from .model import (
     check_file_id,
     validated,
 )
+from .retention import Trimmer
 from .store import CREATE, PROBE_PREFIX, ObjectStore, probe_conditional_writes
 from .transfer import TransferConfig
 from .uploads import Scope, sweep
@@ -105,6 +106,39 @@ def check_settings(lease_seconds: object, max_retries: object) -> tuple[float, i
             f"max_retries must be a whole number from 0 to 1000, not {max_retries!r}"
         )
     return float(lease_seconds), max_retries  # type: ignore[arg-type]
+
+
+MAX_JOURNAL_KEEP_SECONDS = 10 * 366 * 24 * 3600.0
+"""The longest journal retention by age a task may set (about ten years)."""
+MAX_JOURNAL_KEEP_VERSIONS = 10**9
+
+
+def check_retention(keep_seconds: object, keep_versions: object) -> tuple[float | None, int | None]:
+    """A task's journal retention settings (None: no bound), or ``InvalidInput`` saying
+    what is allowed."""
+    seconds_ok = keep_seconds is None or (
+        isinstance(keep_seconds, (int, float))
+        and not isinstance(keep_seconds, bool)
+        and math.isfinite(keep_seconds)
+        and 0 < keep_seconds <= MAX_JOURNAL_KEEP_SECONDS
+    )
+    if not seconds_ok:
+        raise InvalidInput(
+            f"journal_keep_seconds must be a number of seconds above 0 and at most "
+            f"{MAX_JOURNAL_KEEP_SECONDS:.0f} (about ten years), or None to keep every "
+            f"record, not {keep_seconds!r}"
+        )
+    if keep_versions is not None and (
+        not isinstance(keep_versions, int)
+        or isinstance(keep_versions, bool)
+        or not (1 <= keep_versions <= MAX_JOURNAL_KEEP_VERSIONS)
+    ):
+        raise InvalidInput(
+            f"journal_keep_versions must be a whole number from 1 to "
+            f"{MAX_JOURNAL_KEEP_VERSIONS}, or None to keep every record, not {keep_versions!r}"
+        )
+    seconds = float(keep_seconds) if keep_seconds is not None else None  # type: ignore[arg-type]
+    return seconds, keep_versions
 
 
 class Manifest:
@@ -172,10 +206,15 @@ class Manifest:
         *,
         policy: CasPolicy | None = None,
         transfer: TransferConfig | None = None,
+        journal_keep_seconds: float | None = None,
+        journal_keep_versions: int | None = None,
     ) -> M:
-        """Create a task (``AlreadyExists`` if it is there) after checking the store is safe."""
+        """Create a task (``AlreadyExists`` if it is there) after checking the store is safe.
+        ``journal_keep_seconds``/``journal_keep_versions`` bound its journal (see
+        ``trim_journal``); by default every record is kept."""
         layout = TaskLayout(task_id)
         lease, retries = check_settings(lease_seconds, max_retries)
+        keep_seconds, keep_versions = check_retention(journal_keep_seconds, journal_keep_versions)
         if isinstance(stages, (str, bytes, dict)):
             raise InvalidInput(
                 f"stages must be a list of stage names, not the {type(stages).__name__} "
@@ -201,9 +240,11 @@ class Manifest:
             created_at=store.now(),
             creation_id=runtime.new_id(),
             requires=READERS[SCHEMA_VERSION],
+            journal_keep_seconds=keep_seconds,
+            journal_keep_versions=keep_versions,
         )
         key = layout.header
-        body = header.model_dump_json().encode()
+        body = header.model_dump_json(exclude_none=True).encode()
         for _ in range(3):
             try:
                 store.put(key, body, mode=CREATE, content_type="application/json")
@@ -681,6 +722,37 @@ class Manifest:
         """Wait for the journal blocks this process started writing."""
         self.docs.flush()
 
+    # -- journal retention -------------------------------------------------------------------
+
+    def trim_journal(
+        self,
+        keep_seconds: float | None = None,
+        keep_versions: int | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> list[Dropped]:
+        """Delete the journal blocks beyond the task's retention (``journal_keep_seconds``,
+        ``journal_keep_versions`` of its header; the arguments, if given, instead): whole
+        blocks only, never a record still inside a live object or not yet in a block.
+        Returns what was dropped (what would be, with ``dry_run``); readers say it too
+        (``dropped``)."""
+        if keep_seconds is None and keep_versions is None:
+            keep_seconds = self.header.journal_keep_seconds
+            keep_versions = self.header.journal_keep_versions
+        seconds, versions = check_retention(keep_seconds, keep_versions)
+        trimmer = Trimmer(self.store, self.docs.detached(), self.layout, seconds, versions)
+        return trimmer.trim(self.journaled_objects(), dry_run=dry_run)
+
+    def dropped(self, file_id: str | None = None) -> list[Dropped]:
+        """What journal retention dropped: of every journaled object, or of the shard that
+        holds ``file_id`` (whose ``history`` then starts after it)."""
+        if file_id is not None:
+            stage = self.stage_of(file_id)
+            keys = [self.layout.shard(self.layout.shard_of(stage, file_id))]
+        else:
+            keys = [key for key, _ in self.journaled_objects()]
+        return [d for key in keys for d in self.journal.dropped(key)]
+
     def migrate(self) -> list[str]:
         """Move the task to this release's schema (``SCHEMA_VERSION``): the header first, so
         agents that open the task from now on use it, then every shard, the index and every
@@ -802,4 +874,4 @@ def attention(entry: Entry, now: datetime, lookup: changes.Lookup) -> tuple[str,
     return None
 
 
-__all__ = ["Manifest", "attention", "check_settings"]
+__all__ = ["Manifest", "attention", "check_retention", "check_settings"]

@@ -212,6 +212,28 @@ class JournalBlock(_Model):
     records: tuple[JournalRecord, ...]
 
 
+class DroppedRange(_Model):
+    """Records ``first`` to ``last`` of one incarnation of a manifest object that journal
+    retention dropped: how many, the newest one's store time, and when the last trim ran."""
+
+    journal_id: str
+    first: int
+    last: int
+    records: int
+    newest_at: datetime | None = None
+    trimmed_at: datetime
+
+
+class RetentionMarker(_Model):
+    """What journal retention dropped of one manifest object, written by the trimmer before
+    it deletes a block, so no reader can take a trimmed journal for a complete one."""
+
+    schema_version: int = 1
+    object_key: str
+    dropped: tuple[DroppedRange, ...] = ()
+    commit_id: str = ""
+
+
 class Entry(_Model):
     """One file of the task: its stage, state, holder, lease, checksum and dependencies."""
 
@@ -272,6 +294,10 @@ class TaskHeader(_Model):
     requires: str | None = None
     """The oldest objmanifest release that can work on the task (from schema 2 on), so an
     older one can say which to install."""
+    journal_keep_seconds: float | None = None
+    """Journal retention: records older than this (store time) may be dropped by a trim."""
+    journal_keep_versions: int | None = None
+    """Journal retention: only this many newest records of an object need be kept."""
 
     @field_validator("stages")
     @classmethod

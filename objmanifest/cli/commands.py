@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 import objmanifest as om
 from objmanifest.cas import Codec
 from objmanifest.history import record_dict, transitions_of
-from objmanifest.manifest import check_settings
+from objmanifest.manifest import check_retention, check_settings
 
 from . import progress
 from .exits import NothingClaimable, UsageError
@@ -116,6 +116,7 @@ def cmd_init(ctx: Context) -> int:
     is looked up first, so a rerun does not probe the store again)."""
     args = ctx.args
     check_settings(args.lease, args.retries)  # one rule and one message, before any request
+    keep = check_retention(ctx.opt("journal_keep_seconds"), ctx.opt("journal_keep_versions"))
     if args.exist_ok:
         with contextlib.suppress(om.NotFound):
             return _report_init(ctx, _same_settings(ctx.task(), args), created=False)
@@ -127,6 +128,8 @@ def cmd_init(ctx: Context) -> int:
             args.lease,
             args.retries,
             policy=ctx.policy(),
+            journal_keep_seconds=keep[0],
+            journal_keep_versions=keep[1],
         )
     except om.AlreadyExists:
         if not args.exist_ok:
@@ -520,16 +523,23 @@ def cmd_log(ctx: Context) -> int:
             if stage is None or task.layout.parse(key).stage == stage
         ]
     records = task.journal.log(since=since, agent=agent, objects=objects)
+    dropped = [d for key, _ in objects for d in task.journal.dropped(key)]
+    said = [d.line() for d in dropped]
     if not ctx.opt("follow"):
+        gone = [d.to_dict() for d in dropped]
         if file_id is not None:
             steps = transitions_of(file_id, records)
             ctx.out.result(
-                {"file_id": file_id, "history": [t.to_dict() for t in steps]},
+                {"file_id": file_id, "history": [t.to_dict() for t in steps], "dropped": gone},
+                *said,
                 *history_view(file_id, steps),
             )
         else:
-            ctx.out.result({"records": [record_dict(r) for r in records]}, *log_view(records))
+            records_json = [record_dict(r) for r in records]
+            ctx.out.result({"records": records_json, "dropped": gone}, *said, *log_view(records))
         return 0
+    for line in said:
+        ctx.out.note(line)
     seen: dict[str, int] = {}
     for record in records:
         if record.object_key is not None:
@@ -576,4 +586,36 @@ def cmd_migrate(ctx: Context) -> int:
         else f"task {task.task_id!r} is at schema {task.schema_version} already"
     )
     ctx.out.result({"schema_version": task.schema_version, "moved": moved}, line)
+    return 0
+
+
+# -- journal retention -------------------------------------------------------------------
+
+
+def cmd_trim(ctx: Context) -> int:
+    """Drop the journal blocks beyond the task's retention (or the options'), and say what."""
+    task = ctx.task()
+    seconds, versions = ctx.opt("keep_seconds"), ctx.opt("keep_versions")
+    check_retention(seconds, versions)
+    if seconds is None and versions is None:
+        seconds, versions = task.header.journal_keep_seconds, task.header.journal_keep_versions
+        if seconds is None and versions is None:
+            raise UsageError(
+                f"task {task.task_id!r} keeps its whole journal (it was made without "
+                "--journal-keep-seconds or --journal-keep-versions): pass --keep-seconds or "
+                "--keep-versions"
+            )
+    dry_run = bool(ctx.opt("dry_run"))
+    dropped = task.trim_journal(seconds, versions, dry_run=dry_run)
+    verb = "would drop" if dry_run else "dropped"
+    lines = [
+        f"{verb} versions {d.first}..{d.last} of {d.object_key} ({d.records} record(s))"
+        for d in dropped
+    ]
+    total = sum(d.records for d in dropped)
+    lines.append(f"{verb} {total} journal record(s) of task {task.task_id!r}")
+    ctx.out.result(
+        {"dry_run": dry_run, "dropped": [d.to_dict() for d in dropped], "records": total},
+        *lines,
+    )
     return 0

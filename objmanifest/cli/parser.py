@@ -244,6 +244,19 @@ def _init(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--exist-ok", action="store_true", help="succeed if the task exists with the same settings"
     )
+    p.add_argument(
+        "--journal-keep-seconds",
+        type=number,
+        metavar="SECONDS",
+        help="journal retention: `trim` may drop records older than this (default: keep all)",
+    )
+    p.add_argument(
+        "--journal-keep-versions",
+        type=whole,
+        metavar="N",
+        help="journal retention: `trim` may drop all but the newest N records of each "
+        "manifest object (default: keep all)",
+    )
 
 
 def _declare(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -471,6 +484,24 @@ def _demo(sub: Any) -> None:
             action.default = argparse.SUPPRESS
 
 
+def _retention(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Journal retention (issue 10): ``trim``."""
+    p = sub.add_parser(
+        "trim",
+        parents=parents,
+        help="drop the journal blocks beyond the task's retention, and say what was dropped",
+        description="Deletes whole journal blocks beyond the task's retention (init "
+        "--journal-keep-seconds / --journal-keep-versions, or the options here): never a "
+        "record still inside a live manifest object or not yet in a block. What is dropped "
+        "is recorded first, so `log` says records were dropped.",
+    )
+    p.add_argument(
+        "--keep-seconds", type=number, metavar="SECONDS", help="instead of the task's setting"
+    )
+    p.add_argument("--keep-versions", type=whole, metavar="N", help="instead of the task's setting")
+    p.add_argument("--dry-run", action="store_true", help="say what would be dropped, drop nothing")
+
+
 def command_of(argv: Sequence[str]) -> str | None:
     """The subcommand named in ``argv`` (skipping global options and their values)."""
     skip = False
@@ -508,6 +539,7 @@ def build(argv: Sequence[str] = ()) -> Parser:
     _history(sub, parents)
     _serve(sub, parents)
     _demo(sub)
+    _retention(sub, parents)
     return parser
 
 
