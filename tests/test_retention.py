@@ -4,6 +4,8 @@ dropped."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -143,3 +145,33 @@ def test_a_task_without_retention_keeps_its_whole_journal(store: om.Store) -> No
     assert task.trim_journal() == []
     assert task.dropped() == []
     assert _versions(task) == list(range(1, 71))
+
+
+def test_trims_while_an_agent_commits_lose_no_record_within_the_bound(store: om.Store) -> None:
+    task = _task(store, journal_keep_versions=40)
+    claim = _commit_until(task, 2)
+    trimmer = om.Task.open(store, "job")  # another process's view: its own cache and writer
+    agent = task.agent("a")
+    done = threading.Event()
+    dropped: list[om.Dropped] = []
+
+    def trim_in_a_loop() -> None:
+        while not done.is_set():
+            dropped.extend(trimmer.trim_journal())
+
+    with ThreadPoolExecutor(1) as pool:
+        trims = pool.submit(trim_in_a_loop)
+        for _ in range(200):
+            agent.renew(claim)
+        done.set()
+        trims.result()
+    task.flush_journal()
+    agent.renew(claim)  # v203
+    task.flush_journal()
+    dropped.extend(trimmer.trim_journal())
+    said = task.dropped()
+    assert len(said) == 1 and said[0].first == 1
+    assert said[0].records == sum(d.records for d in dropped) == said[0].last
+    # Everything after the dropped range is there, once each, up to the newest version.
+    assert _versions(task) == list(range(said[0].last + 1, 204))
+    assert said[0].last == 160  # 161..192 has 11 newer records: within the bound
