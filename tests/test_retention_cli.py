@@ -17,6 +17,10 @@ def test_init_trim_and_log_say_what_retention_dropped(cli: Cli, store: om.Store)
     cli.run("--task", "r", "init", "collect", "--journal-keep-versions", "0", code=2)
     made = cli.json("--task", "r", "init", "collect", "--journal-keep-versions", "40")
     assert (made["journal_keep_versions"], made.get("journal_keep_seconds")) == (40, None)
+    again = ("--task", "r", "init", "collect", "--exist-ok")
+    assert cli.json(*again, "--journal-keep-versions", "40")["created"] is False
+    assert cli.json(*again)["created"] is False
+    cli.run(*again, "--journal-keep-versions", "41", code=9)
     task = om.Task.open(store, "r")
     task.declare("f", stage="collect")
     agent = task.agent("a")

@@ -161,6 +161,17 @@ def _same_settings(task: om.Task, args: argparse.Namespace) -> om.Task:
             f"task {task.task_id!r} already exists with other settings: stages "
             f"{list(found[0])}, lease {found[1]:g}s, {found[2]} retries"
         )
+    # Journal retention, compared when given: a rerun without the options still goes on.
+    header = task.header
+    for option, given, kept in (
+        ("--journal-keep-seconds", args.journal_keep_seconds, header.journal_keep_seconds),
+        ("--journal-keep-versions", args.journal_keep_versions, header.journal_keep_versions),
+    ):
+        if given is not None and given != kept:
+            raise om.AlreadyExists(
+                f"task {task.task_id!r} already exists with other settings: {option} "
+                f"{kept if kept is not None else 'not set'}"
+            )
     return task
 
 
