@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from conftest import raw_get, raw_put
 
 import objmanifest as om
 from objmanifest.model import RetentionMarker
@@ -175,3 +176,19 @@ def test_trims_while_an_agent_commits_lose_no_record_within_the_bound(store: om.
     # Everything after the dropped range is there, once each, up to the newest version.
     assert _versions(task) == list(range(said[0].last + 1, 204))
     assert said[0].last == 160  # 161..192 has 11 newer records: within the bound
+
+
+def test_a_corrupt_marker_is_named_and_nothing_is_deleted(store: om.Store) -> None:
+    task = _task(store, journal_keep_versions=40)
+    claim = _commit_until(task, 102)
+    task.flush_journal()
+    task.agent("a").renew(claim)
+    task.flush_journal()
+    marker_key = task.layout.journal_retention(task.shard_key("collect"))
+    raw_put(store, marker_key, b"not json")
+    with pytest.raises(om.CorruptShard, match="retention"):
+        task.log()
+    with pytest.raises(om.CorruptShard, match="retention"):
+        task.trim_journal()
+    assert _blocks(task) == [(1, 32), (33, 64), (65, 96)]
+    assert raw_get(store, marker_key) == b"not json"  # a corrupt object is never overwritten
