@@ -47,6 +47,7 @@ from .errors import (
 from .events import Observer, Observers
 from .history import History, Lineage, Transition, lineage, transitions_of
 from .layout import TaskLayout
+from .repair import RepairReport, Repairer
 from .model import (
     READERS,
     SCHEMA_VERSION,
@@ -705,6 +706,20 @@ class Manifest:
             except NotFound:
                 continue
         return moved
+
+    # -- repair (issue 10: Repair) -----------------------------------------------------------
+
+    def repair(self, dry_run: bool = False) -> RepairReport:
+        """Rebuild every stage shard and the index that was deleted or is corrupt: a shard
+        from its journal (and the index), the index from the shards; a corrupt object is
+        copied to ``TASK/damaged/`` first. An index that is sound but lacks ids the shards
+        hold gets them (``repair_index``). Returns what was restored and what could not
+        be; with ``dry_run``, what would be, writing nothing. See ``repair.py`` for the
+        rules each rebuilt entry follows."""
+        repairer = Repairer(
+            self.store, self.docs, self.layout, self.journal, self._codecs, self.index_codec
+        )
+        return repairer.run(dry_run, self.repair_index)
 
 
 @dataclass(frozen=True)
