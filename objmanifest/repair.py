@@ -132,7 +132,7 @@ class ObjectRepair:
 @dataclass(frozen=True)
 class RepairReport:
     """What ``Task.repair`` found and did: each damaged object, and the file ids put back
-    into an index that lacked them (``added``)."""
+    into the index (``added``: those a sound index lacked, or every id of a rebuilt one)."""
 
     task_id: str
     dry_run: bool
@@ -351,6 +351,7 @@ class Repairer:
             report = self._index(index_found, shards, dry_run)
             if report is not None:
                 reports.append(report)
+                added = list(report.indexed) if report.action != "left alone" else []
         elif index is not None and not any(r.damage == "newer" for r in reports):
             lacking = sorted({f for sh in shards.values() for f in sh.entries if f not in index})
             added = lacking if dry_run or not lacking else repair_index()
