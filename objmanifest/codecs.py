@@ -28,8 +28,8 @@ from .events import Change
 from .model import (
     COMMITS_KEPT,
     JOURNAL_SCHEMA,
-    Entry,
     SCHEMA_VERSION,
+    Entry,
     JournalRecord,
     Shard,
     TaskHeader,

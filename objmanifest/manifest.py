@@ -47,7 +47,6 @@ from .errors import (
 from .events import Observer, Observers
 from .history import History, Lineage, Transition, lineage, transitions_of
 from .layout import TaskLayout
-from .repair import RepairReport, Repairer
 from .model import (
     READERS,
     SCHEMA_VERSION,
@@ -64,6 +63,7 @@ from .model import (
     check_file_id,
     validated,
 )
+from .repair import Repairer, RepairReport
 from .store import CREATE, PROBE_PREFIX, ObjectStore, probe_conditional_writes
 from .transfer import TransferConfig
 from .uploads import Scope, sweep

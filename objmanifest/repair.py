@@ -326,9 +326,7 @@ class Repairer:
         self.codecs = codecs
         self.index_codec = index_codec
 
-    def run(
-        self, dry_run: bool, repair_index: Callable[[], list[str]]
-    ) -> RepairReport:
+    def run(self, dry_run: bool, repair_index: Callable[[], list[str]]) -> RepairReport:
         """Shards first (from their journal and the index, if it is sound), then the index
         from the shards; an index that is sound but lacks ids gets them (``repair_index``)."""
         index_found = inspect(self.store, self.layout.index, self.index_codec.decode)
@@ -382,16 +380,14 @@ class Repairer:
         moved = None
         action: Action = "would rebuild"
         if not dry_run:
-            moved, landed = self._replace(
-                found, codec, RebuildShard(plan.shard)
-            )
+            moved, landed = self._replace(found, codec, RebuildShard(plan.shard))
             action = "rebuilt" if landed else "left alone"
-        not_restored = [
-            f"{e.file_id}: {', '.join(e.lost)}" for e in plan.restored if e.lost
-        ]
+        not_restored = [f"{e.file_id}: {', '.join(e.lost)}" for e in plan.restored if e.lost]
         if index is None:
-            not_restored.append("the index is damaged too: ids declared after the last journal "
-                                "block of this shard are lost")
+            not_restored.append(
+                "the index is damaged too: ids declared after the last journal "
+                "block of this shard are lost"
+            )
         report = ObjectRepair(
             key=key,
             kind=kind,
@@ -423,9 +419,7 @@ class Repairer:
         for row in self.store.list(self.layout.data_of(stage)):
             parsed = self.layout.parse(row.key)
             if parsed.kind == "data" and parsed.file_id is not None and parsed.epoch is not None:
-                data_epochs[parsed.file_id] = max(
-                    data_epochs.get(parsed.file_id, 0), parsed.epoch
-                )
+                data_epochs[parsed.file_id] = max(data_epochs.get(parsed.file_id, 0), parsed.epoch)
         margin = 0 if complete else RECORDS_AT_RISK
         entries: dict[str, Entry] = {}
         restored: list[RestoredEntry] = []

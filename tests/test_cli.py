@@ -1139,15 +1139,30 @@ def test_repair_rebuilds_a_corrupt_shard_and_says_what_it_restored(
     assert task.entry("b").depends_on == ("a",)
 
     refused = cli.json(
-        "put", "b", "-", "--agent", "fetcher", "--epoch", str(held["epoch"]),
-        code=E.LEASE_LOST, stdin=b"late",
+        "put",
+        "b",
+        "-",
+        "--agent",
+        "fetcher",
+        "--epoch",
+        str(held["epoch"]),
+        code=E.LEASE_LOST,
+        stdin=b"late",
     )
     assert refused["error"] == "LeaseLost"
     for file_id in ("a", "b"):
         claim = cli.json("claim", file_id, "--agent", "fetcher")
         assert claim["epoch"] == entries[file_id]["epoch"] + 1
-        cli.run("put", file_id, "-", "--agent", "fetcher", "--epoch", str(claim["epoch"]),
-                stdin=f"bytes of {file_id}".encode())
+        cli.run(
+            "put",
+            file_id,
+            "-",
+            "--agent",
+            "fetcher",
+            "--epoch",
+            str(claim["epoch"]),
+            stdin=f"bytes of {file_id}".encode(),
+        )
         assert task.agent("reader").consume(file_id) == f"bytes of {file_id}".encode()
     assert cli.json("repair") == {"task_id": "job", "dry_run": False, "objects": [], "added": []}
     assert "nothing is damaged" in cli.run("repair").text

@@ -42,12 +42,12 @@ def mid_pipeline(store: om.Store) -> Pipeline:
     """Versions 1..32 of the collect shard reach a journal block: a declaration, a takeover,
     twelve entries produced, five consumed. Versions 33.. (a claim, a produced entry, a
     consumption) live only in the shard itself."""
-    task = om.Task.create(
-        store, "job", stages=["collect", "write"], lease_seconds=1, max_retries=2
-    )
+    task = om.Task.create(store, "job", stages=["collect", "write"], lease_seconds=1, max_retries=2)
     task.declare_many(
-        [{"file_id": f, "stage": "collect", "consumers": ["checker"] if f == "c00" else []}
-         for f in COLLECT]
+        [
+            {"file_id": f, "stage": "collect", "consumers": ["checker"] if f == "c00" else []}
+            for f in COLLECT
+        ]
     )
     task.declare_many(
         [{"file_id": w, "stage": "write", "depends_on": [f"c0{i}"]} for i, w in enumerate(WRITE)]
