@@ -30,6 +30,7 @@ from .errors import (
 from .events import Change, CommitEvent
 from .history import Dropped, Lineage, LineageNode, Transition
 from .model import Claim, Declaration, Entry, JournalRecord, State, TaskStatus
+from .repair import ObjectRepair, RepairReport, RestoredEntry
 from .runtime import Runtime
 from .store import MemoryStore, ObjectStore, S3Store, Store, connect
 from .task import Task
@@ -65,7 +66,10 @@ __all__ = [
     "NotFound",
     "NotReady",
     "ObjManifestError",
+    "ObjectRepair",
     "ObjectStore",
+    "RepairReport",
+    "RestoredEntry",
     "Runtime",
     "S3Store",
     "SourceChanged",

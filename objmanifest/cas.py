@@ -262,8 +262,8 @@ class Documents:
         with self._guard:
             return self._locks.setdefault(key, threading.RLock())
 
-    def _refresh(self, key: str, codec: Codec[T]) -> _Version[T]:
-        cached = self._cache.get(key)
+    def _refresh(self, key: str, codec: Codec[T], over: str | None = None) -> _Version[T]:
+        cached = self._cache.get(key) if over is None else None
         self.stats.count("reads")
         try:
             blob = self.store.get(key, if_none_match=cached.etag if cached else None)
@@ -276,7 +276,13 @@ class Documents:
             return cached
         try:
             doc = codec.decode(key, blob.body)
-        except (CorruptShard, UnsupportedSchema) as e:
+        except CorruptShard as e:
+            if over is not None and blob.etag == over:
+                # The damaged version a repair copied aside: it reads as empty, and only a
+                # write conditional on exactly these bytes can replace it.
+                return _Version(codec.empty(), blob.etag)
+            raise e.at(self.store.describe(key), codec.repair) from None
+        except UnsupportedSchema as e:
             raise e.at(self.store.describe(key), codec.repair) from None
         version = _Version(doc, blob.etag)
         self._cache[key] = version
@@ -298,14 +304,21 @@ class Documents:
         with self._lock(key):
             self._cache.pop(key, None)
 
-    def commit(self, key: str, codec: Codec[T], command: Command[T, R]) -> R:
+    def commit(
+        self, key: str, codec: Codec[T], command: Command[T, R], *, over: str | None = None
+    ) -> R:
         """Apply ``command`` to the object until a conditional write of its result wins.
 
         Outcomes decided on a cached version that was not just validated (a refusal, or
         nothing to write) are checked against a fresh read before they are believed.
+        ``over`` is the ETag of a corrupt version that may be replaced (a repair copied it
+        aside first): while the object holds exactly it, ``command`` sees an empty object
+        and its write is conditional on that ETag; any other corrupt version is refused.
         """
         with self._lock(key):
-            result, event, landed = self._commit(key, codec, command)
+            if over is not None:
+                self._cache.pop(key, None)
+            result, event, landed = self._commit(key, codec, command, over)
         if event is not None:
             self.observers.publish(event)
         if landed is not None:
@@ -313,7 +326,7 @@ class Documents:
         return result
 
     def _commit(
-        self, key: str, codec: Codec[T], command: Command[T, R]
+        self, key: str, codec: Codec[T], command: Command[T, R], over: str | None = None
     ) -> tuple[R, CommitEvent | None, _Version[T] | None]:
         runtime = self.store.runtime
         op = runtime.new_id()[:16]
@@ -321,7 +334,7 @@ class Documents:
         current: _Version[T] | None = self._cache.get(key)
         validated = current is None
         if current is None:
-            current = self._refresh(key, codec)
+            current = self._refresh(key, codec, over)
         attempt = 0
         while True:
             if sent:
@@ -339,12 +352,12 @@ class Documents:
             except ObjManifestError:
                 if validated:
                     raise
-                current, validated = self._refresh(key, codec), True
+                current, validated = self._refresh(key, codec, over), True
                 continue
             if new_doc is None:
                 if validated:
                     return result, None, None
-                current, validated = self._refresh(key, codec), True
+                current, validated = self._refresh(key, codec, over), True
                 continue
             attempt += 1
             if attempt > self.policy.max_attempts:
@@ -367,12 +380,12 @@ class Documents:
                 sent[commit_id] = _Sent(result, current.doc, stamped, now)
                 if validated:
                     runtime.sleep(self.policy.backoff(attempt, runtime.random()))
-                current, validated = self._refresh(key, codec), True
+                current, validated = self._refresh(key, codec, over), True
                 continue
             except OutcomeUnknown:
                 self.stats.count("lost_responses")
                 sent[commit_id] = _Sent(result, current.doc, stamped, now)
-                current, validated = self._refresh(key, codec), True
+                current, validated = self._refresh(key, codec, over), True
                 continue
             before = current.doc
             self._cache[key] = written = _Version(stamped, etag)

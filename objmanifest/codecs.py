@@ -29,17 +29,19 @@ from .model import (
     COMMITS_KEPT,
     JOURNAL_SCHEMA,
     SCHEMA_VERSION,
+    Entry,
     JournalRecord,
     Shard,
     TaskHeader,
 )
 
 SHARD_REPAIR = (
-    "delete it and declare its entries again (`objmanifest status` lists them as declared "
+    "run `objmanifest repair` (Task.repair()), which copies it aside and rebuilds it; "
+    "or delete it and declare its entries again (`objmanifest status` lists them as declared "
     "but not yet in their shard)"
 )
 INDEX_REPAIR = (
-    "delete it and run `objmanifest repair` (Task.repair_index()), which rebuilds it from "
+    "run `objmanifest repair` (Task.repair()), which copies it aside and rebuilds it from "
     "the shards"
 )
 REMOVED = "removed"
@@ -195,9 +197,29 @@ class ShardCodec(VersionedCodec[Shard]):
                     retry_count=entry.retry_count,
                     error=entry.error,
                     checksum=entry.checksum,
+                    **_rebuild_fields(was, entry),
                 )
             )
         return changed
+
+
+def _rebuild_fields(was: Entry | None, entry: Entry) -> dict[str, Any]:
+    """What a repair needs beyond state, epoch and checksum to rebuild ``entry`` from its
+    journal, recorded only where it applies (so a record stays small): the data of an entry
+    that has some, the consumers' marks, and the declaration when the entry is new."""
+    fields: dict[str, Any] = {}
+    if entry.checksum is not None:
+        fields.update(key=entry.key, size=entry.size)
+        if entry.part_size is not None:
+            fields.update(part_size=entry.part_size, parts_key=entry.parts_key)
+    if entry.consumed_by:
+        fields["consumed_by"] = entry.consumed_by
+    if was is None:
+        if entry.depends_on:
+            fields["depends_on"] = entry.depends_on
+        if entry.consumers:
+            fields["consumers"] = entry.consumers
+    return fields
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,16 @@ class Change:
     retry_count: int | None = None
     error: str | None = None
     checksum: str | None = None
+    # What a repair needs to rebuild the entry from its journal (``repair.py``), each set
+    # only when it applies: the data of a ready entry (with its checksum), the marks made
+    # on it, and the declaration (when the commit created the entry).
+    key: str | None = None
+    size: int | None = None
+    part_size: int | None = None
+    parts_key: str | None = None
+    consumed_by: tuple[str, ...] | None = None
+    depends_on: tuple[str, ...] | None = None
+    consumers: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,10 @@ Under the store's prefix::
                                            once
     TASK_ID/journal/OBJECT/retention.json  what journal retention dropped of OBJECT
     TASK_ID/archive/...                    (reserved for archived entries)
+    TASK_ID/damaged/OBJECT@TIME            a corrupt manifest object's bytes, copied aside
+                                           by a repair before it was replaced (OBJECT is
+                                           its key within the task, TIME the store's time);
+                                           written once, never deleted by objmanifest
 
 Nobody else writes a key as a string or takes one apart: a stage that is later split into
 partitions changes this module and the shard references it hands out, not its callers.
@@ -23,6 +27,7 @@ partitions changes this module and the shard references it hands out, not its ca
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 from .model import check_file_id, check_name
@@ -35,8 +40,11 @@ UPLOADS = "uploads/"
 JOURNAL = "journal/"
 ARCHIVE = "archive/"
 RETENTION = "retention.json"
+DAMAGED = "damaged/"
 
-Kind = Literal["header", "index", "shard", "data", "upload", "journal", "archive", "other"]
+Kind = Literal[
+    "header", "index", "shard", "data", "upload", "journal", "archive", "damaged", "other"
+]
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,22 @@ class TaskLayout:
     def archive_prefix(self) -> str:
         return f"{self.task_id}/{ARCHIVE}"
 
+    # -- repair ----------------------------------------------------------------------------
+
+    def damaged(self, object_key: str, at: datetime) -> str:
+        """Where a repair copies a corrupt manifest object's bytes before replacing it: one
+        key per object and store time (to the microsecond), so no copy overwrites another."""
+        rest = object_key[len(self.root) :] if object_key.startswith(self.root) else object_key
+        return f"{self.task_id}/{DAMAGED}{rest}@{at.strftime('%Y%m%dT%H%M%S.%fZ')}"
+
+    @property
+    def damaged_prefix(self) -> str:
+        return f"{self.task_id}/{DAMAGED}"
+
+    def data_of(self, stage: str) -> str:
+        """The prefix of every data object of ``stage`` (parse each key with ``parse``)."""
+        return f"{self.task_id}/{DATA}{stage}/"
+
     # -- data ------------------------------------------------------------------------------
 
     def data(self, stage: str, file_id: str, epoch: int) -> str:
@@ -195,7 +219,7 @@ class TaskLayout:
         if rest.startswith(SHARDS) and rest.endswith(".json"):
             shard = rest[len(SHARDS) : -len(".json")]
             return Parsed("shard", self.task_id, self.stage_of_shard(shard), shard)
-        for prefix, kind in ((JOURNAL, "journal"), (ARCHIVE, "archive")):
+        for prefix, kind in ((JOURNAL, "journal"), (ARCHIVE, "archive"), (DAMAGED, "damaged")):
             if rest.startswith(prefix):
                 return Parsed(kind, self.task_id)  # type: ignore[arg-type]
         if rest.startswith(UPLOADS) and rest.endswith(".json"):

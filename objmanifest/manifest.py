@@ -63,6 +63,7 @@ from .model import (
     check_file_id,
     validated,
 )
+from .repair import Repairer, RepairReport
 from .retention import Trimmer
 from .store import CREATE, PROBE_PREFIX, ObjectStore, probe_conditional_writes
 from .transfer import TransferConfig
@@ -777,6 +778,20 @@ class Manifest:
             except NotFound:
                 continue
         return moved
+
+    # -- repair (issue 10: Repair) -----------------------------------------------------------
+
+    def repair(self, dry_run: bool = False) -> RepairReport:
+        """Rebuild every stage shard and the index that was deleted or is corrupt: a shard
+        from its journal (and the index), the index from the shards; a corrupt object is
+        copied to ``TASK/damaged/`` first. An index that is sound but lacks ids the shards
+        hold gets them (``repair_index``). Returns what was restored and what could not
+        be; with ``dry_run``, what would be, writing nothing. See ``repair.py`` for the
+        rules each rebuilt entry follows."""
+        repairer = Repairer(
+            self.store, self.docs, self.layout, self.journal, self._codecs, self.index_codec
+        )
+        return repairer.run(dry_run, self.repair_index)
 
 
 @dataclass(frozen=True)

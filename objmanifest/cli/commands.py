@@ -467,15 +467,41 @@ def cmd_show(ctx: Context) -> int:
 
 
 def cmd_repair(ctx: Context) -> int:
-    added = ctx.task().repair_index()
-    line = (
-        f"repaired the index: added {len(added)} file id(s): {', '.join(added[:20])}"
-        + (" ..." if len(added) > 20 else "")
-        if added
-        else "the index lacks nothing the shards hold"
-    )
-    ctx.out.result({"added": added}, line)
+    report = ctx.task().repair(dry_run=bool(ctx.opt("dry_run")))
+    ctx.out.result(report.to_dict(), *repair_lines(report))
     return 0
+
+
+def repair_lines(report: om.RepairReport) -> list[str]:
+    """What ``repair`` found and did, for a human: one line per object, then one per entry
+    that is not as it was or lost something."""
+    if report.clean:
+        return ["nothing is damaged: every shard and the index read back sound"]
+    lines: list[str] = []
+    for obj in report.objects:
+        where = f" (its bytes copied to {obj.moved_to})" if obj.moved_to else ""
+        lines.append(f"{obj.key}: {obj.damage} ({obj.problem}): {obj.action}{where}")
+        if obj.kind == "shard" and obj.action != "left alone":
+            complete = "complete" if obj.journal_complete else "up to its last block"
+            lines.append(
+                f"  from {obj.records} journal record(s) ({complete}): "
+                f"{len(obj.entries)} entr{'y' if len(obj.entries) == 1 else 'ies'}"
+            )
+            for e in obj.entries:
+                if e.state != e.seen_state or e.lost:
+                    lost = f"; not restored: {', '.join(e.lost)}" if e.lost else ""
+                    lines.append(f"  {e.file_id}: {e.state} at epoch {e.epoch}: {e.rule}{lost}")
+        if obj.kind == "index" and obj.action != "left alone":
+            lines.append(f"  {len(obj.indexed)} file id(s) from the shards")
+        for item in obj.not_restored if obj.kind == "index" else ():
+            lines.append(f"  not restored: {item}")
+    if report.added:
+        verb = "would add" if report.dry_run else "added"
+        shown = ", ".join(report.added[:20]) + (" ..." if len(report.added) > 20 else "")
+        lines.append(f"repaired the index: {verb} {len(report.added)} file id(s): {shown}")
+    if report.dry_run:
+        lines.append("dry run: nothing was written")
+    return lines
 
 
 def cmd_reap(ctx: Context) -> int:

@@ -369,13 +369,18 @@ def _views(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("show", parents=parents, help="one entry, every field")
     p.add_argument("file_id", metavar="FILE_ID")
     sub.add_parser("reap", parents=parents, help="release every expired lease of the task")
-    sub.add_parser(
+    p = sub.add_parser(
         "repair",
         parents=parents,
-        help="put entries the shards hold back into a damaged dependency index",
-        description="After index.json was deleted or replaced by hand, `declare` refuses the "
-        "file ids the shards hold and the index lacks, and `status` lists them. This adds them "
-        "back, from the shards.",
+        help="rebuild a deleted or corrupt stage shard or index (corrupt bytes kept aside)",
+        description="A stage shard that was deleted or is corrupt is rebuilt from its journal "
+        "(and the index), the index from the shards; a corrupt object is first copied to "
+        "TASK/damaged/. An entry the journal may have lost track of is fenced: any claim "
+        "given out on it is refused from now on. An index that lacks file ids the shards hold "
+        "gets them back. The report says what was restored and what could not be.",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="say what would be repaired; write nothing"
     )
 
 

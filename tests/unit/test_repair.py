@@ -1,0 +1,107 @@
+"""Repair's pieces on a MemoryStore: the CAS loop replaces only the corrupt bytes a repair
+copied aside, the replay of records, the rules for each state, and a shard re-created
+meanwhile left alone."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+import objmanifest as om
+from objmanifest.codecs import ShardCodec
+from objmanifest.repair import RECORDS_AT_RISK, RebuildShard, replay
+from objmanifest.store import CREATE
+
+
+def fresh_store() -> om.MemoryStore:
+    return om.MemoryStore("unit", uuid.uuid4().hex)
+
+
+def new_task(store: om.MemoryStore) -> om.Task:
+    return om.Task.create(store, "job", stages=["collect"], lease_seconds=30, max_retries=2)
+
+
+def test_the_cas_loop_replaces_only_the_corrupt_bytes_it_was_told_of() -> None:
+    store = fresh_store()
+    task = new_task(store)
+    task.declare("a", "collect")
+    key = task.shard_key("collect")
+    codec: ShardCodec = task.codec("collect")
+    store.put(key, b"{broken")
+    blob = store.get(key)
+    assert blob is not None
+    rebuilt = codec.empty().with_entries({})
+    command = RebuildShard(rebuilt.model_copy(update={"version": 7}))
+    store.put(key, b"{broken differently")  # not the bytes the repair copied aside
+    with pytest.raises(om.CorruptShard):
+        task.docs.commit(key, codec, command, over=blob.etag)
+    assert store.get(key).body == b"{broken differently"  # type: ignore[union-attr]
+    without = store.get(key)
+    assert without is not None
+    assert task.docs.commit(key, codec, command, over=without.etag) is True
+    assert task.shard("collect").version == 8
+    assert [r.command for r in task.journal.records(key, codec)] == ["repair"]
+
+
+def test_a_shard_recreated_before_the_repair_writes_is_left_alone() -> None:
+    store = fresh_store()
+    task = new_task(store)
+    task.declare("a", "collect")
+    key = task.shard_key("collect")
+    store.delete(key)
+    task.docs.forget(key)
+    task.declare("fresh", "collect")  # re-creates the shard, create-only
+    command = RebuildShard(task.codec("collect").empty())
+    assert task.docs.commit(key, task.codec("collect"), command) is False
+    assert set(task.shard("collect").entries) == {"fresh"}
+
+
+def test_replay_follows_each_entry_to_its_last_recorded_fields() -> None:
+    store = fresh_store()
+    task = new_task(store)
+    task.declare("a", "collect", consumers=["x", "y"])
+    task.declare("gone", "collect")
+    agent = task.agent("p")
+    claim = agent.claim("a")
+    assert claim is not None
+    agent.put(claim, b"data")
+    task.agent("x").consume("a")
+    key = task.shard_key("collect")
+    seen = replay(task.journal.records(key, task.codec("collect")))
+    a = seen["a"]
+    assert (a.state, a.epoch, a.producer, a.consumed_by) == ("ready", 1, "p", ("x",))
+    entry = task.entry("a")
+    assert (a.key, a.size, a.checksum) == (entry.key, 4, entry.checksum)
+    assert a.consumers == ("x", "y") and a.declared_at == entry.declared_at
+    assert seen["gone"].state == "pending" and seen["gone"].consumers is None
+
+
+def test_a_deleted_shard_without_blocks_comes_back_from_the_index_fenced() -> None:
+    store = fresh_store()
+    task = new_task(store)
+    task.declare_many([("a", "collect"), ("b", "collect"), ("c", "collect", ["a"])])
+    agent = task.agent("p")
+    claim = agent.claim("a")
+    assert claim is not None
+    agent.put(claim, b"data")  # data@1 exists, but its records go with the shard
+    held = task.agent("q").claim("b")  # writing at epoch 1: its record goes with the shard
+    assert held is not None and held.epoch == 1
+    store.delete(task.shard_key("collect"))
+    report = task.repair()
+    (obj,) = report.objects
+    assert (obj.damage, obj.action, obj.records, obj.moved_to) == ("deleted", "rebuilt", 0, None)
+    restored = {e.file_id: e for e in obj.entries}
+    assert restored["a"].epoch == 1 + 1 + RECORDS_AT_RISK  # above its data key's epoch
+    assert restored["b"].epoch == restored["c"].epoch == 1 + RECORDS_AT_RISK
+    assert all(e.state == "pending" and "consumers" in e.lost for e in obj.entries)
+    assert task.entry("c").depends_on == ("a",)
+    for holder, stale in ((agent, claim), (task.agent("q"), held)):
+        with pytest.raises(om.LeaseLost):
+            holder.put(stale, b"data")
+    assert task.agent("q").claim("b").epoch == 2 + RECORDS_AT_RISK  # type: ignore[union-attr]
+    # The copy a repair makes of a corrupt object is create-only: it never overwrites.
+    aside = task.layout.damaged(task.shard_key("collect"), store.now())
+    store.put(aside, b"first", mode=CREATE)
+    with pytest.raises(om.errors.PreconditionFailed):
+        store.put(aside, b"second", mode=CREATE)
