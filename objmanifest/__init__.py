@@ -12,6 +12,7 @@ from .errors import (
     ChecksumMismatch,
     ConflictRetriesExhausted,
     CorruptShard,
+    DataRemoved,
     DeclarationConflict,
     DependencyCycle,
     InvalidFileId,
@@ -28,6 +29,7 @@ from .errors import (
     UnsupportedStore,
 )
 from .events import Change, CommitEvent
+from .gc import GcItem, GcKept, GcReport
 from .history import Lineage, LineageNode, Transition
 from .model import Claim, Declaration, Entry, JournalRecord, State, TaskStatus
 from .runtime import Runtime
@@ -48,10 +50,14 @@ __all__ = [
     "CommitEvent",
     "ConflictRetriesExhausted",
     "CorruptShard",
+    "DataRemoved",
     "Declaration",
     "DeclarationConflict",
     "DependencyCycle",
     "Entry",
+    "GcItem",
+    "GcKept",
+    "GcReport",
     "InvalidFileId",
     "InvalidInput",
     "JournalRecord",
