@@ -538,7 +538,7 @@ def drop_data(
     shard: Shard, wanted: dict[str, str], before: datetime, now: datetime
 ) -> tuple[Shard | None, list[Entry]]:
     """Mark consumed entries whose data gc removes: each of ``wanted`` (file id -> the key
-    gc saw) that is still consumed, still at that key and last changed before ``before``.
+    gc saw) that is still consumed, still at that key and last changed at or before ``before``.
     The mark lands before the object goes, so a reader never finds it missing unmarked."""
     changed: dict[str, Entry] = {}
     for file_id, key in wanted.items():
@@ -549,7 +549,7 @@ def drop_data(
             or entry.key != key
             or entry.data_removed_at is not None
             or entry.updated_at is None
-            or entry.updated_at >= before
+            or entry.updated_at > before
         ):
             continue
         changed[file_id] = entry.model_copy(update={"data_removed_at": now})

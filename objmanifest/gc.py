@@ -122,13 +122,15 @@ class Collector:
     # -- data of fenced holders and fenced uploads ------------------------------------------
 
     def _data(self, report: GcReport, dry_run: bool) -> None:
-        listed = [row.key for row in self.store.list(self.layout.data_prefix)]
+        listed = [row.key for row in self.store.list(self.layout.root)]
         fresh: dict[str, dict[str, Entry]] = {}  # read after the listing
         for key in listed:
             parsed = self.layout.parse(key)
-            if parsed.kind != "data" or parsed.stage is None or parsed.file_id is None:
+            if parsed.kind == "other":
                 report.kept.append(GcKept(key, "not a key objmanifest writes"))
                 continue
+            if parsed.kind != "data" or parsed.stage is None or parsed.file_id is None:
+                continue  # a manifest object, journal or archive: never gc's
             if parsed.stage not in self.stages:
                 report.kept.append(GcKept(key, f"{parsed.stage!r} is not a stage of the task"))
                 continue
@@ -193,7 +195,7 @@ class Collector:
                 and e.key is not None
                 and e.data_removed_at is None
                 and e.updated_at is not None
-                and e.updated_at < before
+                and e.updated_at <= before
             }
             if not wanted:
                 continue
