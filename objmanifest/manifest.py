@@ -614,8 +614,7 @@ class Manifest:
             and consumed_older_than >= 0
         ):
             raise InvalidInput(
-                f"consumed_older_than must be a number of seconds >= 0, not "
-                f"{consumed_older_than!r}"
+                f"consumed_older_than must be a number of seconds >= 0, not {consumed_older_than!r}"
             )
         collector = Collector(
             self.store,
