@@ -3,12 +3,14 @@ during a pipeline with fenced holders and failed puts, on every backend."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from breaking import BreakingFile
 from conftest import raw_put
 
 import objmanifest as om
@@ -298,3 +300,59 @@ def test_gc_in_a_loop_during_a_pipeline_keeps_every_entry_and_removes_the_garbag
         else:
             assert check.consume(file_id) == body_of(file_id)
     assert task.gc().removed == []
+
+
+# -- what a later holder may adopt ----------------------------------------------------------
+
+MiB = 1024 * 1024
+PART = 5 * MiB
+
+
+def test_gc_keeps_an_upload_and_a_completed_object_a_later_holder_may_adopt(
+    task: om.Task, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunked data outlives its holder: an earlier epoch's key recorded in the open upload
+    state is kept while the entry may still be made ready with it."""
+    data = random.Random(7).randbytes(PART + 11)  # two parts
+    first = task.agent("first")
+    task.declare_many([("big", "collect"), ("open", "collect")])
+
+    # A holder that completed its upload and died before making the entry ready.
+    claim = first.claim("big")
+    assert claim is not None
+    real_finish = om.Agent._finish
+
+    def die(self: om.Agent, c: om.Claim, stored: om.model.Stored) -> om.Entry:
+        raise om.StoreError("the producer died before its finish")
+
+    monkeypatch.setattr(om.Agent, "_finish", die)
+    with pytest.raises(om.StoreError, match="died before its finish"):
+        first.put(claim, data, part_size=PART, threshold=MiB)
+    monkeypatch.setattr(om.Agent, "_finish", real_finish)
+    completed = task.layout.data("collect", "big", claim.epoch)
+    assert exists(task, completed)
+    first.fail(claim, "died")
+
+    # A holder that died in the middle: its upload stays open for the next one.
+    claim = first.claim("open")
+    assert claim is not None
+    broken = BreakingFile(data, PART + 5, "the producer died")
+    with pytest.raises(OSError, match="the producer died"):
+        first.put(claim, broken, part_size=PART, threshold=MiB, concurrency=1)
+    first.fail(claim, "died")
+    open_key = task.layout.data("collect", "open", claim.epoch)
+
+    assert task.gc().removed == []
+    second = task.agent("second")
+    again = {f: second.claim(f) for f in ("big", "open")}
+    assert all(c is not None and c.epoch == 2 for c in again.values())
+    assert task.gc().removed == []  # writing at epoch 2: epoch 1's recorded key still kept
+    assert exists(task, completed)
+    assert len(list(task.store.list_uploads(task.layout.data_prefix))) == 1
+    for file_id, c in again.items():
+        assert c is not None
+        entry = second.put(c, data, part_size=PART, threshold=MiB)
+        assert entry.key == {"big": completed, "open": open_key}[file_id]  # adopted
+    assert task.gc().removed == []
+    reader = task.agent("reader")
+    assert reader.consume("big") == data and reader.consume("open") == data
