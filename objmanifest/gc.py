@@ -105,8 +105,8 @@ class Collector:
     codec: Callable[[str], ShardCodec]
     now: Callable[[], datetime]
 
-    def entries(self, stage: str) -> dict[str, Entry]:
-        shard = self.layout.shard_of(stage)
+    def entries(self, shard: str) -> dict[str, Entry]:
+        """A fresh read of one shard's entries."""
         return dict(self.docs.read(self.layout.shard(shard), self.codec(shard)).entries)
 
     def run(self, dry_run: bool, consumed_older_than: float | None) -> GcReport:
@@ -134,20 +134,24 @@ class Collector:
             if parsed.stage not in self.stages:
                 report.kept.append(GcKept(key, f"{parsed.stage!r} is not a stage of the task"))
                 continue
-            if parsed.stage not in fresh:
-                fresh[parsed.stage] = self.entries(parsed.stage)
-            entry = fresh[parsed.stage].get(parsed.file_id)
+            shard = self.layout.shard_of(parsed.stage, parsed.file_id)
+            if shard not in fresh:
+                fresh[shard] = self.entries(shard)
+            entry = fresh[shard].get(parsed.file_id)
             if entry is None:
                 report.kept.append(GcKept(key, "its entry is not in the live shard"))
                 continue
             assert parsed.epoch is not None
-            if not self._garbage(entry, key, parsed.epoch, dry_run):
+            marked = key == entry.key and entry.data_removed_at is not None
+            if not marked and not self._garbage(entry, key, parsed.epoch, dry_run):
                 continue
             head = self._head(key)
             if head is None:
                 continue
             size, single = head
             kind: GcKind = "fenced_data" if single else "fenced_upload_object"
+            if marked:  # marked by an earlier run whose removal failed
+                kind = "consumed_data"
             if self._remove(report, key, dry_run):
                 report.removed.append(GcItem(kind, key, size, entry.file_id))
 
@@ -187,10 +191,10 @@ class Collector:
 
     def _consumed(self, report: GcReport, dry_run: bool, seconds: float) -> None:
         before = self.now() - timedelta(seconds=seconds)
-        for stage in self.stages:
+        for shard in [s for stage in self.stages for s in self.layout.shards_of(stage)]:
             wanted = {
                 e.file_id: e.key
-                for e in self.entries(stage).values()
+                for e in self.entries(shard).values()
                 if e.state is State.consumed
                 and e.key is not None
                 and e.data_removed_at is None
@@ -202,7 +206,6 @@ class Collector:
             if dry_run:
                 marked = [(fid, key) for fid, key in wanted.items()]
             else:
-                shard = self.layout.shard_of(stage)
                 entries = self.docs.commit(
                     self.layout.shard(shard), self.codec(shard), DropData(wanted, before)
                 )

@@ -173,6 +173,11 @@ def test_gc_removes_consumed_data_only_when_asked_and_marks_it(task: om.Task) ->
     assert task.history("a")[-1].command == "drop-data"
     assert c.consume("b") == b"B"  # ready entries are never touched
     assert removed(task.gc(consumed_older_than=0), "consumed_data") == {task.entry("b").key}
+    # A removal that failed after the mark is finished by the next run, asked or not.
+    c_entry = task.entry("b")
+    raw_put(task.store, c_entry.key or "", b"B")
+    assert c_entry.data_removed_at is not None
+    assert removed(task.gc(), "consumed_data") == {c_entry.key}
     with pytest.raises(om.InvalidInput, match="consumed_older_than"):
         task.gc(consumed_older_than=-1)
 
