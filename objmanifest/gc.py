@@ -142,6 +142,9 @@ class Collector:
                 report.kept.append(GcKept(key, "its entry is not in the live shard"))
                 continue
             assert parsed.epoch is not None
+            if parsed.epoch > entry.epoch:
+                report.kept.append(GcKept(key, f"an epoch above its entry's ({entry.epoch})"))
+                continue
             marked = key == entry.key and entry.data_removed_at is not None
             if not marked and not self._garbage(entry, key, parsed.epoch, dry_run):
                 continue
@@ -157,7 +160,7 @@ class Collector:
 
     def _garbage(self, entry: Entry, key: str, epoch: int, dry_run: bool) -> bool:
         """May no holder ever make ``entry`` point at ``key`` (of ``epoch``)?"""
-        if key == entry.key or epoch > entry.epoch:
+        if key == entry.key:
             return False
         if entry.state is State.writing and epoch == entry.epoch:
             return False  # the live holder's own key

@@ -111,7 +111,13 @@ def test_gc_removes_finished_probe_objects_and_reports_unknown_keys(task: om.Tas
     running = PROBE_PREFIX + "1" * 32
     task.store.put(done, b"current:nonce")
     task.store.put(running, b"create:nonce")
-    strange = [f"{task.layout.data_prefix}collect/no-epoch", f"{task.layout.root}notes.txt"]
+    task.declare("a", "collect")
+    strange = [
+        f"{task.layout.data_prefix}collect/no-epoch",
+        f"{task.layout.root}notes.txt",
+        task.layout.data("collect", "ghost", 1),  # no such entry (archived, perhaps)
+        task.layout.data("collect", "a", 7),  # an epoch its entry never had
+    ]
     for key in strange:
         raw_put(task.store, key, b"not ours")
 
@@ -120,6 +126,7 @@ def test_gc_removes_finished_probe_objects_and_reports_unknown_keys(task: om.Tas
     assert not exists(task, done) and exists(task, running)
     kept = {k.key: k.reason for k in report.kept}
     assert set(kept) >= {running, *strange}
+    assert kept[task.layout.data("collect", "ghost", 1)] == "its entry is not in the live shard"
     assert all(exists(task, key) for key in strange)
     task.store.delete(running)
 
