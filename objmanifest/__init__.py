@@ -12,6 +12,7 @@ from .errors import (
     ChecksumMismatch,
     ConflictRetriesExhausted,
     CorruptShard,
+    DataRemoved,
     DeclarationConflict,
     DependencyCycle,
     InvalidFileId,
@@ -28,6 +29,7 @@ from .errors import (
     UnsupportedStore,
 )
 from .events import Change, CommitEvent
+from .gc import GcItem, GcKept, GcReport
 from .history import Dropped, Lineage, LineageNode, Transition
 from .model import Claim, Declaration, Entry, JournalRecord, State, TaskStatus
 from .repair import ObjectRepair, RepairReport, RestoredEntry
@@ -49,11 +51,15 @@ __all__ = [
     "CommitEvent",
     "ConflictRetriesExhausted",
     "CorruptShard",
+    "DataRemoved",
     "Declaration",
     "DeclarationConflict",
     "DependencyCycle",
     "Dropped",
     "Entry",
+    "GcItem",
+    "GcKept",
+    "GcReport",
     "InvalidFileId",
     "InvalidInput",
     "JournalRecord",

@@ -313,6 +313,9 @@ class Agent:
             except ChecksumMismatch as e:
                 raise self._mismatch(entry, e) from None
             except NotFound as e:  # the data is gone: as bad as wrong data, produce it again
+                now = task.entry(file_id)
+                if now.data_removed_at is not None:  # gc removed it after its retention
+                    changes.check_consumable(now, consumer)  # raises DataRemoved
                 raise self._mismatch(entry, ChecksumMismatch(f"{file_id!r}: {e}")) from None
             except ReadBrokeOff as e:
                 raise StoreError(

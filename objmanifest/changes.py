@@ -22,6 +22,7 @@ from . import leases
 from .errors import (
     AlreadyConsumed,
     DataChanged,
+    DataRemoved,
     DeclarationConflict,
     LeaseLost,
     NotClaimable,
@@ -301,6 +302,12 @@ def fail(
 
 def check_consumable(entry: Entry, consumer: str) -> bool:
     """Whether ``consumer`` may read the entry's data; True if it has consumed it before."""
+    if entry.data_removed_at is not None:
+        raise DataRemoved(
+            f"{entry.file_id!r} was consumed and its data was removed by gc at "
+            f"{entry.data_removed_at.isoformat()} (after its retention); its checksum "
+            f"{entry.checksum} and history stay, produce it again under a new id if needed"
+        )
     if consumer in entry.consumed_by and entry.state in (State.ready, State.consumed):
         return True
     if entry.state is State.consumed:
@@ -522,3 +529,43 @@ class Reap:
 
     def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, list[Entry]]:
         return reap(shard, now, self.rules)
+
+
+# -- gc: the data of consumed entries past their retention ----------------------------------
+
+
+def drop_data(
+    shard: Shard, wanted: dict[str, str], before: datetime, now: datetime
+) -> tuple[Shard | None, list[Entry]]:
+    """Mark consumed entries whose data gc removes: each of ``wanted`` (file id -> the key
+    gc saw) that is still consumed, still at that key and last changed at or before ``before``.
+    The mark lands before the object goes, so a reader never finds it missing unmarked."""
+    changed: dict[str, Entry] = {}
+    for file_id, key in wanted.items():
+        entry = shard.entries.get(file_id)
+        if (
+            entry is None
+            or entry.state is not State.consumed
+            or entry.key != key
+            or entry.data_removed_at is not None
+            or entry.updated_at is None
+            or entry.updated_at > before
+        ):
+            continue
+        changed[file_id] = entry.model_copy(update={"data_removed_at": now})
+    if not changed:
+        return None, []
+    return shard.with_entries(changed), list(changed.values())
+
+
+@dataclass(frozen=True)
+class DropData:
+    """gc marks consumed entries past their retention as having no data any more."""
+
+    name: ClassVar[str] = "drop-data"
+    wanted: dict[str, str]
+    before: datetime
+    actor: str = "gc"
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, list[Entry]]:
+        return drop_data(shard, self.wanted, self.before, now)

@@ -70,6 +70,11 @@ class AlreadyConsumed(ObjManifestError):
     """A queue entry that another agent consumed already."""
 
 
+class DataRemoved(ObjManifestError):
+    """A consumed entry's data was removed by ``gc`` after its retention; the entry (and
+    its checksum, history and lineage) stays, its bytes cannot be read again."""
+
+
 class NotAConsumer(ObjManifestError):
     """The agent's role is not among the entry's declared consumers."""
 

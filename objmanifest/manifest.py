@@ -45,6 +45,7 @@ from .errors import (
     UnsupportedStore,
 )
 from .events import Observer, Observers
+from .gc import Collector, GcReport
 from .history import Dropped, History, Lineage, Transition, lineage, transitions_of
 from .layout import TaskLayout
 from .model import (
@@ -639,6 +640,34 @@ class Manifest:
     def sweep_uploads(self) -> list[str]:
         """Abort the multipart uploads nobody can adopt any more; returns their keys."""
         return sweep(self.uploads)
+
+    # -- gc (cleanup) ----------------------------------------------------------------------
+
+    def gc(self, dry_run: bool = False, consumed_older_than: float | None = None) -> GcReport:
+        """Remove what no entry references any more (see ``gc.py``): data of fenced
+        holders, objects of fenced uploads, uploads nobody can adopt, finished probe
+        objects; with ``consumed_older_than`` (seconds) also the data of consumed entries
+        last changed before then, marking them first (``DataRemoved`` on a later read).
+        Safe while agents work; ``dry_run`` removes nothing and reports the same."""
+        if consumed_older_than is not None and not (
+            isinstance(consumed_older_than, (int, float))
+            and not isinstance(consumed_older_than, bool)
+            and math.isfinite(consumed_older_than)
+            and consumed_older_than >= 0
+        ):
+            raise InvalidInput(
+                f"consumed_older_than must be a number of seconds >= 0, not {consumed_older_than!r}"
+            )
+        collector = Collector(
+            self.store,
+            self.docs,
+            self.layout,
+            self.stages,
+            self.uploads,
+            self.codec,
+            self.store.now,
+        )
+        return collector.run(dry_run, consumed_older_than)
 
     # -- history ---------------------------------------------------------------------------
 

@@ -258,6 +258,9 @@ class Entry(_Model):
     parts_key: str | None = None
     """Set for a chunked entry: the small object that lists its parts and their digests
     (kept out of the shard, which every agent of the stage rewrites)."""
+    data_removed_at: datetime | None = None
+    """Set (by gc's ``drop-data`` command) on a consumed entry whose data was removed after
+    its retention: reading it again raises ``DataRemoved``."""
 
     @property
     def is_chunked(self) -> bool:

@@ -34,7 +34,7 @@ from conftest import BUCKET, Server, raw_get, raw_put
 from faults import FaultProxy
 
 import objmanifest as om
-from objmanifest import servers
+from objmanifest import servers, transfer
 from objmanifest.cli import app, exits, main, parser, progress
 from objmanifest.cli.commands import read_declarations
 from objmanifest.cli.holding import poll
@@ -1166,3 +1166,35 @@ def test_repair_rebuilds_a_corrupt_shard_and_says_what_it_restored(
         assert task.agent("reader").consume(file_id) == f"bytes of {file_id}".encode()
     assert cli.json("repair") == {"task_id": "job", "dry_run": False, "objects": [], "added": []}
     assert "nothing is damaged" in cli.run("repair").text
+
+
+# -- gc (cleanup) ----------------------------------------------------------------------
+
+
+def test_gc_dry_run_then_gc_report_and_json(cli: Cli, task: om.Task, tmp_path: Path) -> None:
+    cli.run("declare", "raw", "--stage", "collect")
+    cli.run("claim", "raw", "--agent", "a")
+    stale = task.layout.data("collect", "raw", 1)
+    transfer.upload(task.store, stale, b"abandoned")
+    cli.run("fail", "raw", "gave up", "--agent", "a", "--epoch", "1")
+    cli.run("claim", "raw", "--agent", "a")
+    (tmp_path / "f").write_bytes(b"bytes")
+    cli.run("put", "raw", str(tmp_path / "f"), "--agent", "a", "--epoch", "2")
+    dry = cli.json("gc", "--dry-run")
+    assert dry["dry_run"] is True and dry["bytes_freed"] == len(b"abandoned")
+    assert dry["removed"]["fenced_data"] == {"count": 1, "bytes": 9, "keys": [stale]}
+    assert set(dry["removed"]) == {
+        "fenced_data",
+        "fenced_upload_object",
+        "upload",
+        "probe",
+        "consumed_data",
+    }
+    assert "would remove 1 object(s)/upload(s), 9 bytes" in cli.run("gc", "--dry-run").text
+    text = cli.run("gc").text
+    assert "removed 1 object(s)/upload(s), 9 bytes" in text and stale in text
+    assert cli.json("gc")["bytes_freed"] == 0
+    cli.run("consume", "raw", "--agent", "b", "-o", str(tmp_path / "out"))
+    gone = cli.json("gc", "--consumed-older-than", "0")["removed"]["consumed_data"]
+    assert gone["count"] == 1 and gone["bytes"] == 5
+    cli.run("gc", "--consumed-older-than", "-1", code=2)

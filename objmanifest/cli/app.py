@@ -35,6 +35,7 @@ HANDLERS: dict[str, Handler] = {
     "lineage": commands.cmd_lineage,
     "migrate": commands.cmd_migrate,
     "trim": commands.cmd_trim,
+    "gc": commands.cmd_gc,
 }
 
 

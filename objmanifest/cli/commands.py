@@ -656,3 +656,26 @@ def cmd_trim(ctx: Context) -> int:
         *lines,
     )
     return 0
+
+
+# -- gc (cleanup) ------------------------------------------------------------------------
+
+
+def cmd_gc(ctx: Context) -> int:
+    report = ctx.task().gc(
+        dry_run=bool(ctx.args.dry_run), consumed_older_than=ctx.args.consumed_older_than
+    )
+    verb = "would remove" if report.dry_run else "removed"
+    human: list[Any] = [
+        f"{verb} {len(report.removed)} object(s)/upload(s), {report.bytes_freed} bytes"
+    ]
+    for kind, items in report.by_kind().items():
+        if items:
+            size = sum(i.size or 0 for i in items)
+            human.append(f"  {kind}: {len(items)} ({size} bytes)")
+            human.extend(f"    {i.key}" for i in items)
+    for kept in report.kept:
+        human.append(f"kept {kept.key}: {kept.reason}")
+    human.extend(f"error: {e}" for e in report.errors)
+    ctx.out.result(report.to_json(), *human)
+    return 1 if report.errors else 0

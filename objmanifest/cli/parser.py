@@ -520,6 +520,28 @@ def command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _gc(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Cleanup."""
+    p = sub.add_parser(
+        "gc",
+        parents=parents,
+        help="remove data, uploads and probe objects no entry references any more",
+        description="Removes the data of fenced holders, objects completed by fenced uploads, "
+        "multipart uploads nobody can adopt and finished probe objects; never anything a live "
+        "entry references, and safe while agents work. Keys of an unknown shape are reported, "
+        "never removed. With --consumed-older-than, also the data of consumed entries last "
+        "changed that long ago (they are marked first; reading them again then fails with "
+        "'data removed').",
+    )
+    p.add_argument("--dry-run", action="store_true", help="report what would go, remove nothing")
+    p.add_argument(
+        "--consumed-older-than",
+        type=seconds,
+        metavar="SECONDS",
+        help="also remove the data of consumed entries unchanged for this many seconds",
+    )
+
+
 def build(argv: Sequence[str] = ()) -> Parser:
     """The full parser."""
     parser = Parser(
@@ -545,6 +567,7 @@ def build(argv: Sequence[str] = ()) -> Parser:
     _serve(sub, parents)
     _demo(sub)
     _retention(sub, parents)
+    _gc(sub, parents)
     return parser
 
 

@@ -9,7 +9,7 @@ Built on the store, the CAS loop and a ``Scope`` (the task as uploads see it), n
 ``Task``.
 """
 
-from .cleanup import abandon, reject_data, sweep
+from .cleanup import abandon, adoptable, reject_data, sweep, sweep_plan
 from .download import download, load_parts
 from .engine import upload
 from .pump import UploadStats
@@ -23,9 +23,11 @@ __all__ = [
     "UploadState",
     "UploadStats",
     "abandon",
+    "adoptable",
     "download",
     "load_parts",
     "reject_data",
     "sweep",
+    "sweep_plan",
     "upload",
 ]

@@ -14,7 +14,7 @@ import logging
 from ..model import Entry, State
 from ..store import list_keys
 from .scope import Scope
-from .state import Abort, Reject, UploadCodec, read_state
+from .state import Abort, Reject, UploadCodec, UploadState, read_state
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,11 @@ def sweep(scope: Scope) -> list[str]:
     upload under the task's data that no state records (its starter died before recording
     it) unless its entry is being written now. Any agent may run it at any time.
     """
+    return sweep_plan(scope, apply=True)
+
+
+def sweep_plan(scope: Scope, *, apply: bool) -> list[str]:
+    """``sweep``, or with ``apply=False`` only the keys it would abort (``gc --dry-run``)."""
     store, layout = scope.store, scope.layout
     aborted: list[str] = []
     recorded: set[tuple[str, str]] = set()
@@ -61,14 +66,20 @@ def sweep(scope: Scope) -> list[str]:
         entry = scope.entry(doc.stage, doc.file_id)
         if _adoptable(entry, doc.key):
             recorded.add((doc.key, doc.upload_id))
-        elif abandon(scope, doc.stage, doc.file_id):
+        elif not apply or abandon(scope, doc.stage, doc.file_id):
             aborted.append(doc.key)
     for key, upload_id in list(store.list_uploads(layout.data_prefix)):
         if (key, upload_id) in recorded or _being_written(scope, key):
             continue
-        if store.abort_upload(key, upload_id):
+        if not apply or store.abort_upload(key, upload_id):
             aborted.append(key)
     return aborted
+
+
+def adoptable(entry: Entry | None, doc: UploadState | None, key: str) -> bool:
+    """Is ``key`` an upload (or the object it completed) a holder of ``entry`` may still
+    adopt? Then gc keeps it whoever started it."""
+    return doc is not None and doc.status == "open" and doc.key == key and _adoptable(entry, key)
 
 
 def _adoptable(entry: Entry | None, key: str) -> bool:
