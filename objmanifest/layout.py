@@ -13,7 +13,9 @@ Under the store's prefix::
                                            object (OBJECT is its key without ".json",
                                            e.g. shards/collect), incarnation JID; written
                                            once
-    TASK_ID/archive/...                    (reserved for archived entries)
+    TASK_ID/archive/SHARD/ARCHIVE_ID.json  entries archived out of one shard by one
+                                           archive commit; written once, before the shard
+                                           commit that names ARCHIVE_ID
 
 Nobody else writes a key as a string or takes one apart: a stage that is later split into
 partitions changes this module and the shard references it hands out, not its callers.
@@ -146,6 +148,22 @@ class TaskLayout:
     @property
     def archive_prefix(self) -> str:
         return f"{self.task_id}/{ARCHIVE}"
+
+    def archive_of(self, shard: str) -> str:
+        """The prefix of every archive object of ``shard``."""
+        return f"{self.task_id}/{ARCHIVE}{shard}/"
+
+    def archive_object(self, shard: str, archive_id: str) -> str:
+        """Where one archive commit of ``shard`` writes its entries, once."""
+        return f"{self.archive_of(shard)}{archive_id}.json"
+
+    def parse_archive(self, key: str, shard: str) -> str | None:
+        """The archive id ``key`` names, or None if it is not an archive object of ``shard``."""
+        prefix = self.archive_of(shard)
+        if not key.startswith(prefix) or not key.endswith(".json"):
+            return None
+        archive_id = key[len(prefix) : -len(".json")]
+        return archive_id if archive_id and "/" not in archive_id else None
 
     # -- data ------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ HANDLERS: dict[str, Handler] = {
     "log": commands.cmd_log,
     "lineage": commands.cmd_lineage,
     "migrate": commands.cmd_migrate,
+    "archive": commands.cmd_archive,
 }
 
 
