@@ -29,7 +29,7 @@ from .errors import (
 )
 from .events import Change, CommitEvent
 from .history import Lineage, LineageNode, Transition
-from .model import Claim, Declaration, Entry, JournalRecord, State, TaskStatus
+from .model import ArchiveReport, Claim, Declaration, Entry, JournalRecord, State, TaskStatus
 from .runtime import Runtime
 from .store import MemoryStore, ObjectStore, S3Store, Store, connect
 from .task import Task
@@ -41,6 +41,7 @@ __all__ = [
     "Agent",
     "AlreadyConsumed",
     "AlreadyExists",
+    "ArchiveReport",
     "CasPolicy",
     "Change",
     "ChecksumMismatch",

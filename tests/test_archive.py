@@ -108,6 +108,7 @@ def test_redeclaring_an_archived_id(task: om.Task) -> None:
     produce(task, "a")
     task.agent("r").consume("a")
     report = task.archive(older_than=0)
+    assert isinstance(report, om.ArchiveReport)
     assert report.archived["collect"] == ["a"]
     again = task.declare("a", "collect", consumers=["r"])
     assert (again.state, again.consumed_by) == (om.State.consumed, ("r",))
