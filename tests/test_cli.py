@@ -1099,6 +1099,7 @@ def test_archive_moves_old_terminal_entries(cli: Cli, task: om.Task, tmp_path: P
     (tmp_path / "f").write_bytes(b"bytes")
     cli.run("put", "raw", str(tmp_path / "f"), "--agent", "a", "--epoch", "1")
     cli.run("consume", "raw", "--agent", "c", "-o", str(tmp_path / "got"))
+    assert "archived" not in cli.json("status")
     young = cli.json("archive")
     assert young == {
         "archived": {"collect": [], "write": [], "check": []},
@@ -1113,4 +1114,7 @@ def test_archive_moves_old_terminal_entries(cli: Cli, task: om.Task, tmp_path: P
     assert task.entry("raw").state is om.State.consumed
     assert [h["command"] for h in cli.json("log", "raw")["history"]][-1] == "archive"
     assert cli.json("lineage", "out")["edges"] == [["out", "raw"]]
+    status = cli.json("status")
+    assert status["archived"] == {"collect": 1, "write": 0, "check": 0}
+    assert status["stages"]["collect"]["consumed"] == 1
     cli.run("archive", "--older-than", "-1", code=2)
