@@ -31,7 +31,7 @@ from .errors import (
 from .events import Change, CommitEvent
 from .gc import GcItem, GcKept, GcReport
 from .history import Dropped, Lineage, LineageNode, Transition
-from .model import Claim, Declaration, Entry, JournalRecord, State, TaskStatus
+from .model import ArchiveReport, Claim, Declaration, Entry, JournalRecord, State, TaskStatus
 from .repair import ObjectRepair, RepairReport, RestoredEntry
 from .runtime import Runtime
 from .store import MemoryStore, ObjectStore, S3Store, Store, connect
@@ -44,6 +44,7 @@ __all__ = [
     "Agent",
     "AlreadyConsumed",
     "AlreadyExists",
+    "ArchiveReport",
     "CasPolicy",
     "Change",
     "ChecksumMismatch",

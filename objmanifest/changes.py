@@ -29,7 +29,16 @@ from .errors import (
     NotFound,
     NotReady,
 )
-from .model import Claim, Declaration, Entry, Shard, State, Stored
+from .model import (
+    Archived,
+    Claim,
+    Declaration,
+    Entry,
+    Shard,
+    State,
+    Stored,
+    declaration_digest,
+)
 from .states import Event, next_state
 
 Lookup = Callable[[str], "Entry | None"]
@@ -110,6 +119,10 @@ def declare(
                 )
             result.append(existing)
             continue
+        archived = (shard.archived or {}).get(decl.file_id)
+        if archived is not None:
+            result.append(redeclared(shard, decl, archived))
+            continue
         entry = Entry(
             file_id=decl.file_id,
             stage=decl.stage,
@@ -121,6 +134,23 @@ def declare(
         added[decl.file_id] = entry
         result.append(entry)
     return (shard.with_entries(added) if added else None), result
+
+
+def archived_stub(file_id: str, stage: str, archived: Archived) -> Entry:
+    """An archived entry as the shard knows it (its state only): what dependency checks
+    and re-declarations need, without reading its archive object."""
+    return Entry(file_id=file_id, stage=stage, state=archived.state)
+
+
+def redeclared(shard: Shard, decl: Declaration, archived: Archived) -> Entry:
+    """An archived id declared again: a no-op when identical, else ``DeclarationConflict``."""
+    if archived.declared != declaration_digest(decl.stage, decl.depends_on, decl.consumers):
+        raise DeclarationConflict(
+            f"{decl.file_id!r} is already declared differently: it was archived as "
+            f"{archived.state.value} (archive {archived.archive}) with other stage, "
+            "dependencies or consumers. Declare it as before, or use a new file id."
+        )
+    return archived_stub(decl.file_id, shard.stage, archived)
 
 
 # -- claim -----------------------------------------------------------------------------
@@ -378,6 +408,35 @@ def reap(shard: Shard, now: datetime, rules: Rules) -> tuple[Shard | None, list[
     return (shard.with_entries(changed) if changed else None), list(changed.values())
 
 
+# -- archive -----------------------------------------------------------------------------
+
+TERMINAL = (State.consumed, State.dead)
+
+
+def archive(
+    shard: Shard, archive_id: str, entries: dict[str, Entry]
+) -> tuple[Shard | None, list[str]]:
+    """Move out of the shard the entries of archive object ``archive_id`` that the shard
+    still holds exactly as written there (so still terminal and as old): anything changed
+    since stays live, and the archive object's copy of it is never read."""
+    moved = {
+        fid: e for fid, e in entries.items() if e.state in TERMINAL and shard.entries.get(fid) == e
+    }
+    if not moved:
+        return None, []
+    refs = {
+        fid: Archived(
+            state=e.state,
+            archive=archive_id,
+            declared=declaration_digest(e.stage, e.depends_on, e.consumers),
+        )
+        for fid, e in moved.items()
+    }
+    live = {fid: e for fid, e in shard.entries.items() if fid not in moved}
+    new = shard.model_copy(update={"entries": live, "archived": {**(shard.archived or {}), **refs}})
+    return new, sorted(moved)
+
+
 # -- the named commands the CAS loop commits ------------------------------------------------
 
 
@@ -569,3 +628,16 @@ class DropData:
 
     def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, list[Entry]]:
         return drop_data(shard, self.wanted, self.before, now)
+
+
+@dataclass(frozen=True)
+class Archive:
+    """Archiving: entries already written to an archive object leave the live shard."""
+
+    name: ClassVar[str] = "archive"
+    archive_id: str
+    entries: dict[str, Entry]
+    actor: str = ""
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, list[str]]:
+        return archive(shard, self.archive_id, self.entries)

@@ -14,7 +14,9 @@ Under the store's prefix::
                                            e.g. shards/collect), incarnation JID; written
                                            once
     TASK_ID/journal/OBJECT/retention.json  what journal retention dropped of OBJECT
-    TASK_ID/archive/...                    (reserved for archived entries)
+    TASK_ID/archive/SHARD/ARCHIVE_ID.json  entries archived out of one shard by one
+                                           archive commit; written once, before the shard
+                                           commit that names ARCHIVE_ID
     TASK_ID/damaged/OBJECT@TIME            a corrupt manifest object's bytes, copied aside
                                            by a repair before it was replaced (OBJECT is
                                            its key within the task, TIME the store's time);
@@ -177,6 +179,22 @@ class TaskLayout:
     def data_of(self, stage: str) -> str:
         """The prefix of every data object of ``stage`` (parse each key with ``parse``)."""
         return f"{self.task_id}/{DATA}{stage}/"
+
+    def archive_of(self, shard: str) -> str:
+        """The prefix of every archive object of ``shard``."""
+        return f"{self.task_id}/{ARCHIVE}{shard}/"
+
+    def archive_object(self, shard: str, archive_id: str) -> str:
+        """Where one archive commit of ``shard`` writes its entries, once."""
+        return f"{self.archive_of(shard)}{archive_id}.json"
+
+    def parse_archive(self, key: str, shard: str) -> str | None:
+        """The archive id ``key`` names, or None if it is not an archive object of ``shard``."""
+        prefix = self.archive_of(shard)
+        if not key.startswith(prefix) or not key.endswith(".json"):
+            return None
+        archive_id = key[len(prefix) : -len(".json")]
+        return archive_id if archive_id and "/" not in archive_id else None
 
     # -- data ------------------------------------------------------------------------------
 

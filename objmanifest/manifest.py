@@ -21,6 +21,7 @@ from pydantic import ValidationError
 import shard_index
 
 from . import changes, leases, transfer
+from .archive import Archives, check_age
 from .cas import CasPolicy, Codec, Documents
 from .codecs import (
     HEADER_REPAIR,
@@ -51,6 +52,7 @@ from .layout import TaskLayout
 from .model import (
     READERS,
     SCHEMA_VERSION,
+    ArchiveReport,
     Claim,
     Declaration,
     Entry,
@@ -171,6 +173,7 @@ class Manifest:
         self._transfer = transfer
         self._configure(header)
         self.journal = History(store, self.docs, self.layout, self.journaled_objects)
+        self.archives = Archives(store, self.layout)
         self.observers.subscribe(TransitionEffects(self.uploads))
 
     def _configure(self, header: TaskHeader) -> None:
@@ -379,7 +382,8 @@ class Manifest:
     def entry(self, file_id: str) -> Entry:
         """The entry as the store has it now."""
         stage = self.stage_of(file_id)
-        entry = self.read_shard(self.layout.shard_of(stage, file_id)).entries.get(file_id)
+        shard = self.read_shard(self.layout.shard_of(stage, file_id))
+        entry = shard.entries.get(file_id) or self.archives.entry(shard, file_id)
         if entry is None:
             raise NotFound(
                 f"{file_id!r} is in the index but not in shard {stage!r}: its declaration "
@@ -467,6 +471,11 @@ class Manifest:
                 self.layout.shard(shard), self.codec(shard), changes.Declare(group)
             )
             declared.update((e.file_id, e) for e in entries)
+            fresh = self.docs.cached(self.layout.shard(shard), self.codec(shard))
+            for decl in group:
+                whole = self.archives.entry(fresh, decl.file_id)
+                if whole is not None:
+                    declared[decl.file_id] = whole  # archived: declared again, a no-op
         return [declared[d.file_id] for d in batch]
 
     def _all_shards(self, read: dict[str, Shard] | None = None) -> dict[str, Shard]:
@@ -547,10 +556,11 @@ class Manifest:
         changed): an entry missing from it would find its foreign dependencies "not
         declared".
         """
-        known_here = self.docs.cached(self.layout.shard(shard), self.codec(shard)).entries
+        here = self.docs.cached(self.layout.shard(shard), self.codec(shard))
+        known_here = {*here.entries, *(here.archived or {})}
         foreign = {d for e in candidates for d in e.depends_on if d not in known_here}
         if not foreign:
-            return lambda doc: doc.entries.get
+            return lambda doc: lambda dep: _live_or_archived(doc, dep)
         index = self.index()
         wanted = {
             self.layout.shard_of(stage, dep)
@@ -561,11 +571,12 @@ class Manifest:
 
         def make(doc: Shard) -> changes.Lookup:
             def lookup(dep: str) -> Entry | None:
-                if dep in doc.entries:
-                    return doc.entries[dep]
+                found = _live_or_archived(doc, dep)
+                if found is not None:
+                    return found
                 stage = index.stage_of(dep)
                 other = shards.get(self.layout.shard_of(stage, dep)) if stage else None
-                return other.entries.get(dep) if other is not None else None
+                return _live_or_archived(other, dep) if other is not None else None
 
             return lookup
 
@@ -577,12 +588,19 @@ class Manifest:
         shards = {s: self.shard(s) for s in self.stages}
         index = self.index()  # after the shards: see declare_many
         everything = {fid: e for sh in shards.values() for fid, e in sh.entries.items()}
+        for sh in shards.values():  # archiving: archived entries count in their state
+            for fid, ref in (sh.archived or {}).items():
+                everything.setdefault(fid, changes.archived_stub(fid, sh.stage, ref))
         now = self.store.now()
         counts: dict[str, dict[str, int]] = {}
+        archived: dict[str, int] = {}
         notes: dict[str, list[EntryNote]] = {"blocked": [], "overdue": [], "dead": []}
         unindexed: list[IndexNote] = []
         for stage, shard in shards.items():
             counts[stage] = {s.value: 0 for s in State}
+            archived[stage] = len(shard.archived or {})
+            for ref in (shard.archived or {}).values():
+                counts[stage][ref.state.value] += 1
             for entry in shard.entries.values():
                 counts[stage][entry.state.value] += 1
                 found = attention(entry, now, everything.get)
@@ -613,6 +631,7 @@ class Manifest:
             for file_id in sorted(index.file_ids())
             if (stage := index.stage_of(file_id) or "") in shards
             and file_id not in shards[stage].entries
+            and file_id not in (shards[stage].archived or {})
         ]
         return TaskStatus(
             task_id=self.task_id,
@@ -620,6 +639,7 @@ class Manifest:
             stages=counts,
             unfinished=unfinished,
             unindexed=unindexed,
+            archived=archived,
             **notes,
         )
 
@@ -730,7 +750,8 @@ class Manifest:
             shard = self.layout.shard_of(stage, fid)
             if shard not in shards:
                 shards[shard] = self.read_shard(shard)
-            return shards[shard].entries.get(fid)
+            found = shards[shard].entries.get(fid)
+            return found if found is not None else self.archives.entry(shards[shard], fid)
 
         journals: dict[str, list[JournalRecord]] = {}
 
@@ -821,6 +842,40 @@ class Manifest:
             self.store, self.docs, self.layout, self.journal, self._codecs, self.index_codec
         )
         return repairer.run(dry_run, self.repair_index)
+
+    # -- archiving -------------------------------------------------------------------------
+
+    def archive(self, older_than: float = 86400.0, actor: str = "") -> ArchiveReport:
+        """Move every terminal entry (consumed, dead) last updated ``older_than`` seconds
+        ago or more (the store's clock) out of the live shards into write-once archive
+        objects, one commit per shard. Safe while agents work; ``entry``, ``history``,
+        ``lineage``, ``status``, dependency checks and declarations still find them."""
+        age = check_age(older_than)
+        archived: dict[str, list[str]] = {}
+        written: list[str] = []
+        adopted: list[str] = []
+
+        def commit(shard: str, command: changes.Archive) -> list[str]:
+            return self.docs.commit(self.layout.shard(shard), self.codec(shard), command)
+
+        for stage in self.stages:
+            for shard in self.layout.shards_of(stage):
+                ids, new, left = self.archives.archive_shard(
+                    self.read_shard(shard), age, commit, actor
+                )
+                archived.setdefault(stage, []).extend(ids)
+                written += new
+                adopted += left
+        return ArchiveReport(archived=archived, objects=written, adopted=adopted)
+
+
+def _live_or_archived(doc: Shard, file_id: str) -> Entry | None:
+    """A dependency as a shard knows it: its live entry, or its archived state."""
+    found = doc.entries.get(file_id)
+    if found is not None:
+        return found
+    ref = (doc.archived or {}).get(file_id)
+    return changes.archived_stub(file_id, doc.stage, ref) if ref is not None else None
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,11 @@ objmanifest of the same schema version loses nothing when this version rewrites 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -273,12 +276,58 @@ class Entry(_Model):
         return not self.consumers
 
 
+# -- archiving ------------------------------------------------------------------------------
+
+
+class Archived(_Model):
+    """What a shard keeps of an entry it archived: enough for dependency checks and
+    re-declarations to stay one read (its terminal state, a digest of its declaration) and
+    the archive object that holds the whole entry."""
+
+    state: State
+    archive: str
+    declared: str
+
+
+def declaration_digest(stage: str, depends_on: Iterable[str], consumers: Iterable[str]) -> str:
+    """A short digest of what a declaration says, so an archived id declared again is
+    compared without reading its archive object."""
+    text = json.dumps([stage, sorted(depends_on), sorted(consumers)], separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+class ArchiveObject(_Model):
+    """``archive/SHARD/ARCHIVE_ID.json``: entries moved out of a live shard, written once
+    before the shard commit that names it. Only the entries the shard's ``archived`` map
+    points here are archived; the others (changed before that commit landed) are not."""
+
+    schema_version: int = 1
+    task_id: str
+    shard: str
+    archive_id: str
+    created_at: datetime
+    entries: dict[str, Entry]
+
+
+class ArchiveReport(BaseModel):
+    """What one ``archive()`` moved: file ids per stage, the archive objects it wrote and
+    those left by an archiver that died before its shard commit, which it committed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    archived: dict[str, list[str]] = Field(default_factory=dict)
+    objects: list[str] = Field(default_factory=list)
+    adopted: list[str] = Field(default_factory=list)
+
+
 class Shard(Journaled):
-    """All live entries of one stage, stored as ``shards/STAGE.json``."""
+    """All live entries of one stage, stored as ``shards/STAGE.json``; ``archived`` lists
+    the ids archived out of it (None until the first archive, so it costs nothing before)."""
 
     task_id: str
     stage: str
     entries: dict[str, Entry] = Field(default_factory=dict)
+    archived: dict[str, Archived] | None = None
 
     def with_entries(self, changed: dict[str, Entry]) -> Shard:
         return self.model_copy(update={"entries": {**self.entries, **changed}})
@@ -454,6 +503,9 @@ class TaskStatus(BaseModel):
     """In the index, in no shard: a declaration that was interrupted (rerun it)."""
     unindexed: list[IndexNote] = Field(default_factory=list)
     """In a shard, not in the index: damage (``Task.repair_index()`` repairs it)."""
+    archived: dict[str, int] = Field(default_factory=dict)
+    """Per stage, how many entries are archived; ``stages`` counts them in their state
+    (consumed or dead) too."""
 
     @property
     def totals(self) -> dict[str, int]:

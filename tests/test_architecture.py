@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cas", "codecs"),
     ("states", "leases", "changes"),
     ("transfer", "uploads"),
-    ("effects", "history", "retention", "gc", "manifest", "repair"),
+    ("effects", "history", "archive", "retention", "gc", "manifest", "repair"),
     ("agent", "task", "chunks"),
     ("__init__", "servers", "styles"),
     ("cli", "demo", "__main__"),

@@ -1198,3 +1198,31 @@ def test_gc_dry_run_then_gc_report_and_json(cli: Cli, task: om.Task, tmp_path: P
     gone = cli.json("gc", "--consumed-older-than", "0")["removed"]["consumed_data"]
     assert gone["count"] == 1 and gone["bytes"] == 5
     cli.run("gc", "--consumed-older-than", "-1", code=2)
+
+
+def test_archive_moves_old_terminal_entries(cli: Cli, task: om.Task, tmp_path: Path) -> None:
+    cli.run("declare", "raw", "--stage", "collect")
+    cli.run("declare", "out", "--stage", "write", "--depends-on", "raw")
+    cli.run("claim", "raw", "--agent", "a")
+    (tmp_path / "f").write_bytes(b"bytes")
+    cli.run("put", "raw", str(tmp_path / "f"), "--agent", "a", "--epoch", "1")
+    cli.run("consume", "raw", "--agent", "c", "-o", str(tmp_path / "got"))
+    assert "archived" not in cli.json("status")
+    young = cli.json("archive")
+    assert young == {
+        "archived": {"collect": [], "write": [], "check": []},
+        "objects": [],
+        "adopted": [],
+    }
+    report = cli.json("archive", "--older-than", "0")
+    assert report["archived"]["collect"] == ["raw"]
+    [key] = report["objects"]
+    assert "/archive/collect/" in key and key.endswith(".json")
+    assert cli.run("archive", "--older-than", "0").text.strip() == "archived 0 entries"
+    assert task.entry("raw").state is om.State.consumed
+    assert [h["command"] for h in cli.json("log", "raw")["history"]][-1] == "archive"
+    assert cli.json("lineage", "out")["edges"] == [["out", "raw"]]
+    status = cli.json("status")
+    assert status["archived"] == {"collect": 1, "write": 0, "check": 0}
+    assert status["stages"]["collect"]["consumed"] == 1
+    cli.run("archive", "--older-than", "-1", code=2)

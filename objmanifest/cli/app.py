@@ -36,6 +36,7 @@ HANDLERS: dict[str, Handler] = {
     "migrate": commands.cmd_migrate,
     "trim": commands.cmd_trim,
     "gc": commands.cmd_gc,
+    "archive": commands.cmd_archive,
 }
 
 

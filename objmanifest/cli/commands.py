@@ -679,3 +679,14 @@ def cmd_gc(ctx: Context) -> int:
     human.extend(f"error: {e}" for e in report.errors)
     ctx.out.result(report.to_json(), *human)
     return 1 if report.errors else 0
+
+
+def cmd_archive(ctx: Context) -> int:
+    report = ctx.task().archive(older_than=ctx.args.older_than)
+    moved = sum(len(ids) for ids in report.archived.values())
+    per_stage = ", ".join(f"{stage} {len(ids)}" for stage, ids in report.archived.items() if ids)
+    line = f"archived {moved} entr{'y' if moved == 1 else 'ies'}" + (
+        f" ({per_stage})" if per_stage else ""
+    )
+    ctx.out.result(report.model_dump(mode="json"), line)
+    return 0

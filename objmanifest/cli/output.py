@@ -56,6 +56,8 @@ def status_json(status: om.TaskStatus) -> dict[str, Any]:
     data: dict[str, Any] = jsonable(status)
     data["totals"] = status.totals
     data["finished"] = status.finished
+    if not any(status.archived.values()):
+        del data["archived"]  # archiving: shown once an entry is archived
     return data
 
 

@@ -425,6 +425,21 @@ def _history(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "this release's schema, so every change from then on is journaled. Older releases "
         "then refuse the task and change nothing: run it once every agent runs this release.",
     )
+    p = sub.add_parser(
+        "archive",
+        parents=parents,
+        help="move old consumed and dead entries out of the live shards",
+        description="Moves every consumed or dead entry last updated at least SECONDS ago "
+        "(the store's clock) into write-once archive objects, one commit per shard. Safe "
+        "while agents work; entry, log, lineage, status and dependency checks still find them.",
+    )
+    p.add_argument(
+        "--older-than",
+        type=seconds,
+        default=86400.0,
+        metavar="SECONDS",
+        help="archive entries last updated this long ago or more (default 86400, one day)",
+    )
 
 
 def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:

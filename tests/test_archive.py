@@ -1,0 +1,194 @@
+"""Archiving: terminal entries leave the live shards and are still found, on every backend."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+import objmanifest as om
+from objmanifest import changes
+
+pytestmark = pytest.mark.behaviour
+
+
+def produce(task: om.Task, file_id: str, agent: str = "p") -> None:
+    worker = task.agent(agent)
+    claim = worker.claim(file_id)
+    assert claim is not None
+    worker.put(claim, file_id.encode())
+
+
+def kill(task: om.Task, file_id: str) -> None:
+    """Fail the entry until it is dead (the task fixture allows 2 retries)."""
+    while task.entry(file_id).state is not om.State.dead:
+        worker = task.agent("k")
+        claim = worker.claim(file_id)
+        assert claim is not None
+        worker.fail(claim, "bad input")
+
+
+def test_archive_mid_pipeline_keeps_every_promise(task: om.Task) -> None:
+    """Archive in a loop while a producer and a consumer work: then every entry is found
+    exactly once (live or archived), with its history, lineage, status and dependencies."""
+    n = 12
+    for i in range(n):
+        task.declare(f"raw{i}", "collect")
+        task.declare(f"out{i}", "write", depends_on=[f"raw{i}"])
+    task.declare("bad", "collect")
+    task.declare("after-bad", "write", depends_on=["bad"])
+    kill(task, "bad")
+
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def pipeline() -> None:
+        try:
+            for i in range(n):
+                produce(task, f"raw{i}")
+                task.agent("c").consume(f"raw{i}")
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=pipeline)
+    worker.start()
+    reports = []
+    while not done.is_set():
+        reports.append(task.archive(older_than=0))
+    worker.join()
+    reports.append(task.archive(older_than=0))
+    assert errors == []
+
+    moved = Counter(f for r in reports for ids in r.archived.values() for f in ids)
+    assert set(moved) == {f"raw{i}" for i in range(n)} | {"bad"}
+    assert set(moved.values()) == {1}  # nothing archived twice
+    collect = task.shard("collect")
+    assert collect.entries == {}
+    assert set(collect.archived or {}) == set(moved)
+
+    # entry, history, lineage of an archived entry
+    raw = task.entry("raw3")
+    assert (raw.state, raw.checksum is not None, raw.consumed_by) == (
+        om.State.consumed,
+        True,
+        ("c",),
+    )
+    steps = [(t.command, t.to_state) for t in task.history("raw3")]
+    assert steps[:4] == [
+        ("declare", "pending"),
+        ("claim", "writing"),
+        ("finish", "ready"),
+        ("consume", "consumed"),
+    ]
+    assert steps[-1] == ("archive", "removed")
+    graph = task.lineage("out3")
+    assert [tuple(e) for e in graph.edges] == [("out3", "raw3")]
+    assert graph.nodes["raw3"].checksum == raw.checksum
+
+    # status counts archived entries in their state, and says how many are archived
+    status = task.status()
+    assert status.stages["collect"]["consumed"] == n
+    assert status.stages["collect"]["dead"] == 1
+    assert status.archived == {"collect": n + 1, "write": 0, "check": 0}
+    assert status.unfinished == []
+    assert [b.file_id for b in status.blocked] == ["after-bad"]
+
+    # dependencies: archived consumed -> claimable, archived dead -> blocked
+    claim = task.agent("w").claim("out3")
+    assert claim is not None
+    with pytest.raises(om.NotClaimable, match="dead"):
+        task.agent("w").claim("after-bad")
+
+
+def test_redeclaring_an_archived_id(task: om.Task) -> None:
+    task.declare("a", "collect", consumers=["r"])
+    produce(task, "a")
+    task.agent("r").consume("a")
+    report = task.archive(older_than=0)
+    assert isinstance(report, om.ArchiveReport)
+    assert report.archived["collect"] == ["a"]
+    again = task.declare("a", "collect", consumers=["r"])
+    assert (again.state, again.consumed_by) == (om.State.consumed, ("r",))
+    assert "a" not in task.shard("collect").entries  # no fresh entry
+    with pytest.raises(om.DeclarationConflict):
+        task.declare("a", "collect", consumers=["other"])
+    with pytest.raises(om.DeclarationConflict):
+        task.declare("a", "collect", depends_on=["x"], consumers=["r"])
+    assert "a" not in task.shard("collect").entries
+
+
+def test_young_and_live_entries_stay(task: om.Task) -> None:
+    task.declare("old", "collect")
+    task.declare("ready", "collect")
+    produce(task, "old")
+    task.agent("c").consume("old")
+    produce(task, "ready")
+    assert task.archive(older_than=3600).archived == {"collect": [], "write": [], "check": []}
+    report = task.archive(older_than=0)
+    assert report.archived["collect"] == ["old"]
+    assert set(task.shard("collect").entries) == {"ready"}
+    with pytest.raises(om.InvalidInput, match="older_than"):
+        task.archive(older_than=-1)
+
+
+class Died(Exception):
+    """The archiver dies between its two writes."""
+
+
+def test_archiver_dying_between_its_writes_loses_nothing(task: om.Task) -> None:
+    task.declare("a", "collect")
+    task.declare("b", "collect")
+    for fid in ("a", "b"):
+        produce(task, fid)
+        task.agent("c").consume(fid)
+
+    def dies(shard: str, command: changes.Archive) -> list[str]:
+        raise Died
+
+    with pytest.raises(Died):
+        task.archives.archive_shard(task.shard("collect"), 0, dies)
+    left = [r.key for r in task.store.list(task.layout.archive_of("collect"))]
+    assert len(left) == 1  # the archive object was written, the shard commit was not
+    # nothing lost, nothing twice: the entries are live, found once, no map names the object
+    shard = task.shard("collect")
+    assert set(shard.entries) == {"a", "b"} and not shard.archived
+    assert task.status().stages["collect"]["consumed"] == 2
+    assert task.entry("a").state is om.State.consumed
+
+    # the next archiver commits what the dead one wrote (though none is due by its age)
+    report = task.archive(older_than=3600)
+    assert report.adopted == left
+    assert report.archived["collect"] == ["a", "b"]
+    assert report.objects == []
+    shard = task.shard("collect")
+    assert shard.entries == {}
+    assert {ref.archive for ref in (shard.archived or {}).values()} == {
+        task.layout.parse_archive(left[0], "collect")
+    }
+    assert task.entry("b").state is om.State.consumed
+    assert task.status().stages["collect"]["consumed"] == 2
+    assert task.archive(older_than=0).archived["collect"] == []
+
+
+def test_an_entry_changed_after_the_archive_object_stays_live(task: om.Task) -> None:
+    """The stale copy in an archive object is never read: the shard commit only takes
+    entries still exactly as written there."""
+    task.declare("a", "collect")
+    produce(task, "a")
+    task.agent("c").consume("a")
+    task.declare("d", "collect")
+    kill(task, "d")
+    shard = task.shard("collect")
+    stale = dict(shard.entries)
+    stale["a"] = stale["a"].model_copy(update={"error": "an older copy"})
+    archive_id = task.archives.write("collect", stale, task.store.now())
+    moved = task.docs.commit(
+        task.shard_key("collect"), task.codec("collect"), changes.Archive(archive_id, stale)
+    )
+    assert moved == ["d"]
+    assert set(task.shard("collect").entries) == {"a"}
+    assert task.entry("a").error is None
+    assert task.entry("d").state is om.State.dead
