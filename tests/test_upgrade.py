@@ -147,6 +147,7 @@ def test_rolling_upgrade_from_0_1_0(server: Server, prefix: str, release: Path) 
     assert task.entry("extra").state == om.State.pending
 
     # 3. migrate (every agent runs the new code now): the header first, then every object.
+    straggler = om.Task.open(store, TASK_ID)  # a new-code agent that opened the task at 1
     moved = task.migrate()
     assert f"{TASK_ID}/task.json" in moved
     assert task.migrate() == []
@@ -163,10 +164,15 @@ def test_rolling_upgrade_from_0_1_0(server: Server, prefix: str, release: Path) 
     for file_id in ("page-4", "text-0", "text-1", "text-2", "text-3", "late"):
         assert reporter.consume(file_id)
     assert task.agent("mailer").consume("summary") == b"two pages summarised"
-    claim = reporter.claim("extra")
+    late_comer = straggler.agent("new-straggler")  # its commits keep the objects at 2
+    claim = late_comer.claim("extra")
     assert claim is not None
-    reporter.put(claim, b"extra")
-    reporter.consume("extra")
+    late_comer.put(claim, b"extra")
+    late_comer.consume("extra")
+    assert all(
+        d["schema_version"] == 2 for d in manifest_objects(snapshot(server, prefix)).values()
+    )
+    assert [t.actor for t in task.history("extra")][-3:] == ["new-straggler"] * 3
     status = task.status()
     for stage, counts in status.stages.items():
         assert {s for s, n in counts.items() if n} <= {"consumed", "dead"}, (stage, counts)
