@@ -6,7 +6,7 @@ and dependencies; it is split into per-stage shards changed only by conditional 
 
 from .agent import Agent
 from .cas import CasPolicy
-from .errors import (
+from .errors import (  # lifecycle verbs
     AlreadyConsumed,
     AlreadyExists,
     ChecksumMismatch,
@@ -14,18 +14,22 @@ from .errors import (
     CorruptShard,
     DeclarationConflict,
     DependencyCycle,
+    HasDependents,
     InvalidFileId,
     InvalidInput,
     LeaseLost,
+    LeasesLive,
     NotAConsumer,
     NotClaimable,
     NotFound,
     NotReady,
     ObjManifestError,
+    Refused,
     SourceChanged,
     StoreError,
     UnsupportedSchema,
     UnsupportedStore,
+    WrongState,
 )
 from .events import Change, CommitEvent
 from .history import Lineage, LineageNode, Transition
@@ -52,10 +56,13 @@ __all__ = [
     "DeclarationConflict",
     "DependencyCycle",
     "Entry",
+    # lifecycle verbs
+    "HasDependents",
     "InvalidFileId",
     "InvalidInput",
     "JournalRecord",
     "LeaseLost",
+    "LeasesLive",
     "Lineage",
     "LineageNode",
     "MemoryStore",
@@ -65,6 +72,7 @@ __all__ = [
     "NotReady",
     "ObjManifestError",
     "ObjectStore",
+    "Refused",
     "Runtime",
     "S3Store",
     "SourceChanged",
@@ -77,6 +85,7 @@ __all__ = [
     "Transition",
     "UnsupportedSchema",
     "UnsupportedStore",
+    "WrongState",
     "connect",
     "set_defaults",
 ]

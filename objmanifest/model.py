@@ -272,6 +272,9 @@ class TaskHeader(_Model):
     requires: str | None = None
     """The oldest objmanifest release that can work on the task (from schema 2 on), so an
     older one can say which to install."""
+    deleting_at: datetime | None = None
+    """Set by ``task.delete()`` before it removes anything: the task is being deleted, and
+    opening it is refused until ``delete`` runs again to finish."""
 
     @field_validator("stages")
     @classmethod

@@ -8,6 +8,10 @@
                  v  once retry_count > max_retries
                 dead
 
+Operators' verbs: ``release`` gives a writing entry back (pending, or failed if it has
+failed before) without counting a retry; ``revive`` turns a dead entry into ``failed`` with
+its retries reset.
+
 A failure (``fail``, a takeover of an expired lease, a reaped lease, a checksum mismatch)
 counts one retry; the entry then becomes ``failed``, or ``dead`` when the count passes
 ``max_retries``. So ``max_retries=3`` allows four attempts.
@@ -30,6 +34,8 @@ class Event(str, Enum):
     expire = "expire"  # the reaper releases an expired lease
     consume = "consume"  # a consumer marks it (the last needed mark makes it consumed)
     mismatch = "mismatch"  # a consumer found the data differs from its checksum
+    release = "release"  # the holder gives its claim back, no retry spent
+    revive = "revive"  # an operator gives a dead entry its retries back
 
     def __str__(self) -> str:
         return self.value
@@ -48,6 +54,8 @@ TABLE: dict[tuple[State, Event], frozenset[State]] = {
     (State.writing, Event.expire): frozenset({State.failed, State.dead}),
     (State.ready, Event.consume): frozenset({State.ready, State.consumed}),
     (State.ready, Event.mismatch): frozenset({State.failed, State.dead}),
+    (State.writing, Event.release): frozenset({State.pending, State.failed}),
+    (State.dead, Event.revive): frozenset({State.failed}),
 }
 
 FAILURES = frozenset({Event.takeover, Event.fail, Event.expire, Event.mismatch})
@@ -74,5 +82,7 @@ def next_state(
         return State.writing if event is Event.takeover else State.failed
     if event is Event.consume:
         return State.consumed if all_consumed else State.ready
+    if event is Event.release:
+        return State.failed if retry_count else State.pending
     (only,) = targets
     return only

@@ -34,6 +34,11 @@ HANDLERS: dict[str, Handler] = {
     "log": commands.cmd_log,
     "lineage": commands.cmd_lineage,
     "migrate": commands.cmd_migrate,
+    "release": commands.cmd_release,
+    "revive": commands.cmd_revive,
+    "undeclare": commands.cmd_undeclare,
+    "tasks": commands.cmd_tasks,
+    "delete": commands.cmd_delete,
 }
 
 
