@@ -3,14 +3,12 @@ delete; each with --json and the exit codes of cli/exits.py, hostile input inclu
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-from test_cli import E, Cli, cli  # noqa: F401  (the `cli` fixture)
+import test_cli
+from test_cli import Cli, E
 
 import objmanifest as om
 
-pytestmark = pytest.mark.behaviour
+cli = test_cli.cli  # the fixture: the CLI for one test's prefix
 
 
 def test_release_from_a_shell_is_fenced_like_renew(cli: Cli, task: om.Task) -> None:
@@ -59,7 +57,7 @@ def test_revive_and_undeclare_from_a_shell(cli: Cli, store: om.Store) -> None:
     cli.json("--task", "missing", "undeclare", "p", code=E.NOT_FOUND)
 
 
-def test_tasks_and_delete_from_a_shell(cli: Cli, store: om.Store, tmp_path: Path) -> None:
+def test_tasks_and_delete_from_a_shell(cli: Cli, store: om.Store) -> None:
     assert cli.json("tasks") == []
     task = om.Task.create(store, "job", stages=["collect"], lease_seconds=60)
     om.Task.create(store, "other", stages=["collect"])
