@@ -94,6 +94,10 @@ class HasDependents(Refused):
         self.dependents = dependents
 
 
+class TaskBeingDeleted(NotFound):
+    """A task whose delete started (its header is marked): run the delete again to finish."""
+
+
 class LeasesLive(Refused):
     """The task still has entries held under unexpired leases; ``holders`` names them."""
 

@@ -41,6 +41,7 @@ from .errors import (
     NotFound,
     OutcomeUnknown,
     PreconditionFailed,
+    TaskBeingDeleted,
     UnsupportedSchema,
     UnsupportedStore,
 )
@@ -211,6 +212,8 @@ class Manifest:
             except (PreconditionFailed, OutcomeUnknown):
                 try:
                     existing = cls.open(store, task_id, policy=policy, transfer=transfer)
+                except TaskBeingDeleted as e:
+                    raise AlreadyExists(f"{e}; then create it") from None
                 except NotFound:
                     continue  # the write did not land: try again
                 if existing.header.creation_id == header.creation_id:
@@ -254,7 +257,7 @@ class Manifest:
             problem = f"it is the header of task {header.task_id!r}"
             raise CorruptShard(key, problem, where, HEADER_REPAIR)
         if header.deleting_at is not None:
-            raise NotFound(
+            raise TaskBeingDeleted(
                 f"task {task_id!r} at {where} is being deleted (since "
                 f"{header.deleting_at.isoformat()}): run `objmanifest delete --yes` "
                 "(Task.delete_by_id) again to finish it"
@@ -767,6 +770,7 @@ class Manifest:
             if not force:
                 deletion.refuse_live(self.task_id, deletion.live_holders(shards, self.store.now()))
             self.docs.commit(self.layout.header, codec, deletion.MarkDeleting())
+        self.docs.flush()  # journal blocks this process is still writing land first
         return deletion.remove_all(self.store, self.layout)
 
     @classmethod

@@ -282,6 +282,8 @@ def test_a_half_deleted_task_is_refused_and_finished_by_deleting_again(store: om
     with pytest.raises(om.NotFound, match=r"task 'job' at .* is being deleted \(since"):
         om.Task.open(store, "job")
     assert om.Task.list(store) == []
+    with pytest.raises(om.AlreadyExists, match="is being deleted"):
+        om.Task.create(store, "job", stages=["make"])
     done = om.Task.delete_by_id(store, "job")  # marked: live leases no longer matter
     assert done.uploads_aborted == 1 and keys(store) == []
 
