@@ -19,14 +19,14 @@ import shard_index
 from .changes import _entry, _held, _update
 from .errors import HasDependents, WrongState
 from .model import Claim, Entry, Shard, State
-from .states import Event, next_state
+from .states import Verb, verb_state
 
 
 def release(shard: Shard, claim: Claim, now: datetime) -> tuple[Shard, Entry]:
     """The holder gives the entry back: pending (failed if it failed before), same retry
     count, no holder. The epoch stays, so the next claim fences this holder out."""
     entry = _held(shard, claim)
-    state = next_state(entry.state, Event.release, retry_count=entry.retry_count)
+    state = verb_state(entry.state, Verb.release, retry_count=entry.retry_count)
     released = _update(entry, now, state=state, owner=None, lease_expires_at=None)
     return shard.with_entries({claim.file_id: released}), released
 
@@ -41,7 +41,7 @@ def revive(shard: Shard, file_id: str, now: datetime) -> tuple[Shard, Entry]:
     revived = _update(
         entry,
         now,
-        state=next_state(entry.state, Event.revive),
+        state=verb_state(entry.state, Verb.revive),
         retry_count=0,
         owner=None,
         lease_expires_at=None,

@@ -7,22 +7,25 @@ import pytest
 from objmanifest import verbs
 from objmanifest.errors import HasDependents, LeaseLost, NotFound, WrongState
 from objmanifest.model import State
-from objmanifest.states import TABLE, Event, InvalidTransition, next_state
+from objmanifest.states import TABLE, VERBS, Event, InvalidTransition, Verb, verb_state
 
 from .make import at, claim_on, entry, held, ready, shard
 
 
-def test_the_table_has_release_and_revive() -> None:
-    assert TABLE[(State.writing, Event.release)] == {State.pending, State.failed}
-    assert TABLE[(State.dead, Event.revive)] == {State.failed}
-    assert next_state(State.writing, Event.release) is State.pending
-    assert next_state(State.writing, Event.release, retry_count=2) is State.failed
-    assert next_state(State.dead, Event.revive) is State.failed
+def test_the_verbs_table_has_release_and_revive_and_agents_events_do_not() -> None:
+    assert {
+        (State.writing, Verb.release): {State.pending, State.failed},
+        (State.dead, Verb.revive): {State.failed},
+    } == VERBS
+    assert not set(TABLE) & {(s, Event(v.value)) for s, v in VERBS if v.value in Event.__members__}
+    assert verb_state(State.writing, Verb.release) is State.pending
+    assert verb_state(State.writing, Verb.release, retry_count=2) is State.failed
+    assert verb_state(State.dead, Verb.revive) is State.failed
     for state in (State.pending, State.failed, State.ready, State.consumed, State.dead):
-        with pytest.raises(InvalidTransition):
-            next_state(state, Event.release)
+        with pytest.raises(InvalidTransition, match=f"from '{state.value}' on 'release'"):
+            verb_state(state, Verb.release)
     with pytest.raises(InvalidTransition):
-        next_state(State.failed, Event.revive)
+        verb_state(State.failed, Verb.revive)
 
 
 def test_release_gives_the_entry_back_without_a_retry() -> None:
