@@ -6,7 +6,7 @@ and dependencies; it is split into per-stage shards changed only by conditional 
 
 from .agent import Agent
 from .cas import CasPolicy
-from .errors import (
+from .errors import (  # lifecycle verbs
     AlreadyConsumed,
     AlreadyExists,
     ChecksumMismatch,
@@ -15,18 +15,22 @@ from .errors import (
     DataRemoved,
     DeclarationConflict,
     DependencyCycle,
+    HasDependents,
     InvalidFileId,
     InvalidInput,
     LeaseLost,
+    LeasesLive,
     NotAConsumer,
     NotClaimable,
     NotFound,
     NotReady,
     ObjManifestError,
+    Refused,
     SourceChanged,
     StoreError,
     UnsupportedSchema,
     UnsupportedStore,
+    WrongState,
 )
 from .events import Change, CommitEvent
 from .gc import GcItem, GcKept, GcReport
@@ -61,10 +65,12 @@ __all__ = [
     "GcItem",
     "GcKept",
     "GcReport",
+    "HasDependents",
     "InvalidFileId",
     "InvalidInput",
     "JournalRecord",
     "LeaseLost",
+    "LeasesLive",
     "Lineage",
     "LineageNode",
     "MemoryStore",
@@ -75,6 +81,7 @@ __all__ = [
     "ObjManifestError",
     "ObjectRepair",
     "ObjectStore",
+    "Refused",
     "RepairReport",
     "RestoredEntry",
     "Runtime",
@@ -89,6 +96,7 @@ __all__ = [
     "Transition",
     "UnsupportedSchema",
     "UnsupportedStore",
+    "WrongState",
     "connect",
     "set_defaults",
 ]

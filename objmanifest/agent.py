@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import overload
 
-from . import changes, sources, transfer, uploads
+from . import changes, sources, transfer, uploads, verbs
 from .errors import (
     ChecksumMismatch,
     DataChanged,
@@ -235,6 +235,19 @@ class Agent:
             task.layout.shard(claim.shard),
             task.codec(claim.shard),
             changes.Fail(claim, error_text(reason), task.rules),
+        )
+
+    # -- lifecycle verbs (issue 10: release) ---------------------------------------------
+
+    def release(self, claim: Claim) -> Entry:
+        """Give the claim back without spending a retry: the entry becomes pending again
+        (failed, if it failed before), claimable by anyone; ``LeaseLost`` (nothing written)
+        if the claim was fenced. A chunked entry's upload is kept for the next holder to
+        adopt. For a worker told to stop, or one that decides not to do the work."""
+        self._check_holder(claim)
+        task = self.task
+        return task.docs.commit(
+            task.layout.shard(claim.shard), task.codec(claim.shard), verbs.Release(claim)
         )
 
     # -- consuming ---------------------------------------------------------------------

@@ -82,6 +82,35 @@ class NotAConsumer(ObjManifestError):
 # -- data -----------------------------------------------------------------------------------
 
 
+class Refused(ObjManifestError):
+    """An operator's verb that would break something still in use (lifecycle verbs)."""
+
+
+class WrongState(Refused):
+    """The entry is not in the state the verb needs (revive needs dead, undeclare
+    pending)."""
+
+
+class HasDependents(Refused):
+    """Entries depend on the one to undeclare; ``dependents`` names them."""
+
+    def __init__(self, message: str, dependents: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.dependents = dependents
+
+
+class TaskBeingDeleted(NotFound):
+    """A task whose delete started (its header is marked): run the delete again to finish."""
+
+
+class LeasesLive(Refused):
+    """The task still has entries held under unexpired leases; ``holders`` names them."""
+
+    def __init__(self, message: str, holders: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.holders = holders
+
+
 class ChecksumMismatch(ObjManifestError):
     """Bytes read from the store differ from the checksum recorded at `ready`."""
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 import shard_index
 
-from . import changes, leases, transfer
+from . import changes, deletion, leases, transfer, verbs
 from .archive import Archives, check_age
 from .cas import CasPolicy, Codec, Documents
 from .codecs import (
@@ -42,6 +42,7 @@ from .errors import (
     NotFound,
     OutcomeUnknown,
     PreconditionFailed,
+    TaskBeingDeleted,
     UnsupportedSchema,
     UnsupportedStore,
 )
@@ -257,6 +258,8 @@ class Manifest:
             except (PreconditionFailed, OutcomeUnknown):
                 try:
                     existing = cls.open(store, task_id, policy=policy, transfer=transfer)
+                except TaskBeingDeleted as e:
+                    raise AlreadyExists(f"{e}; then create it") from None
                 except NotFound:
                     continue  # the write did not land: try again
                 if existing.header.creation_id == header.creation_id:
@@ -299,6 +302,12 @@ class Manifest:
         if header.task_id != task_id:
             problem = f"it is the header of task {header.task_id!r}"
             raise CorruptShard(key, problem, where, HEADER_REPAIR)
+        if header.deleting_at is not None:
+            raise TaskBeingDeleted(
+                f"task {task_id!r} at {where} is being deleted (since "
+                f"{header.deleting_at.isoformat()}): run `objmanifest delete --yes` "
+                "(Task.delete_by_id) again to finish it"
+            )
         return cls(store, header, policy, transfer=transfer)
 
     # -- settings and keys ---------------------------------------------------------------
@@ -828,6 +837,83 @@ class Manifest:
             except NotFound:
                 continue
         return moved
+
+    # -- lifecycle verbs (issue 10: revive, undeclare, delete) ----------------------------
+
+    def revive(self, file_id: str) -> Entry:
+        """A dead entry back to ``failed`` with ``retry_count`` 0, so it is claimable again
+        (once its cause is fixed); ``WrongState`` if it is not dead."""
+        stage = self.stage_of(file_id)
+        shard = self.layout.shard_of(stage, file_id)
+        return self.docs.commit(self.layout.shard(shard), self.codec(shard), verbs.Revive(file_id))
+
+    def undeclare(self, file_id: str) -> Entry | None:
+        """Remove a pending entry nobody depends on: from its shard, then from the index
+        (an interrupted undeclare is finished by running it again). ``WrongState`` if it is
+        not pending, ``HasDependents`` naming the entries that depend on it. Returns the
+        removed entry (None if only the index still had it)."""
+        stage = self.stage_of(file_id)
+        waiting = sorted(self.index().dependents(file_id))
+        if waiting:
+            raise verbs.dependents_error(file_id, waiting)
+        shard = self.layout.shard_of(stage, file_id)
+        removed = self.docs.commit(
+            self.layout.shard(shard), self.codec(shard), verbs.Undeclare(file_id)
+        )
+        self.docs.commit(self.layout.index, self.index_codec, verbs.UndeclareInIndex(file_id))
+        return removed
+
+    def delete(self, force: bool = False) -> deletion.Deleted:
+        """Remove the task: its shards, index, data, journal, upload states (multipart
+        uploads aborted) and, last, its header.
+
+        Refused (``LeasesLive``, naming the holders) while an entry is written under an
+        unexpired lease on the store's clock, unless ``force``. It first marks the header
+        (a ``delete`` commit): from then on ``Task.open`` refuses the task and ``Task.list``
+        omits it, and a crashed delete is finished by running it again
+        (``Task.delete_by_id``). The rest is not journaled: the journal is deleted too. An
+        agent that still has the task open sees ``NotFound`` or ``LeaseLost`` on its next
+        change, except a ``declare``, which would create a shard and the index again: stop
+        declarers first (``delete`` again removes what they wrote).
+        """
+        codec = HeaderCodec(self.task_id)
+        try:
+            header = self.docs.read(self.layout.header, codec)
+        except NotFound:
+            return deletion.remove_leftovers(self.store, self.layout)
+        if header.deleting_at is None:
+            shards: list[Shard] = []
+            for stage in self.stages:
+                for shard in self.layout.shards_of(stage):
+                    try:
+                        shards.append(self.read_shard(shard))
+                    except CorruptShard:
+                        if not force:
+                            raise
+            if not force:
+                deletion.refuse_live(self.task_id, deletion.live_holders(shards, self.store.now()))
+            self.docs.commit(self.layout.header, codec, deletion.MarkDeleting())
+        self.docs.flush()  # journal blocks this process is still writing land first
+        return deletion.remove_all(self.store, self.layout)
+
+    @classmethod
+    def delete_by_id(
+        cls, store: ObjectStore, task_id: str, *, force: bool = False
+    ) -> deletion.Deleted:
+        """``delete`` a task by its id, also one a crashed delete left half-deleted (whose
+        ``open`` is refused); ``NotFound`` if nothing of it is left."""
+        layout = TaskLayout(task_id)
+        codec = HeaderCodec(task_id)
+        try:
+            blob = store.get(layout.header)
+        except NotFound:
+            return deletion.remove_leftovers(store, layout)
+        assert blob is not None
+        try:
+            header = codec.decode(layout.header, blob.body)
+        except (CorruptShard, UnsupportedSchema) as e:
+            raise e.at(store.describe(layout.header), HEADER_REPAIR) from None
+        return cls(store, header).delete(force=force)
 
     # -- repair (issue 10: Repair) -----------------------------------------------------------
 

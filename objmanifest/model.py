@@ -350,6 +350,9 @@ class TaskHeader(_Model):
     """Journal retention: records older than this (store time) may be dropped by a trim."""
     journal_keep_versions: int | None = None
     """Journal retention: only this many newest records of an object need be kept."""
+    deleting_at: datetime | None = None
+    """Set by ``task.delete()`` before it removes anything: the task is being deleted, and
+    opening it is refused until ``delete`` runs again to finish."""
 
     @field_validator("stages")
     @classmethod

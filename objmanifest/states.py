@@ -8,6 +8,11 @@
                  v  once retry_count > max_retries
                 dead
 
+Operators' verbs have a table of their own (``VERBS``), so what agents' events can do stays
+as above (``consumed`` and ``dead`` have no way out by any agent's event): ``release`` gives
+a writing entry back (pending, or failed if it has failed before) without counting a retry;
+``revive`` turns a dead entry into ``failed`` with its retries reset.
+
 A failure (``fail``, a takeover of an expired lease, a reaped lease, a checksum mismatch)
 counts one retry; the entry then becomes ``failed``, or ``dead`` when the count passes
 ``max_retries``. So ``max_retries=3`` allows four attempts.
@@ -53,7 +58,33 @@ TABLE: dict[tuple[State, Event], frozenset[State]] = {
 FAILURES = frozenset({Event.takeover, Event.fail, Event.expire, Event.mismatch})
 """Events that count one retry."""
 
-__all__ = ["FAILURES", "TABLE", "Event", "InvalidTransition", "next_state"]
+
+class Verb(str, Enum):
+    """What an operator (or a holder giving up its claim) does outside the agents' events."""
+
+    release = "release"  # the holder gives its claim back, no retry spent
+    revive = "revive"  # an operator gives a dead entry its retries back
+
+    def __str__(self) -> str:
+        return self.value
+
+
+VERBS: dict[tuple[State, Verb], frozenset[State]] = {
+    (State.writing, Verb.release): frozenset({State.pending, State.failed}),
+    (State.dead, Verb.revive): frozenset({State.failed}),
+}
+"""The operators' verbs: (state, verb) -> the states it may lead to."""
+
+__all__ = [
+    "FAILURES",
+    "TABLE",
+    "VERBS",
+    "Event",
+    "InvalidTransition",
+    "Verb",
+    "next_state",
+    "verb_state",
+]
 
 
 def next_state(
@@ -76,3 +107,13 @@ def next_state(
         return State.consumed if all_consumed else State.ready
     (only,) = targets
     return only
+
+
+def verb_state(state: State, verb: Verb, *, retry_count: int = 0) -> State:
+    """The state after an operator's ``verb``; a release picks failed over pending when the
+    entry has failed before (``retry_count`` is unchanged by it)."""
+    if (state, verb) not in VERBS:
+        raise InvalidTransition(state, verb)
+    if verb is Verb.release:
+        return State.failed if retry_count else State.pending
+    return State.failed

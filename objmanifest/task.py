@@ -7,7 +7,12 @@ reaping) that can also make its agents: ``task.agent(name, role)``.
 from __future__ import annotations
 
 from .agent import Agent
+from .codecs import HeaderCodec
+from .deletion import task_ids
+from .errors import ObjManifestError
+from .layout import TaskLayout
 from .manifest import Manifest, attention
+from .store import ObjectStore
 
 
 class Task(Manifest):
@@ -16,6 +21,26 @@ class Task(Manifest):
     def agent(self, name: str, role: str | None = None) -> Agent:
         """An agent working on this task; ``role`` (for consumers) defaults to the name."""
         return Agent(self, name, role)
+
+    # -- lifecycle verbs (issue 10: list) -------------------------------------------------
+
+    @staticmethod
+    def list(store: ObjectStore) -> list[str]:
+        """The ids of the tasks under the store's prefix, sorted: one delimiter listing of
+        the top level (no data objects listed), then each one's header. A prefix without a
+        readable header, or a task being deleted, is left out."""
+        found = []
+        for task_id in task_ids(store):
+            key = TaskLayout(task_id).header
+            try:
+                blob = store.get(key)
+                assert blob is not None
+                header = HeaderCodec(task_id).decode(key, blob.body)
+            except ObjManifestError:
+                continue
+            if header.deleting_at is None:
+                found.append(task_id)
+        return found
 
 
 __all__ = ["Task", "attention"]

@@ -8,6 +8,7 @@ from shard_index._codec import Meta
 from shard_index.errors import (
     DeclarationConflict,
     DependencyCycle,
+    HasDependents,
     IndexFormatError,
     ShardIndexError,
     UnsupportedIndexSchema,
@@ -18,6 +19,7 @@ from shard_index.node import Node
 __all__ = [
     "DeclarationConflict",
     "DependencyCycle",
+    "HasDependents",
     "IndexFormatError",
     "Meta",
     "Node",

@@ -7,7 +7,7 @@ They pickle with their attributes intact, because agents run in several processe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 # A cycle longer than twice this is shown by its two ends only.
 _CYCLE_ENDS = 10
@@ -50,6 +50,24 @@ class DependencyCycle(ShardIndexError):
 
     def __reduce__(self) -> tuple[type[DependencyCycle], tuple[list[str]]]:
         return (type(self), (self.cycle,))
+
+
+class HasDependents(ShardIndexError):
+    """An id cannot be removed while declared ids depend on it; ``dependents`` names them."""
+
+    def __init__(self, file_id: str, dependents: Iterable[str]) -> None:
+        self.file_id = file_id
+        self.dependents = tuple(sorted(dependents))
+        shown = ", ".join(map(repr, self.dependents[: _CYCLE_ENDS * 2]))
+        more = len(self.dependents) - _CYCLE_ENDS * 2
+        super().__init__(
+            f"{file_id!r} cannot be removed: {shown}"
+            + (f" and {more} more" if more > 0 else "")
+            + " depend on it"
+        )
+
+    def __reduce__(self) -> tuple[type[HasDependents], tuple[str, tuple[str, ...]]]:
+        return (type(self), (self.file_id, self.dependents))
 
 
 def cycle_path(cycle: Sequence[str]) -> str:

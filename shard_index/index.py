@@ -16,6 +16,7 @@ from shard_index._codec import Meta
 from shard_index.errors import (
     DeclarationConflict,
     DependencyCycle,
+    HasDependents,
     IndexFormatError,
     cycle_path,
 )
@@ -201,6 +202,30 @@ class ShardIndex:
         if not draft.added:
             return self
         nodes, dependents = draft.result()
+        return ShardIndex._create(nodes, self._version + 1, dependents, self._meta)
+
+    def remove(self, file_id: str) -> ShardIndex:
+        """Return an index without ``file_id``; ``self`` if it is not declared.
+
+        Raises HasDependents if declared ids depend on it: removing it would leave them
+        waiting for an id nobody will declare. The version goes up by one.
+        """
+        if not isinstance(file_id, str) or not file_id:
+            raise ValueError(f"file_id must be a non-empty str, got {file_id!r}")
+        node = self._nodes.get(file_id)
+        if node is None:
+            return self
+        waiting = self.dependents(file_id)
+        if waiting:
+            raise HasDependents(file_id, waiting)
+        nodes = {fid: n for fid, n in self._nodes.items() if fid != file_id}
+        dependents = dict(self._reverse())
+        for dep in node.depends_on:
+            rest = dependents.get(dep, _EMPTY) - {file_id}
+            if rest:
+                dependents[dep] = rest
+            else:
+                dependents.pop(dep, None)
         return ShardIndex._create(nodes, self._version + 1, dependents, self._meta)
 
     # ------------------------------------------------------------ serialising

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import shard_index.errors as shard_index_errors
 from shard_index import (
     DeclarationConflict,
     DependencyCycle,
@@ -853,3 +854,38 @@ def test_short_branches_off_a_long_chain_stay_cheap() -> None:
     assert index.undeclared() == frozenset()
     assert index.stages_needed("x0") == {"s"}
     assert ("x0", head) in index.cross_shard_edges()
+
+
+# ------------------------------------------------------------------ removing
+
+
+def test_remove_takes_an_id_out_with_its_reverse_edges() -> None:
+    index = ShardIndex().declare_many([("a", "s1", ()), ("b", "s2", ("a", "x")), ("c", "s2", ())])
+    removed = index.remove("b")
+    assert "b" not in removed and len(removed) == 2
+    assert removed.version == index.version + 1
+    assert removed.dependents("a") == frozenset() and removed.dependents("x") == frozenset()
+    assert removed.undeclared() == frozenset()
+    assert index.dependents("a") == {"b"}  # the original is untouched
+    assert ShardIndex.from_json(removed.to_json()) == removed
+    assert removed.remove("b") is removed  # not declared: the same index
+    assert removed.remove("a").file_ids() == {"c"}
+
+
+def test_remove_refuses_an_id_others_depend_on() -> None:
+    index = ShardIndex().declare_many([("a", "s", ()), ("c", "s", ("a",)), ("b", "s", ("a",))])
+    with pytest.raises(
+        shard_index_errors.HasDependents, match=r"'a' cannot be removed: 'b', 'c'"
+    ) as info:
+        index.remove("a")
+    assert isinstance(info.value, ShardIndexError)
+    assert (info.value.file_id, info.value.dependents) == ("a", ("b", "c"))
+    again = pickle.loads(pickle.dumps(info.value))
+    assert (again.file_id, again.dependents, str(again)) == ("a", ("b", "c"), str(info.value))
+    assert "a" in index
+
+
+@pytest.mark.parametrize("bad", ["", None, 3])
+def test_remove_refuses_a_bad_id(bad: object) -> None:
+    with pytest.raises(ValueError, match="file_id must be a non-empty str"):
+        ShardIndex().remove(bad)  # type: ignore[arg-type]

@@ -37,6 +37,11 @@ HANDLERS: dict[str, Handler] = {
     "trim": commands.cmd_trim,
     "gc": commands.cmd_gc,
     "archive": commands.cmd_archive,
+    "release": commands.cmd_release,
+    "revive": commands.cmd_revive,
+    "undeclare": commands.cmd_undeclare,
+    "tasks": commands.cmd_tasks,
+    "delete": commands.cmd_delete,
 }
 
 

@@ -658,6 +658,20 @@ def cmd_trim(ctx: Context) -> int:
     return 0
 
 
+# -- lifecycle verbs (issue 10) ------------------------------------------------------------
+
+
+def cmd_release(ctx: Context) -> int:
+    agent, claim = ctx.holder_claim()
+    entry = agent.release(claim)
+    ctx.out.result(
+        entry_json(entry),
+        f"{entry.file_id} is {entry.state.value} again (released by {agent.name}, "
+        f"failures {entry.retry_count})",
+    )
+    return 0
+
+
 # -- gc (cleanup) ------------------------------------------------------------------------
 
 
@@ -689,4 +703,39 @@ def cmd_archive(ctx: Context) -> int:
         f" ({per_stage})" if per_stage else ""
     )
     ctx.out.result(report.model_dump(mode="json"), line)
+    return 0
+
+
+def cmd_revive(ctx: Context) -> int:
+    entry = ctx.task().revive(ctx.args.file_id)
+    ctx.out.result(entry_json(entry), f"{entry.file_id} is {entry.state.value}, retries reset")
+    return 0
+
+
+def cmd_undeclare(ctx: Context) -> int:
+    file_id = ctx.args.file_id
+    ctx.task().undeclare(file_id)
+    ctx.out.result({"undeclared": file_id}, f"undeclared {file_id}")
+    return 0
+
+
+def cmd_tasks(ctx: Context) -> int:
+    ids: list[Any] = om.Task.list(ctx.store())
+    ctx.out.result(ids, *ids)
+    return 0
+
+
+def cmd_delete(ctx: Context) -> int:
+    task_id = ctx.task_id()
+    if not ctx.opt("yes"):
+        raise UsageError(
+            f"delete removes task {task_id!r} with all its data; nothing was deleted: "
+            "add --yes to do it"
+        )
+    done = om.Task.delete_by_id(ctx.store(), task_id, force=bool(ctx.opt("force")))
+    ctx.out.result(
+        {"deleted": done.task_id, "objects": done.objects, "uploads_aborted": done.uploads_aborted},
+        f"deleted task {done.task_id!r}: {done.objects} object(s), "
+        f"{done.uploads_aborted} upload(s) aborted",
+    )
     return 0

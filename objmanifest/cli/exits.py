@@ -32,6 +32,7 @@ class ExitCode(IntEnum):
     NOT_A_CONSUMER = 11
     UNSUPPORTED = 12
     STORE_ERROR = 13
+    REFUSED = 14
     INTERRUPTED = 130
 
 
@@ -63,6 +64,7 @@ _TABLE: tuple[tuple[type[BaseException], ExitCode, str], ...] = (
     (om.CorruptShard, ExitCode.UNSUPPORTED, "corrupt manifest"),
     (om.UnsupportedSchema, ExitCode.UNSUPPORTED, "unsupported schema"),
     (om.StoreError, ExitCode.STORE_ERROR, "store error"),
+    (om.Refused, ExitCode.REFUSED, "refused"),
     (om.errors.LocalServerError, ExitCode.ERROR, "server error"),
     (om.ObjManifestError, ExitCode.ERROR, "error"),
     (OSError, ExitCode.ERROR, "i/o error"),
@@ -92,6 +94,10 @@ def _fields(error: BaseException) -> dict[str, Any]:
     if isinstance(error, (om.CorruptShard, om.UnsupportedSchema)):
         fields["key"] = error.key
         fields["address"] = error.address
+    if isinstance(error, om.HasDependents):
+        fields["dependents"] = list(error.dependents)
+    if isinstance(error, om.LeasesLive):
+        fields["holders"] = list(error.holders)
     return fields
 
 

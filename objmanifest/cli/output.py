@@ -91,11 +91,11 @@ class Output:
             self._console = Console(file=self.stdout, highlight=False, soft_wrap=False)
         return self._console
 
-    def emit_json(self, obj: dict[str, Any]) -> None:
+    def emit_json(self, obj: dict[str, Any] | list[Any]) -> None:
         self.json_stream.write(json.dumps(obj, sort_keys=False) + "\n")
         self.json_stream.flush()
 
-    def result(self, obj: dict[str, Any], *human: RenderableType) -> None:
+    def result(self, obj: dict[str, Any] | list[Any], *human: RenderableType) -> None:
         """The command's result: ``obj`` as JSON, or the human renderables."""
         if self.json_mode:
             self.emit_json(obj)

@@ -442,6 +442,38 @@ def _history(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
 
 
+def _verbs(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Lifecycle verbs operators need (issue 10)."""
+    p = sub.add_parser(
+        "release",
+        parents=parents,
+        help="give a claim back without spending a retry",
+        description="The entry becomes pending again (failed, if it failed before) with its "
+        "retry count unchanged; a stale --epoch is refused (exit 5) and changes nothing. A "
+        "chunked entry's upload is kept for the next holder to adopt.",
+    )
+    add_holder(p)
+    p = sub.add_parser(
+        "revive", parents=parents, help="a dead entry back to failed, its retries reset"
+    )
+    p.add_argument("file_id", metavar="FILE_ID")
+    p = sub.add_parser(
+        "undeclare", parents=parents, help="remove a pending entry nobody depends on"
+    )
+    p.add_argument("file_id", metavar="FILE_ID")
+    sub.add_parser("tasks", parents=parents, help="list the task ids under the store's prefix")
+    p = sub.add_parser(
+        "delete",
+        parents=parents,
+        help="delete the task: manifest, data, journal and uploads",
+        description="Removes everything under the task (multipart uploads aborted), the "
+        "header last. Refused while leases are live unless --force; refused without --yes, "
+        "so a typo in a shell deletes nothing. Run it again to finish a delete that crashed.",
+    )
+    p.add_argument("--force", action="store_true", help="delete even while leases are live")
+    p.add_argument("--yes", action="store_true", help="yes, delete the task and its data")
+
+
 def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
@@ -579,6 +611,7 @@ def build(argv: Sequence[str] = ()) -> Parser:
     _consume(sub, parents)
     _views(sub, parents)
     _history(sub, parents)
+    _verbs(sub, parents)
     _serve(sub, parents)
     _demo(sub)
     _retention(sub, parents)
