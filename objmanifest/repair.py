@@ -42,6 +42,7 @@ from pydantic import ValidationError
 import shard_index
 
 from . import transfer
+from .archive import Archives
 from .cas import BLOCK, Documents
 from .codecs import REMOVED, IndexCodec, ShardCodec, index_error
 from .errors import (
@@ -52,7 +53,7 @@ from .errors import (
 )
 from .history import History
 from .layout import TaskLayout
-from .model import Entry, JournalRecord, Shard, State
+from .model import Archived, Entry, JournalRecord, Shard, State, declaration_digest
 from .store import CREATE, ObjectStore
 
 RECORDS_AT_RISK = 2 * BLOCK
@@ -325,6 +326,7 @@ class Repairer:
         self.history = history
         self.codecs = codecs
         self.index_codec = index_codec
+        self.archives = Archives(store, layout)
 
     def run(self, dry_run: bool, repair_index: Callable[[], list[str]]) -> RepairReport:
         """Shards first (from their journal and the index, if it is sound), then the index
@@ -413,8 +415,10 @@ class Repairer:
     ) -> ShardPlan:
         stage = self.layout.stage_of_shard(shard)
         seen = {fid: s for fid, s in replay(records).items() if not s.removed}
+        archived = self._archived(shard, seen)
         for fid in indexed:
-            seen.setdefault(fid, _Seen(fid))
+            if fid not in archived:
+                seen.setdefault(fid, _Seen(fid))
         data_epochs: dict[str, int] = {}
         for row in self.store.list(self.layout.data_of(stage)):
             parsed = self.layout.parse(row.key)
@@ -436,8 +440,41 @@ class Repairer:
             schema_version=codec.writes,
             version=version,
             entries=entries,
+            archived=archived or None,
         )
+        restored += [
+            RestoredEntry(fid, ref.state.value, 0, None, None, f"archived in {ref.archive}")
+            for fid, ref in sorted(archived.items())
+        ]
         return ShardPlan(rebuilt, restored)
+
+    def _archived(self, shard: str, live: Mapping[str, _Seen]) -> dict[str, Archived]:
+        """The shard's ``archived`` map, from its archive objects (written once, never
+        inside the shard): every entry an archive object holds that the journal does not
+        show live. An entry the journal shows live stays live (its archive object is one an
+        archiver that died before its shard commit left; the next ``archive()`` commits it).
+        Newer archive objects win (their ids begin with the store time)."""
+        stage = self.layout.stage_of_shard(shard)
+        ids = sorted(
+            archive_id
+            for row in self.store.list(self.layout.archive_of(shard))
+            if (archive_id := self.layout.parse_archive(row.key, shard)) is not None
+        )
+        archived: dict[str, Archived] = {}
+        for archive_id in ids:
+            try:
+                doc = self.archives.read(shard, archive_id)
+            except NotFound:
+                continue
+            for fid, e in doc.entries.items():
+                if fid in live:
+                    continue
+                archived[fid] = Archived(
+                    state=e.state,
+                    archive=archive_id,
+                    declared=declaration_digest(stage, e.depends_on, e.consumers),
+                )
+        return archived
 
     def _entry(
         self, stage: str, s: _Seen, floor: int, index: shard_index.ShardIndex | None

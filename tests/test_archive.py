@@ -6,6 +6,7 @@ import threading
 from collections import Counter
 
 import pytest
+from conftest import raw_delete, raw_put
 
 import objmanifest as om
 from objmanifest import changes
@@ -192,3 +193,44 @@ def test_an_entry_changed_after_the_archive_object_stays_live(task: om.Task) -> 
     assert set(task.shard("collect").entries) == {"a"}
     assert task.entry("a").error is None
     assert task.entry("d").state is om.State.dead
+
+
+@pytest.mark.parametrize("damage", ["deleted", "garbled"])
+def test_a_repaired_shard_keeps_its_archived_entries_archived(
+    task: om.Task, store: om.Store, damage: str
+) -> None:
+    """A shard rebuilt by ``repair`` gets its ``archived`` map back from its archive
+    objects: an archived entry is still found (not brought back as a fresh pending entry to
+    be produced again), status counts it, its dependant is claimable, and an entry still
+    live stays live."""
+    task.declare("old", "collect")
+    task.declare("live", "collect")
+    task.declare("next", "write", depends_on=["old"])
+    produce(task, "old")
+    task.agent("c").consume("old")
+    assert task.archive(older_than=0).archived["collect"] == ["old"]
+    produce(task, "live")
+
+    key = f"{task.task_id}/shards/collect.json"
+    if damage == "deleted":
+        raw_delete(store, key)
+    else:
+        raw_put(store, key, b"{not json")
+    report = task.repair()
+    (shard_report,) = [o for o in report.objects if o.kind == "shard"]
+    assert shard_report.action == "rebuilt"
+    rules = {e.file_id: e.rule for e in shard_report.entries}
+    assert rules["old"].startswith("archived in ")
+
+    collect = task.shard("collect")
+    assert set(collect.entries) == {"live"}
+    assert set(collect.archived or {}) == {"old"}
+    old = task.entry("old")
+    assert (old.state, old.consumed_by, old.checksum is not None) == (
+        om.State.consumed,
+        ("c",),
+        True,
+    )
+    assert task.status().archived["collect"] == 1
+    claim = task.agent("w").claim("next")
+    assert claim is not None and claim.file_id == "next"
