@@ -842,10 +842,14 @@ class Manifest:
 
     def revive(self, file_id: str) -> Entry:
         """A dead entry back to ``failed`` with ``retry_count`` 0, so it is claimable again
-        (once its cause is fixed); ``WrongState`` if it is not dead."""
+        (once its cause is fixed); ``WrongState`` if it is not dead. An archived dead entry
+        comes back into its live shard."""
         stage = self.stage_of(file_id)
         shard = self.layout.shard_of(stage, file_id)
-        return self.docs.commit(self.layout.shard(shard), self.codec(shard), verbs.Revive(file_id))
+        doc = self.read_shard(shard)
+        archived = self.archives.entry(doc, file_id) if file_id not in doc.entries else None
+        command = verbs.Revive(file_id, archived=archived)
+        return self.docs.commit(self.layout.shard(shard), self.codec(shard), command)
 
     def undeclare(self, file_id: str) -> Entry | None:
         """Remove a pending entry nobody depends on: from its shard, then from the index

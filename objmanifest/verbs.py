@@ -31,8 +31,26 @@ def release(shard: Shard, claim: Claim, now: datetime) -> tuple[Shard, Entry]:
     return shard.with_entries({claim.file_id: released}), released
 
 
-def revive(shard: Shard, file_id: str, now: datetime) -> tuple[Shard, Entry]:
-    """A dead entry back to ``failed`` with its retries reset; its last error is kept."""
+def unarchived(shard: Shard, file_id: str, archived: Entry | None) -> Shard:
+    """``shard`` with an archived entry back among its live entries (``archived``: the
+    whole entry, read from its archive object); the shard as it is if the id is live or
+    not archived here."""
+    refs = shard.archived or {}
+    if file_id in shard.entries or file_id not in refs or archived is None:
+        return shard
+    rest = {fid: ref for fid, ref in refs.items() if fid != file_id}
+    return shard.model_copy(
+        update={"entries": {**shard.entries, file_id: archived}, "archived": rest}
+    )
+
+
+def revive(
+    shard: Shard, file_id: str, now: datetime, archived: Entry | None = None
+) -> tuple[Shard, Entry]:
+    """A dead entry back to ``failed`` with its retries reset; its last error is kept. A
+    dead entry that was archived comes back into the live shard (``archived``: the entry
+    as its archive object holds it)."""
+    shard = unarchived(shard, file_id, archived)
     entry = _entry(shard, file_id)
     if entry.state is not State.dead:
         raise WrongState(
@@ -53,6 +71,12 @@ def undeclare(shard: Shard, file_id: str) -> tuple[Shard | None, Entry | None]:
     """Remove a pending entry no entry of this shard depends on; None if it is gone
     already (an interrupted undeclare: the index half is still to do)."""
     entry = shard.entries.get(file_id)
+    ref = (shard.archived or {}).get(file_id)
+    if entry is None and ref is not None:
+        raise WrongState(
+            f"{file_id!r} is archived ({ref.state.value}), not pending: only an entry "
+            "nobody has claimed yet can be undeclared"
+        )
     if entry is None:
         return None, None
     if entry.state is not State.pending:
@@ -97,9 +121,11 @@ class Revive:
     name: ClassVar[str] = "revive"
     file_id: str
     actor: str = ""
+    archived: Entry | None = None
+    """The entry as its archive object holds it, if it was archived."""
 
     def apply(self, shard: Shard, now: datetime) -> tuple[Shard, Entry]:
-        return revive(shard, self.file_id, now)
+        return revive(shard, self.file_id, now, self.archived)
 
 
 @dataclass(frozen=True)

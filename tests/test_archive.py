@@ -234,3 +234,32 @@ def test_a_repaired_shard_keeps_its_archived_entries_archived(
     assert task.status().archived["collect"] == 1
     claim = task.agent("w").claim("next")
     assert claim is not None and claim.file_id == "next"
+
+
+def test_an_archived_dead_entry_is_revived_and_an_archived_id_is_not_undeclared(
+    task: om.Task,
+) -> None:
+    """``revive`` brings an archived dead entry back into its live shard (its dependant,
+    blocked while it was dead, can then run once it is produced); ``undeclare`` refuses an
+    archived id and the index keeps it."""
+    task.declare("bad", "collect")
+    task.declare("after", "write", depends_on=["bad"])
+    task.declare("done", "collect")
+    produce(task, "done")
+    task.agent("c").consume("done")
+    kill(task, "bad")
+    assert sorted(task.archive(older_than=0).archived["collect"]) == ["bad", "done"]
+
+    with pytest.raises(om.WrongState, match="'done' is archived \\(consumed\\), not pending"):
+        task.undeclare("done")
+    assert task.entry("done").state is om.State.consumed
+    assert task.stage_of("done") == "collect"
+
+    revived = task.revive("bad")
+    assert (revived.state, revived.retry_count) == (om.State.failed, 0)
+    collect = task.shard("collect")
+    assert "bad" in collect.entries and "bad" not in (collect.archived or {})
+    assert task.status().archived["collect"] == 1
+    assert [t.command for t in task.history("bad")][-2:] == ["archive", "revive"]
+    produce(task, "bad")
+    assert task.agent("w").claim("after") is not None
