@@ -722,6 +722,96 @@ def test_a_corrupt_object_is_refused_and_left_as_it_is(rig: Rig) -> None:
     assert MemoryStore(rig.store.bucket, "p").open(KEY).read() == b"{not json"
 
 
+# -- replacing a corrupt version (repair's ``over=``) ----------------------------------------
+
+
+def corrupt(rig: Rig, body: bytes = b"{broken") -> str:
+    """Put bytes that do not parse behind every cache; their ETag."""
+    MemoryStore(rig.store.bucket, "p").put(KEY, body)
+    return rig.etag()
+
+
+def test_a_commit_over_a_corrupt_version_drops_the_cache_and_sees_an_empty_object(
+    rig: Rig,
+) -> None:
+    rig.docs.commit(KEY, CODEC, Add("x"))  # cached, then damaged behind the cache
+    damaged = corrupt(rig)
+    rig.forget_calls()
+    command = Add("y", 2)
+
+    assert rig.docs.commit(KEY, CODEC, command, over=damaged) == 2
+    assert command.seen == [0]  # never the cached version
+    assert rig.calls == {"get": 1, "put": 1}
+    assert rig.store.puts == [Put(KEY, PutMode.update(damaged), "application/json")]
+    assert rig.docs.stats == Stats(commits=2, reads=2)  # one for the first commit
+    assert rig.peek() == Tally({"y": 2}, when(2), 1, (cid(2, 1),))
+    assert rig.events[1:] == [event(cid(2, 1), 2, 1, moved("y", None, 2))]
+
+
+def test_a_lost_answer_over_a_corrupt_version_that_did_not_land_is_retried_over_it(
+    rig: Rig,
+) -> None:
+    damaged = corrupt(rig)
+
+    def lost() -> None:
+        raise OutcomeUnknown("the connection broke before the request was sent")
+
+    rig.before("put", lost)
+    command = Add("y")
+
+    assert rig.docs.commit(KEY, CODEC, command, over=damaged) == 1
+    assert command.seen == [0, 0]
+    assert rig.calls == {"get": 2, "put": 1}
+    assert rig.store.puts == [Put(KEY, PutMode.update(damaged), "application/json")] * 2
+    assert rig.sleeps == []
+    assert rig.docs.stats == Stats(commits=1, reads=2, lost_responses=1)
+    assert rig.peek() == Tally({"y": 1}, when(2), 1, (cid(1, 2),))
+
+
+def test_a_409_over_a_corrupt_version_that_is_still_there_is_retried_over_it(rig: Rig) -> None:
+    """S3 answers 409 ConditionalRequestConflict to a conditional write that met another in
+    flight: nothing landed, the corrupt version is still there and may still be replaced."""
+    damaged = corrupt(rig)
+
+    def conflict() -> None:
+        raise PreconditionFailed("409 ConditionalRequestConflict")
+
+    rig.before("put", conflict)
+    command = Add("y")
+
+    assert rig.docs.commit(KEY, CODEC, command, over=damaged) == 1
+    assert command.seen == [0, 0]
+    assert rig.calls == {"get": 2, "put": 1}
+    assert rig.sleeps == [backoff(1)]
+    assert rig.docs.stats == Stats(commits=1, conflicts=1, reads=2)
+    assert rig.peek() == Tally({"y": 1}, when(2), 1, (cid(1, 2),))
+
+
+def test_a_commit_over_a_corrupt_version_rereads_in_full_after_every_lost_race(
+    rig: Rig,
+) -> None:
+    """Another repair replaced the corrupt version first, then a 409: each re-read of a
+    commit over a corrupt version is a full GET (none is answered from the cache)."""
+    damaged = corrupt(rig)
+    plan = iter(["rival", "409"])
+
+    def hook() -> None:
+        if next(plan) == "rival":
+            rig.rival.commit(KEY, CODEC, Add("x", actor="rex"), over=damaged)
+        else:
+            raise PreconditionFailed("409 ConditionalRequestConflict")
+
+    rig.before("put", hook, times=2)
+    command = Add("y")
+
+    assert rig.docs.commit(KEY, CODEC, command, over=damaged) == 1
+    assert command.seen == [0, 1, 1]
+    assert rig.calls == {"get": 3, "put": 2}
+    assert rig.sleeps == [backoff(1), backoff(2)]
+    assert rig.docs.stats == Stats(commits=1, conflicts=2, reads=3)
+    assert rig.peek() == Tally({"x": 1, "y": 1}, when(3), 2, (rival_id(1), cid(1, 3)))
+
+
 class NewerTallyCodec(TallyCodec):
     """A tally written by a newer objmanifest."""
 

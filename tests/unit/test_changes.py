@@ -14,13 +14,14 @@ from objmanifest import changes
 from objmanifest.changes import DataChanged, Rules
 from objmanifest.errors import (
     AlreadyConsumed,
+    DataRemoved,
     DeclarationConflict,
     LeaseLost,
     NotClaimable,
     NotFound,
     NotReady,
 )
-from objmanifest.model import Claim, Declaration, Entry, Shard, State
+from objmanifest.model import Archived, Claim, Declaration, Entry, Shard, State, declaration_digest
 
 from .make import (
     RULES,
@@ -651,6 +652,19 @@ def test_not_ready_names_the_last_error() -> None:
         changes.check_consumable(e, "r")
 
 
+def test_check_consumable_refuses_data_gc_removed_even_to_a_consumer_that_read_it() -> None:
+    e = entry("a", state=State.consumed, consumed_by=("r",), checksum="c0", data_removed_at=at(5))
+    with pytest.raises(
+        DataRemoved,
+        match=exactly(
+            f"'a' was consumed and its data was removed by gc at {at(5).isoformat()} (after "
+            "its retention); its checksum c0 and history stay, produce it again under a new "
+            "id if needed"
+        ),
+    ):
+        changes.check_consumable(e, "r")
+
+
 def test_consume_of_a_queue_entry_takes_it() -> None:
     e = ready("a", key="k", checksum="c")
     other = entry("b")
@@ -807,3 +821,124 @@ def test_reap_past_max_retries_is_dead_and_keeps_the_order_of_the_shard() -> Non
 
 def test_reap_with_nothing_expired_writes_nothing() -> None:
     assert changes.reap(shard(held("a", lease=30), ready("r")), at(32), RULES) == (None, [])
+
+
+# -- drop_data (gc) -------------------------------------------------------------------------
+
+
+def consumed(file_id: str, **fields: object) -> Entry:
+    """A consumed entry whose data is at ``k-FILE_ID``, last changed at ``T0``."""
+    e = ready(file_id, key=f"k-{file_id}", consumed_by=("r",))
+    return e.model_copy(update={"state": State.consumed, **fields})
+
+
+def test_drop_data_marks_consumed_entries_at_the_key_gc_saw_changed_at_or_before_the_cut() -> None:
+    skipped = [
+        ready("ready", key="k-ready"),  # not consumed
+        consumed("moved", key="k-elsewhere"),  # gc saw another key
+        consumed("removed", data_removed_at=at(5)),  # already marked
+        consumed("unstamped", updated_at=None),
+        consumed("recent", updated_at=at(11)),  # changed after the cut
+    ]
+    old, exact = consumed("old", updated_at=at(3)), consumed("exact", updated_at=at(10))
+    untouched = consumed("untouched")  # not wanted
+    before = shard(*skipped, old, exact, untouched)
+    wanted = {"missing": "k-missing", **{e.file_id: f"k-{e.file_id}" for e in skipped}}
+    wanted |= {"old": "k-old", "exact": "k-exact"}
+
+    new, marked = changes.drop_data(before, wanted, at(10), NOW)
+
+    want = [e.model_copy(update={"data_removed_at": NOW}) for e in (old, exact)]
+    assert marked == want  # only the mark changes: updated_at stays the last real change
+    assert new == before.with_entries({e.file_id: e for e in want})
+    assert list(new.entries) == list(before.entries)
+
+
+def test_drop_data_with_nothing_to_mark_writes_nothing() -> None:
+    before = shard(consumed("recent", updated_at=at(11)))
+    assert changes.drop_data(before, {"recent": "k-recent"}, at(10), NOW) == (None, [])
+    assert changes.drop_data(before, {}, at(10), NOW) == (None, [])
+
+
+# -- archive and archived ids -----------------------------------------------------------------
+
+
+def dead(file_id: str, **fields: object) -> Entry:
+    return entry(file_id, state=State.dead, error="boom", **fields)
+
+
+def ref(e: Entry, archive: str = "A1") -> Archived:
+    declared = declaration_digest(e.stage, e.depends_on, e.consumers)
+    return Archived(state=e.state, archive=archive, declared=declared)
+
+
+def test_archive_moves_out_terminal_entries_the_shard_holds_exactly_as_archived() -> None:
+    gone = consumed("gone", depends_on=("x",), consumers=("r",))
+    died = dead("died")
+    changed = consumed("changed")  # changed since the archive object was written
+    live = ready("live")  # not terminal (written to the archive object by mistake)
+    pending = entry("pending")
+    earlier = Archived(state=State.dead, archive="A0", declared="d0")
+    before = shard(died, changed, live, pending, gone).model_copy(
+        update={"archived": {"old": earlier}}
+    )
+    copies = {
+        "gone": gone,
+        "died": died,
+        "changed": changed.model_copy(update={"updated_at": at(-5)}),
+        "live": live,
+        "absent": consumed("absent"),
+    }
+
+    new, moved = changes.archive(before, "A1", copies)
+
+    assert moved == ["died", "gone"]
+    assert new is not None
+    assert new.entries == {"changed": changed, "live": live, "pending": pending}
+    assert list(new.entries) == ["changed", "live", "pending"]
+    assert new.archived == {"old": earlier, "died": ref(died), "gone": ref(gone)}
+    assert new.archived["gone"].declared == declaration_digest("s", ["x"], ["r"])
+    assert (new.task_id, new.stage, new.version) == (before.task_id, before.stage, before.version)
+
+
+def test_archive_starts_the_archived_map_of_a_shard_that_has_none() -> None:
+    gone = consumed("gone")
+    new, moved = changes.archive(shard(gone), "A1", {"gone": gone})
+    assert new is not None and moved == ["gone"]
+    assert (new.entries, new.archived) == ({}, {"gone": ref(gone)})
+
+
+def test_archive_with_nothing_still_as_archived_writes_nothing() -> None:
+    e = consumed("e")
+    before = shard(e)
+    stale = {"e": e.model_copy(update={"updated_at": at(-5)})}
+    assert changes.archive(before, "A1", stale) == (None, [])
+    assert changes.archive(before, "A1", {}) == (None, [])
+
+
+def test_an_archived_id_declared_again_the_same_is_a_no_op_returning_its_stub() -> None:
+    gone = consumed("gone", depends_on=("x",), consumers=("r", "q"))
+    before = shard(entry("b")).model_copy(update={"archived": {"gone": ref(gone)}})
+    decl = Declaration(file_id="gone", stage=STAGE, depends_on=("x",), consumers=("q", "r"))
+    new, result = changes.declare(before, NOW, [decl, Declaration(file_id="c", stage=STAGE)])
+    stub = Entry(file_id="gone", stage=STAGE, state=State.consumed)
+    assert result == [stub, entry("c", declared_at=NOW, updated_at=NOW)]
+    assert new is not None and list(new.entries) == ["b", "c"]  # the stub is not added back
+    assert changes.declare(before, NOW, [decl]) == (None, [stub])
+    assert changes.archived_stub("gone", "t", ref(gone)) == Entry(
+        file_id="gone", stage="t", state=State.consumed
+    )
+
+
+def test_an_archived_id_declared_differently_is_a_conflict_naming_its_archive() -> None:
+    died = dead("died")
+    before = shard().model_copy(update={"archived": {"died": ref(died, "A7")}})
+    with pytest.raises(
+        DeclarationConflict,
+        match=exactly(
+            "'died' is already declared differently: it was archived as dead (archive A7) "
+            "with other stage, dependencies or consumers. Declare it as before, or use a new "
+            "file id."
+        ),
+    ):
+        changes.declare(before, NOW, [Declaration(file_id="died", stage=STAGE, consumers=("r",))])

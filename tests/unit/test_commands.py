@@ -166,3 +166,26 @@ def test_a_claim_names_the_shard_its_entry_lives_in() -> None:
         part.with_entries({"a": held("a", owner="ann", epoch=1)}), claim, NOW, RULES
     )[1]
     assert renewed.shard == "s.part-3"
+
+
+def test_drop_data() -> None:
+    gone = ready("a", key="k").model_copy(update={"state": State.consumed})
+    before = shard(gone, entry("b"))
+    command = changes.DropData({"a": "k"}, at(10))
+    assert (command.name, command.actor) == ("drop-data", "gc")
+    new, marked = command.apply(before, NOW)
+    same((new, marked), changes.drop_data(before, {"a": "k"}, at(10), NOW))
+    assert [e.data_removed_at for e in marked] == [NOW]
+    assert changes.DropData({}, at(10), actor="cli").actor == "cli"
+
+
+def test_archive() -> None:
+    gone = ready("a", key="k").model_copy(update={"state": State.consumed})
+    before = shard(gone, entry("b"))
+    command = changes.Archive("A1", {"a": gone})
+    assert (command.name, command.actor) == ("archive", "")
+    new, moved = command.apply(before, NOW)
+    same((new, moved), changes.archive(before, "A1", {"a": gone}))
+    assert moved == ["a"] and new is not None and new.archived is not None
+    assert new.archived["a"].archive == "A1"
+    assert changes.Archive("A1", {}, actor="cli").actor == "cli"

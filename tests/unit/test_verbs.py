@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+import shard_index
 from objmanifest import verbs
 from objmanifest.errors import HasDependents, LeaseLost, NotFound, WrongState
 from objmanifest.model import State
 from objmanifest.states import TABLE, VERBS, Event, InvalidTransition, Verb, verb_state
 
-from .make import at, claim_on, entry, held, ready, shard
+from .make import at, claim_on, entry, exactly, held, ready, shard
 
 
 def test_the_verbs_table_has_release_and_revive_and_agents_events_do_not() -> None:
@@ -100,3 +101,103 @@ def test_the_commands_are_named_and_carry_the_actor() -> None:
     assert (verbs.Release(claim_on(e)).name, verbs.Release(claim_on(e)).actor) == ("release", "bob")
     assert verbs.Revive("a", actor="ops").name == "revive"
     assert verbs.Undeclare("a").name == verbs.UndeclareInIndex("a").name == "undeclare"
+
+
+# -- every field, every word ----------------------------------------------------------------
+
+
+def test_release_changes_only_state_holder_lease_and_time_and_keeps_the_order() -> None:
+    e, other = held(retry_count=1, error="boom"), entry("b")
+    before = shard(other, e)
+    new, released = verbs.release(before, claim_on(e), at(5))
+    assert released == e.model_copy(
+        update={"state": State.failed, "owner": None, "lease_expires_at": None, "updated_at": at(5)}
+    )
+    assert new == before.with_entries({"a": released}) and list(new.entries) == ["b", "a"]
+
+
+def test_revive_changes_only_state_retries_holder_lease_and_time() -> None:
+    e = entry(state=State.dead, retry_count=3, error="gave up", epoch=4, owner="bob")
+    e = e.model_copy(update={"lease_expires_at": at(1)})
+    before = shard(entry("b"), e)
+    new, revived = verbs.revive(before, "a", at(9))
+    assert revived == e.model_copy(
+        update={
+            "state": State.failed,
+            "retry_count": 0,
+            "owner": None,
+            "lease_expires_at": None,
+            "updated_at": at(9),
+        }
+    )
+    assert new == before.with_entries({"a": revived})
+
+
+def test_revive_and_undeclare_refuse_in_full_words() -> None:
+    with pytest.raises(
+        WrongState, match=exactly("'a' is ready, not dead: only a dead entry can be revived")
+    ):
+        verbs.revive(shard(ready()), "a", at(9))
+    with pytest.raises(
+        WrongState,
+        match=exactly(
+            "'a' is writing, not pending: only an entry nobody has claimed yet can be undeclared"
+        ),
+    ):
+        verbs.undeclare(shard(held()), "a")
+
+
+def test_undeclare_leaves_every_other_entry_as_it_was_in_its_order() -> None:
+    e, b, c = entry(), entry("b", depends_on=("x",)), ready("c")
+    before = shard(c, e, b)
+    new, removed = verbs.undeclare(before, "a")
+    assert removed == e
+    assert new == before.model_copy(update={"entries": {"c": c, "b": b}})
+    assert list(new.entries) == ["c", "b"]
+
+
+@pytest.mark.parametrize("count", [1, 20, 21])
+def test_dependents_are_named_up_to_twenty(count: int) -> None:
+    names = [f"d{i:02}" for i in range(count)]
+    error = verbs.dependents_error("a", names)
+    shown = ", ".join(names[:20]) + (" ..." if count > 20 else "")
+    assert str(error) == f"'a' cannot be undeclared: {shown} depend on it; undeclare them first"
+    assert error.dependents == tuple(names)
+
+
+def test_each_command_applies_its_change_with_its_own_arguments() -> None:
+    e, dead = held(), entry("d", state=State.dead)
+    before = shard(e, dead, entry("p"))
+    release = verbs.Release(claim_on(e))
+    assert release.apply(before, at(5)) == verbs.release(before, claim_on(e), at(5))
+    revive = verbs.Revive("d")
+    assert (revive.name, revive.actor) == ("revive", "")
+    assert revive.apply(before, at(5)) == verbs.revive(before, "d", at(5))
+    undeclare = verbs.Undeclare("p")
+    assert (undeclare.name, undeclare.actor) == ("undeclare", "")
+    assert undeclare.apply(before, at(5)) == verbs.undeclare(before, "p")
+    assert verbs.Undeclare("p", actor="ops").actor == verbs.Revive("d", actor="ops").actor == "ops"
+
+
+def test_undeclare_in_index_removes_the_id_or_writes_nothing_when_it_is_gone() -> None:
+    index = shard_index.ShardIndex().declare_many([("a", "s", ()), ("b", "s", ())])
+    command = verbs.UndeclareInIndex("a")
+    assert (command.name, command.actor) == ("undeclare", "")
+    new, removed = command.apply(index, at(5))
+    assert removed is True and new == index.remove("a")
+    assert new is not None and "a" not in new and "b" in new
+    assert verbs.UndeclareInIndex("zz").apply(index, at(5)) == (None, False)
+    assert verbs.UndeclareInIndex("a", actor="ops").actor == "ops"
+
+
+def test_undeclare_in_index_refuses_while_ids_depend_on_it() -> None:
+    index = shard_index.ShardIndex().declare_many(
+        [("a", "s", ()), ("c", "t", ("a",)), ("b", "t", ("a",))]
+    )
+    with pytest.raises(
+        HasDependents,
+        match=exactly("'a' cannot be undeclared: b, c depend on it; undeclare them first"),
+    ) as info:
+        verbs.UndeclareInIndex("a").apply(index, at(5))
+    assert info.value.dependents == ("b", "c")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
