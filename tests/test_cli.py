@@ -681,7 +681,14 @@ def test_bad_declare_from_input_exits_2_and_declares_nothing(
 
 @MOTO_ONLY
 def test_interrupting_a_wait_exits_130(cli: Cli, task: om.Task) -> None:
-    proc = cli.popen("claim", "--stage", "check", "--agent", "x", "--wait", "60")
+    # A child inherits an ignored SIGINT (a suite run under nohup or as a background job
+    # of a shell without job control): catch it here while the child starts, so the child
+    # starts with SIGINT at its default (exec resets a caught signal, not an ignored one).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = cli.popen("claim", "--stage", "check", "--agent", "x", "--wait", "60")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         assert b"waiting up to 60s" in read_line(proc.stderr)
         proc.send_signal(signal.SIGINT)
