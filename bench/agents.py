@@ -56,6 +56,7 @@ def produce(job: dict[str, Any], conn: Connection) -> dict[str, Any]:
     if pause > 0:
         time.sleep(pause)
     deadline = start_at + float(job["duration"])
+    cpu0 = os.times()
     stats = task.docs.stats
     commits0, conflicts0 = stats.commits, stats.conflicts
     latencies: list[float] = []
@@ -115,7 +116,9 @@ def produce(job: dict[str, Any], conn: Connection) -> dict[str, Any]:
         t.start()
     for t in pool:
         t.join()
+    cpu1 = os.times()
     return {
+        "cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
         "entries": entries[0],
         "latencies": latencies,
         "last_end": max(ends) if ends else start_at,
@@ -218,6 +221,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     errors: Counter[str] = Counter()
     for r in results:
         errors.update(r["errors"])
+    cpu = sum(r["cpu_s"] for r in results)
     return {
         "entries": entries,
         "seconds": round(duration, 3),
@@ -230,4 +234,6 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "conflicts_per_commit": round(conflicts / commits, 3) if commits else None,
         "errors": dict(errors),
         "ran_out": ran_out,
+        "agents_cpu_s": round(cpu, 2),
+        "agents_cpu_ms_per_entry": round(cpu / entries * 1000, 2) if entries else None,
     }

@@ -84,6 +84,8 @@ class Bench:
     env: dict[str, str]
     bucket: str = BUCKET
     quick: bool = False
+    server_pid: int | None = None
+    """The local server's process (its CPU time is reported beside the agents')."""
     _proxies: dict[int, FaultProxy] = field(default_factory=dict)
     _clients: dict[str, Any] = field(default_factory=dict)
 
@@ -146,7 +148,14 @@ def bench_context(
             for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
             if (v := os.environ.get(k))
         }
-    b = Bench(endpoint_url, backend, env, bucket=bucket, quick=quick)
+    b = Bench(
+        endpoint_url,
+        backend,
+        env,
+        bucket=bucket,
+        quick=quick,
+        server_pid=local.pid if local is not None else None,
+    )
     try:
         client = b.client(endpoint_url)
         with contextlib.suppress(
@@ -158,6 +167,72 @@ def bench_context(
         b.close()
         if local is not None:
             local.stop()
+
+
+# -- CPU -------------------------------------------------------------------------------------
+
+
+def _ticks() -> float:
+    return float(os.sysconf("SC_CLK_TCK"))
+
+
+def process_cpu(pid: int | None) -> float | None:
+    """CPU seconds (user + system) ``pid`` has used, or None."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _ticks()
+
+
+def machine_cpu() -> tuple[float, float] | None:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
+    try:
+        line = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    values = [int(x) for x in line[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return (sum(values) - idle) / _ticks(), sum(values) / _ticks()
+
+
+@dataclass
+class CpuWindow:
+    """CPU used between ``start()`` and ``stop()``: by this process (the harness and its
+    latency proxies), by the local server, and by the whole machine (everyone's)."""
+
+    server_pid: int | None
+    _t0: float = 0.0
+    _own: float = 0.0
+    _server: float | None = None
+    _machine: tuple[float, float] | None = None
+
+    def start(self) -> CpuWindow:
+        self._t0 = time.monotonic()
+        t = os.times()
+        self._own = t.user + t.system
+        self._server = process_cpu(self.server_pid)
+        self._machine = machine_cpu()
+        return self
+
+    def stop(self) -> dict[str, float | None]:
+        wall = time.monotonic() - self._t0
+        t = os.times()
+        server = process_cpu(self.server_pid)
+        machine = machine_cpu()
+        busy = None
+        if machine and self._machine:
+            busy = round((machine[0] - self._machine[0]) / max(wall, 1e-9), 2)
+        return {
+            "wall_s": round(wall, 2),
+            "harness_cpu_s": round(t.user + t.system - self._own, 2),
+            "server_cpu_s": None
+            if server is None or self._server is None
+            else round(server - self._server, 2),
+            "machine_busy_cores": busy,
+        }
 
 
 # -- statistics --------------------------------------------------------------------------------

@@ -11,7 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from bench.agents import Pool, summarize
-from bench.common import Bench, create_task, fmt, layout_support, new_prefix, say, shard_count
+from bench.common import (
+    Bench,
+    CpuWindow,
+    create_task,
+    fmt,
+    layout_support,
+    new_prefix,
+    say,
+    shard_count,
+)
 
 SERIES = (
     ("hot", "stage"),
@@ -79,7 +88,9 @@ def point(
         }
         for i in range(agents)
     ]
+    window = CpuWindow(b.server_pid).start()
     summary = summarize(pool.run(jobs))
+    cpu = window.stop()
     return {
         "delay_ms": delay_ms,
         "scenario": scenario,
@@ -89,6 +100,7 @@ def point(
         "threads": threads,
         "declared_per_stage": per_stage,
         **summary,
+        **cpu,
     }
 
 
@@ -129,7 +141,9 @@ def run(
                     f"contention {delay:>2} ms {scenario:4} {layout:11} agents={n:>2} "
                     f"shards={p['shards']:>2}: {p['entries_per_s']:7.1f} entries/s "
                     f"x{fmt(p['speedup'])} conflicts/commit={fmt(p['conflicts_per_commit'])} "
-                    f"p50={fmt(p['p50_ms'], 1)} p99={fmt(p['p99_ms'], 1)} ms"
+                    f"p50={fmt(p['p50_ms'], 1)} p99={fmt(p['p99_ms'], 1)} ms "
+                    f"cpu/entry={fmt(p['agents_cpu_ms_per_entry'], 1)} ms "
+                    f"busy={fmt(p['machine_busy_cores'])} cores"
                     + (" (ran out)" if p["ran_out"] else "")
                     + (f" errors={p['errors']}" if p["errors"] else "")
                 )

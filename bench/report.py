@@ -180,9 +180,9 @@ def contention_tables(results: dict[str, Any]) -> str:
         parts.append(f"**{where}** ({section['duration_s']:g} s per point)\n")
         parts.append(
             "| layout | shards | agents | entries/s | speed-up | conflicts per commit | "
-            "p50 ms | p99 ms |"
+            "p50 ms | p99 ms | agents' CPU ms per entry | machine busy (cores) |"
         )
-        parts.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        parts.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for p in section["points"]:
             if p["delay_ms"] != delay:
                 continue
@@ -192,7 +192,8 @@ def contention_tables(results: dict[str, Any]) -> str:
             parts.append(
                 f"| {name} | {p['shards']} | {p['agents']} | {fmt(p['entries_per_s'], 1)}{note} | "
                 f"{fmt(p['speedup'])} | {fmt(p['conflicts_per_commit'])} | "
-                f"{fmt(p['p50_ms'], 1)} | {fmt(p['p99_ms'], 1)} |"
+                f"{fmt(p['p50_ms'], 1)} | {fmt(p['p99_ms'], 1)} | "
+                f"{fmt(p.get('agents_cpu_ms_per_entry'), 1)} | {fmt(p.get('machine_busy_cores'))} |"
             )
         parts.append("")
     for s in dict.fromkeys(section.get("skipped", [])):
@@ -244,21 +245,19 @@ def size_table(results: dict[str, Any]) -> str:
     if not section:
         return "_not run_"
     lines = [
-        "| layout | entries in the stage | shards | live entries in the committed shard | "
-        "shard KB | warm commit median ms | p90 ms | vs 1k in one shard |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| layout | entries in the stage | shards | the committed shard: live entries, archived "
+        "| shard KB | warm commit median ms | p90 ms | vs 1k in one shard | declare_many s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = size_point(results, "stage", 1_000)
     for p in section["points"]:
         vs = p["commit_median_ms"] / base["commit_median_ms"] if base else None
         lines.append(
-            f"| {p['layout']} | {p['entries']} | {p['shards']} | {p['live']} | "
-            f"{fmt(p['shard_bytes'] / 1024, 0)} | {fmt(p['commit_median_ms'])} | "
-            f"{fmt(p['commit_p90_ms'])} | {fmt(vs)} |"
+            f"| {p['layout']} | {p['entries']} | {p['shards']} | {p['live']}, "
+            f"{p.get('archived', 0)} | {fmt(p['shard_bytes'] / 1024, 0)} | "
+            f"{fmt(p['commit_median_ms'])} | {fmt(p['commit_p90_ms'])} | {fmt(vs)} | "
+            f"{fmt(p.get('declare_s'))} |"
         )
-    for key, label in (("declare_many", "declare_many"),):
-        for d in section.get(key, []):
-            lines.append(f"\n{label} of {d['entries']} entries ({d['layout']}): {d['seconds']} s")
     return "\n".join(lines)
 
 
