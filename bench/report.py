@@ -287,6 +287,14 @@ def render(results: dict[str, Any]) -> str:
             "",
             request_count.table(r),
             "",
+            f"Claim + put: {fmt(r['claim_put_per_entry'], 3)} requests per entry, "
+            f"{fmt(r['claim_put_vs_limit'])}x the limit; beyond it: "
+            + (
+                ", ".join(f"{k} {fmt(v, 3)}" for k, v in r.get("claim_put_extras", {}).items())
+                or "nothing"
+            )
+            + ".",
+            "",
         ]
     if results.get("commit_cost"):
         out += ["### 2. Commit cost", "", commit_cost.table(results["commit_cost"]), ""]
