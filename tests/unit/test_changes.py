@@ -66,7 +66,7 @@ def updated(e: Entry, **fields: object) -> Entry:
     ids=["claim", "renew", "finish", "fail", "consume", "mismatch"],
 )
 def test_an_entry_that_is_not_declared_is_not_found(change: Change) -> None:
-    with pytest.raises(NotFound, match=exactly("'zz' is not declared in stage 's'")):
+    with pytest.raises(NotFound, match=exactly("'zz' is not declared in shard 's'")):
         change(shard(entry("a")))
 
 
