@@ -386,6 +386,16 @@ class TaskHeader(_Model):
             )
         return v
 
+    @field_validator("partitions", mode="before")
+    @classmethod
+    def _partition_counts(cls, v: Any) -> Any:
+        for stage, count in (v or {}).items() if isinstance(v, dict) else ():
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise InvalidInput(
+                    f"the partition count of {stage!r} must be a whole number, not {count!r}"
+                )
+        return v
+
     @field_validator("partitions")
     @classmethod
     def _partitions(cls, v: dict[str, int] | None, info: ValidationInfo) -> dict[str, int] | None:
@@ -398,8 +408,6 @@ class TaskHeader(_Model):
                     f"partitions name {stage!r}, which is not a stage of the task "
                     f"(its stages are {', '.join(stages)})"
                 )
-            if isinstance(count, bool) or not isinstance(count, int):
-                raise InvalidInput(f"the partition count of {stage!r} must be a whole number")
             if not 1 <= count <= MAX_PARTITIONS:
                 raise InvalidInput(
                     f"stage {stage!r} cannot have {count} partitions: use 1 to {MAX_PARTITIONS}"
