@@ -42,7 +42,7 @@ from .store import MemoryStore, ObjectStore, S3Store, Store, connect
 from .task import Task
 from .transfer import TransferConfig, set_defaults
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "Agent",

@@ -80,15 +80,20 @@ class Agent:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidInput(f"limit must be a whole number of at least 1, not {limit!r}")
         task = self.task
-        task.shard_key(stage)  # refuses an unknown stage, without a request
+        task.check_stage(stage)  # refuses an unknown stage, without a request
+        shards = task.layout.shards_of(stage)
+        # A split stage: start at a random partition and move on while one has nothing
+        # claimable, so that agents of the stage spread over its shards.
+        start = int(task.store.runtime.random() * len(shards)) % len(shards)
+        only = stage if task.layout.single else None
         claims: list[Claim] = []
-        for shard in task.layout.shards_of(stage):
+        for shard in shards[start:] + shards[:start]:
             current = task.read_shard(shard)
             lookups = task.lookup_for(shard, current.entries.values())
             claims += task.docs.commit(
                 task.layout.shard(shard),
                 task.codec(shard),
-                changes.ClaimAny(self.name, limit - len(claims), task.rules, lookups),
+                changes.ClaimAny(self.name, limit - len(claims), task.rules, lookups, only),
             )
             if len(claims) >= limit:
                 break

@@ -65,7 +65,7 @@ def _update(entry: Entry, now: datetime, **fields: Any) -> Entry:
 def _entry(shard: Shard, file_id: str) -> Entry:
     entry = shard.entries.get(file_id)
     if entry is None:
-        raise NotFound(f"{file_id!r} is not declared in stage {shard.stage!r}")
+        raise NotFound(f"{file_id!r} is not declared in shard {shard.stage!r}")
     return entry
 
 
@@ -150,7 +150,7 @@ def redeclared(shard: Shard, decl: Declaration, archived: Archived) -> Entry:
             f"{archived.state.value} (archive {archived.archive}) with other stage, "
             "dependencies or consumers. Declare it as before, or use a new file id."
         )
-    return archived_stub(decl.file_id, shard.stage, archived)
+    return archived_stub(decl.file_id, decl.stage, archived)
 
 
 # -- claim -----------------------------------------------------------------------------
@@ -232,14 +232,23 @@ def claim(
 
 
 def claim_any(
-    shard: Shard, agent: str, limit: int, now: datetime, rules: Rules, lookup: Lookup
+    shard: Shard,
+    agent: str,
+    limit: int,
+    now: datetime,
+    rules: Rules,
+    lookup: Lookup,
+    stage: str | None = None,
 ) -> tuple[Shard | None, list[Claim]]:
-    """Claim up to ``limit`` claimable entries, oldest declared first, in one commit."""
+    """Claim up to ``limit`` claimable entries (of ``stage`` only, when the shard holds
+    several stages), oldest declared first, in one commit."""
     changed: dict[str, Entry] = {}
     taken_ok: list[Entry] = []
     for entry in shard.entries.values():
         if len(taken_ok) >= limit:
             break
+        if stage is not None and entry.stage != stage:
+            continue
         if why_not_claimable(entry, now, lookup) is not None:
             continue
         taken = _take(entry, agent, now, rules)
@@ -479,13 +488,15 @@ class ClaimAny:
     limit: int
     rules: Rules
     lookups: Lookups
+    stage: str | None = None
 
     @property
     def actor(self) -> str:
         return self.agent
 
     def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, list[Claim]]:
-        return claim_any(shard, self.agent, self.limit, now, self.rules, self.lookups(shard))
+        lookup = self.lookups(shard)
+        return claim_any(shard, self.agent, self.limit, now, self.rules, lookup, self.stage)
 
 
 @dataclass(frozen=True)

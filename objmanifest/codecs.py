@@ -27,6 +27,7 @@ from .errors import (
 from .events import Change
 from .model import (
     COMMITS_KEPT,
+    HEADER_SCHEMA,
     JOURNAL_SCHEMA,
     SCHEMA_VERSION,
     Entry,
@@ -317,7 +318,7 @@ class HeaderCodec:
     repair: ClassVar[str] = HEADER_REPAIR
 
     def decode(self, key: str, body: bytes) -> TaskHeader:
-        data = load_json(key, body, SCHEMA_VERSION)
+        data = load_json(key, body, HEADER_SCHEMA)
         try:
             header = TaskHeader.model_validate(data)
         except ValidationError as e:

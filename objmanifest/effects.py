@@ -32,7 +32,7 @@ class TransitionEffects:
 
     def __call__(self, event: CommitEvent) -> None:
         parsed = self.scope.layout.parse(event.key)
-        if parsed.kind != "shard" or parsed.stage is None:
+        if parsed.kind != "shard":
             return
         for t in event.transitions:
             if t.after == State.dead.value and t.before != State.dead.value:
@@ -45,8 +45,10 @@ class TransitionEffects:
             ):
                 self._abandon(parsed.stage, t.item, t.epoch, "it was made ready as one object")
 
-    def _abandon(self, stage: str, file_id: str, epoch: int | None, why: str) -> None:
+    def _abandon(self, stage: str | None, file_id: str, epoch: int | None, why: str) -> None:
         try:
+            # The task's one shard holds every stage: the entry says which is its own.
+            stage = stage or self.scope.stage_of(file_id)
             abandon(self.scope, stage, file_id, epoch)
         except ObjManifestError as e:
             log.warning(

@@ -138,7 +138,7 @@ class Collector:
             if shard not in fresh:
                 fresh[shard] = self.entries(shard)
             entry = fresh[shard].get(parsed.file_id)
-            if entry is None:
+            if entry is None or entry.stage != parsed.stage:
                 report.kept.append(GcKept(key, "its entry is not in the live shard"))
                 continue
             assert parsed.epoch is not None
@@ -194,7 +194,7 @@ class Collector:
 
     def _consumed(self, report: GcReport, dry_run: bool, seconds: float) -> None:
         before = self.now() - timedelta(seconds=seconds)
-        for shard in [s for stage in self.stages for s in self.layout.shards_of(stage)]:
+        for shard in self.layout.all_shards(self.stages):
             wanted = {
                 e.file_id: e.key
                 for e in self.entries(shard).values()

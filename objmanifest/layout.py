@@ -4,7 +4,10 @@ Under the store's prefix::
 
     TASK_ID/task.json                      header, written once
     TASK_ID/index.json                     cross-shard dependency index
-    TASK_ID/shards/SHARD.json              one shard per stage (SHARD is the stage name)
+    TASK_ID/shards/SHARD.json              a shard: STAGE (the stage's own), STAGE~NN
+                                           (partition NN of a split stage, chosen by a
+                                           hash of the file id), or _task (the one shard
+                                           of a task with layout "task")
     TASK_ID/data/STAGE/FILE_ID@EPOCH       an entry's bytes, written once per holder
     TASK_ID/data/STAGE/FILE_ID@EPOCH~X     the same holder's other bytes, or a later upload
     TASK_ID/uploads/STAGE/FILE_ID.json     a chunked entry's upload state
@@ -22,17 +25,20 @@ Under the store's prefix::
                                            its key within the task, TIME the store's time);
                                            written once, never deleted by objmanifest
 
-Nobody else writes a key as a string or takes one apart: a stage that is later split into
-partitions changes this module and the shard references it hands out, not its callers.
+Nobody else writes a key as a string or takes one apart, nor routes a file id to its
+shard: callers ask ``shard_of``/``shards_of`` and pass shard names around (``claim.shard``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from .model import check_file_id, check_name
+import xxhash
+
+from .model import TASK_SHARD, TaskHeader, check_file_id, check_name
 
 HEADER = "task.json"
 INDEX = "index.json"
@@ -74,16 +80,34 @@ class BlockRef:
 
 
 _VERSION_DIGITS = 12
+PARTITION = "~"
+"""Between a stage and its partition number in a shard name (never in a stage name)."""
+
+
+def partition_of(file_id: str, count: int) -> int:
+    """Which of ``count`` partitions ``file_id`` lives in: a stable hash (xxh3-64 of its
+    UTF-8 bytes), the same on every machine and release."""
+    return xxhash.xxh3_64_intdigest(file_id.encode("utf-8", "surrogatepass")) % count
 
 
 @dataclass(frozen=True)
 class TaskLayout:
-    """The keys of one task, relative to the store's prefix."""
+    """The keys of one task, relative to the store's prefix, and which shard holds what.
+
+    ``partitions`` (stage -> count) and ``single`` (one shard for the task) come from the
+    task header (``of``); a layout made from a task id alone knows the default only, which
+    is enough for the header, prefixes and data keys."""
 
     task_id: str
+    partitions: Mapping[str, int] = field(default_factory=dict)
+    single: bool = False
 
     def __post_init__(self) -> None:
         check_name("task id", self.task_id)
+
+    @classmethod
+    def of(cls, header: TaskHeader) -> TaskLayout:
+        return cls(header.task_id, dict(header.partitions or {}), header.layout == "task")
 
     @property
     def root(self) -> str:
@@ -99,17 +123,37 @@ class TaskLayout:
     def index(self) -> str:
         return f"{self.task_id}/{INDEX}"
 
-    def shard_of(self, stage: str, file_id: str | None = None) -> str:
-        """The shard an entry of ``stage`` lives in (its name). One shard per stage today;
-        partitions will route by ``file_id`` here."""
-        return stage
+    def shard_of(self, stage: str, file_id: str) -> str:
+        """The shard the entry ``file_id`` of ``stage`` lives in (its name)."""
+        if self.single:
+            return TASK_SHARD
+        count = self.partitions.get(stage, 1)
+        if count == 1:
+            return stage
+        return self._partition(stage, partition_of(file_id, count), count)
 
     def shards_of(self, stage: str) -> list[str]:
-        """Every shard of ``stage``."""
-        return [stage]
+        """Every shard that holds entries of ``stage`` (in partition order)."""
+        if self.single:
+            return [TASK_SHARD]
+        count = self.partitions.get(stage, 1)
+        if count == 1:
+            return [stage]
+        return [self._partition(stage, n, count) for n in range(count)]
 
-    def stage_of_shard(self, shard: str) -> str:
-        return shard
+    def all_shards(self, stages: tuple[str, ...]) -> list[str]:
+        """Every shard of a task of ``stages``, each once."""
+        return list(dict.fromkeys(s for stage in stages for s in self.shards_of(stage)))
+
+    @staticmethod
+    def _partition(stage: str, n: int, count: int) -> str:
+        return f"{stage}{PARTITION}{n:0{len(str(count - 1))}d}"
+
+    def stage_of_shard(self, shard: str) -> str | None:
+        """The stage whose entries ``shard`` holds; None for the task's one shard."""
+        if shard == TASK_SHARD:
+            return None
+        return shard.partition(PARTITION)[0]
 
     def shard(self, shard: str) -> str:
         return f"{self.task_id}/{SHARDS}{shard}.json"
@@ -157,8 +201,7 @@ class TaskLayout:
 
     def manifest_objects(self, stages: tuple[str, ...]) -> list[str]:
         """The keys of the shards and the index (upload states are found by listing)."""
-        shards = [self.shard(s) for stage in stages for s in self.shards_of(stage)]
-        return [*shards, self.index]
+        return [*(self.shard(s) for s in self.all_shards(stages)), self.index]
 
     @property
     def archive_prefix(self) -> str:
@@ -242,14 +285,17 @@ class TaskLayout:
                 return Parsed(kind, self.task_id)  # type: ignore[arg-type]
         if rest.startswith(UPLOADS) and rest.endswith(".json"):
             stage, _, file_id = rest[len(UPLOADS) : -len(".json")].partition("/")
-            return Parsed("upload", self.task_id, stage, stage, file_id) if file_id else other
+            if not file_id:
+                return other
+            return Parsed("upload", self.task_id, stage, self.shard_of(stage, file_id), file_id)
         if rest.startswith(DATA):
             stage, _, name = rest[len(DATA) :].partition("/")
             file_id, at, tail = name.rpartition("@")
             epoch = tail.partition("~")[0]
             if not (stage and at and file_id and epoch.isdigit()):
                 return other
-            return Parsed("data", self.task_id, stage, stage, file_id, int(epoch))
+            shard = self.shard_of(stage, file_id)
+            return Parsed("data", self.task_id, stage, shard, file_id, int(epoch))
         return other
 
 

@@ -10,8 +10,9 @@ whose events the task's observers receive (``Manifest.subscribe``), side effects
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -51,6 +52,7 @@ from .gc import Collector, GcReport
 from .history import Dropped, History, Lineage, Transition, lineage, transitions_of
 from .layout import TaskLayout
 from .model import (
+    HEADER_SCHEMA,
     READERS,
     SCHEMA_VERSION,
     ArchiveReport,
@@ -73,6 +75,9 @@ from .store import CREATE, PROBE_PREFIX, ObjectStore, probe_conditional_writes
 from .transfer import TransferConfig
 from .uploads import Scope, sweep
 from .uploads.state import UploadCodec
+
+_PARALLEL_READS = 16
+"""The most shards read at once for a view of a split stage."""
 
 M = TypeVar("M", bound="Manifest")
 D = TypeVar("D")
@@ -162,7 +167,7 @@ class Manifest:
     ) -> None:
         self.store = store
         self.header = header
-        self.layout = TaskLayout(header.task_id)
+        self.layout = TaskLayout.of(header)
         self.observers = Observers()
         self.docs = Documents(
             store,
@@ -180,11 +185,10 @@ class Manifest:
     def _configure(self, header: TaskHeader) -> None:
         """The codecs and the upload scope for the task's schema version."""
         self.header = header
-        self.index_codec = IndexCodec(header.schema_version)
+        self.index_codec = IndexCodec(header.objects_schema)
         self._codecs = {
-            shard: ShardCodec(header.task_id, shard, header.schema_version)
-            for stage in header.stages
-            for shard in self.layout.shards_of(stage)
+            shard: ShardCodec(header.task_id, shard, header.objects_schema)
+            for shard in self.layout.all_shards(header.stages)
         }
         self.uploads = Scope(
             store=self.store,
@@ -193,7 +197,7 @@ class Manifest:
             stages=header.stages,
             held=self.held,
             entry=self._entry_now,
-            schema=header.schema_version,
+            schema=header.objects_schema,
         )
 
     def __repr__(self) -> str:
@@ -214,11 +218,19 @@ class Manifest:
         transfer: TransferConfig | None = None,
         journal_keep_seconds: float | None = None,
         journal_keep_versions: int | None = None,
+        partitions: Mapping[str, int] | None = None,
+        layout: str | None = None,
     ) -> M:
         """Create a task (``AlreadyExists`` if it is there) after checking the store is safe.
+
         ``journal_keep_seconds``/``journal_keep_versions`` bound its journal (see
-        ``trim_journal``); by default every record is kept."""
-        layout = TaskLayout(task_id)
+        ``trim_journal``); by default every record is kept. ``partitions`` splits hot stages
+        into hash partitions, each a shard of its own (``{"collect": 16}``), so agents of
+        one stage do not all commit to one object; ``layout="task"`` keeps every entry in
+        one shard (only as a baseline to compare against). Both are fixed for the life of
+        the task.
+        """
+        keys = TaskLayout(task_id)
         lease, retries = check_settings(lease_seconds, max_retries)
         keep_seconds, keep_versions = check_retention(journal_keep_seconds, journal_keep_versions)
         if isinstance(stages, (str, bytes, dict)):
@@ -228,6 +240,13 @@ class Manifest:
                 if not isinstance(stages, dict)
                 else f"stages must be a list of stage names, not a dict: {stages!r}"
             )
+        if partitions is not None and not isinstance(partitions, Mapping):
+            raise InvalidInput(
+                f"partitions must map stage names to partition counts, like "
+                f'{{"collect": 16}}, not the {type(partitions).__name__} {partitions!r}'
+            )
+        layered = bool(layout is not None or any(n != 1 for n in (partitions or {}).values()))
+        schema = HEADER_SCHEMA if layered else SCHEMA_VERSION
         runtime = store.runtime
         problems = probe_conditional_writes(store, PROBE_PREFIX + runtime.new_id())
         if problems:
@@ -245,11 +264,14 @@ class Manifest:
             max_retries=retries,
             created_at=store.now(),
             creation_id=runtime.new_id(),
-            requires=READERS[SCHEMA_VERSION],
+            schema_version=schema,
+            requires=READERS[schema],
             journal_keep_seconds=keep_seconds,
             journal_keep_versions=keep_versions,
+            layout=layout,
+            partitions=dict(partitions) if partitions is not None else None,
         )
-        key = layout.header
+        key = keys.header
         body = header.model_dump_json(exclude_none=True).encode()
         for _ in range(3):
             try:
@@ -291,7 +313,7 @@ class Manifest:
         assert blob is not None
         where = store.describe(key)
         try:
-            data = load_json(key, blob.body, SCHEMA_VERSION)
+            data = load_json(key, blob.body, HEADER_SCHEMA)
         except (CorruptShard, UnsupportedSchema) as e:
             raise e.at(where, HEADER_REPAIR) from None
         try:
@@ -337,10 +359,23 @@ class Manifest:
         """How data moves: ``transfer=`` given to ``create``/``open``, else the defaults."""
         return self._transfer or transfer.defaults()
 
-    def shard_key(self, stage: str) -> str:
-        """The key of ``stage``'s shard."""
+    def shard_key(self, stage: str, file_id: str | None = None) -> str:
+        """The key of ``stage``'s shard; of a split stage, the key of the partition that
+        holds ``file_id``."""
         self._check_stage(stage)
-        return self.layout.shard(self.layout.shard_of(stage))
+        shards = self.layout.shards_of(stage)
+        if file_id is not None:
+            return self.layout.shard(self.layout.shard_of(stage, file_id))
+        if len(shards) > 1:
+            raise InvalidInput(
+                f"stage {stage!r} is split into {len(shards)} partitions, each a shard: "
+                "name the file id whose shard you want"
+            )
+        return self.layout.shard(shards[0])
+
+    def check_stage(self, stage: str) -> None:
+        """``NotFound``, naming the task's stages, unless ``stage`` is one of them."""
+        self._check_stage(stage)
 
     @property
     def index_key(self) -> str:
@@ -358,8 +393,10 @@ class Manifest:
         try:
             return self._codecs[shard]
         except KeyError:
-            self._check_stage(self.layout.stage_of_shard(shard))
-            raise
+            raise NotFound(
+                f"{shard!r} is not a shard of task {self.task_id!r}; its shards are "
+                f"{', '.join(self._codecs)}"
+            ) from None
 
     def subscribe(self, observer: Observer) -> Callable[[], None]:
         """Call ``observer`` with every commit this task object makes (a ``CommitEvent``:
@@ -373,10 +410,35 @@ class Manifest:
         """A fresh read of one shard (a 304 when nothing changed)."""
         return self.docs.read(self.layout.shard(shard), self.codec(shard))
 
+    def read_shards(self, shards: Iterable[str]) -> dict[str, Shard]:
+        """Fresh reads of several shards, in parallel (304s when nothing changed)."""
+        names = list(dict.fromkeys(shards))
+        if len(names) <= 1:
+            return {name: self.read_shard(name) for name in names}
+        with cf.ThreadPoolExecutor(min(len(names), _PARALLEL_READS)) as pool:
+            return dict(zip(names, pool.map(self.read_shard, names), strict=True))
+
     def shard(self, stage: str) -> Shard:
-        """A fresh read of one stage's shard."""
+        """A fresh read of one stage's entries: its shard, or a view of all its partitions
+        (or of its entries in the task's one shard). A view is no stored object: its
+        version is 0; commit to a shard by name (``claim.shard``) instead."""
         self._check_stage(stage)
-        return self.read_shard(self.layout.shard_of(stage))
+        names = self.layout.shards_of(stage)
+        if names == [stage]:
+            return self.read_shard(stage)
+        parts = self.read_shards(names).values()
+        entries = {f: e for p in parts for f, e in p.entries.items() if e.stage == stage}
+        archived = {f: a for p in parts for f, a in (p.archived or {}).items()}
+        if archived and self.layout.single:
+            index = self.index()
+            archived = {f: a for f, a in archived.items() if index.stage_of(f) == stage}
+        return Shard(
+            task_id=self.task_id,
+            stage=stage,
+            entries=entries,
+            archived=archived or None,
+            schema_version=self.header.objects_schema,
+        )
 
     def index(self) -> shard_index.ShardIndex:
         return self.docs.read(self.layout.index, self.index_codec)
@@ -490,10 +552,9 @@ class Manifest:
     def _all_shards(self, read: dict[str, Shard] | None = None) -> dict[str, Shard]:
         """Every shard of the task, read fresh (those in ``read`` are taken as they are)."""
         shards = dict(read or {})
-        for stage in self.stages:
-            for shard in self.layout.shards_of(stage):
-                if shard not in shards:
-                    shards[shard] = self.read_shard(shard)
+        for shard in self.layout.all_shards(self.stages):
+            if shard not in shards:
+                shards[shard] = self.read_shard(shard)
         return shards
 
     def _refuse_unindexed(self, batch: list[Declaration], shards: dict[str, Shard]) -> None:
@@ -659,11 +720,10 @@ class Manifest:
         that dies of it has its upload aborted (by the task's commit observer).
         """
         released: list[Entry] = []
-        for stage in self.stages:
-            for shard in self.layout.shards_of(stage):
-                released += self.docs.commit(
-                    self.layout.shard(shard), self.codec(shard), changes.Reap(self.rules)
-                )
+        for shard in self.layout.all_shards(self.stages):
+            released += self.docs.commit(
+                self.layout.shard(shard), self.codec(shard), changes.Reap(self.rules)
+            )
         return released
 
     def sweep_uploads(self) -> list[str]:
@@ -702,8 +762,9 @@ class Manifest:
 
     @property
     def schema_version(self) -> int:
-        """The format the task is at: 1 (no journal) or 2 (every version journaled)."""
-        return self.header.schema_version
+        """The format of the task's objects: 1 (no journal) or 2 (every version journaled).
+        (The header of a task with a shard layout other than one per stage is at 3.)"""
+        return self.header.objects_schema
 
     def _upload_codec(self, key: str) -> UploadCodec | None:
         parsed = self.layout.parse(key)
@@ -887,13 +948,12 @@ class Manifest:
             return deletion.remove_leftovers(self.store, self.layout)
         if header.deleting_at is None:
             shards: list[Shard] = []
-            for stage in self.stages:
-                for shard in self.layout.shards_of(stage):
-                    try:
-                        shards.append(self.read_shard(shard))
-                    except CorruptShard:
-                        if not force:
-                            raise
+            for shard in self.layout.all_shards(self.stages):
+                try:
+                    shards.append(self.read_shard(shard))
+                except CorruptShard:
+                    if not force:
+                        raise
             if not force:
                 deletion.refuse_live(self.task_id, deletion.live_holders(shards, self.store.now()))
             self.docs.commit(self.layout.header, codec, deletion.MarkDeleting())
@@ -929,7 +989,13 @@ class Manifest:
         be; with ``dry_run``, what would be, writing nothing. See ``repair.py`` for the
         rules each rebuilt entry follows."""
         repairer = Repairer(
-            self.store, self.docs, self.layout, self.journal, self._codecs, self.index_codec
+            self.store,
+            self.docs,
+            self.layout,
+            self.journal,
+            self._codecs,
+            self.index_codec,
+            self.stages,
         )
         return repairer.run(dry_run, self.repair_index)
 
@@ -948,15 +1014,20 @@ class Manifest:
         def commit(shard: str, command: changes.Archive) -> list[str]:
             return self.docs.commit(self.layout.shard(shard), self.codec(shard), command)
 
-        for stage in self.stages:
-            for shard in self.layout.shards_of(stage):
-                ids, new, left = self.archives.archive_shard(
-                    self.read_shard(shard), age, commit, actor
-                )
-                archived.setdefault(stage, []).extend(ids)
-                written += new
-                adopted += left
-        return ArchiveReport(archived=archived, objects=written, adopted=adopted)
+        for shard in self.layout.all_shards(self.stages):
+            ids, new, left = self.archives.archive_shard(self.read_shard(shard), age, commit, actor)
+            own = self.layout.stage_of_shard(shard)
+            index = self.index() if own is None and ids else None
+            for fid in ids:
+                stage = own or (index.stage_of(fid) if index is not None else None) or shard
+                archived.setdefault(stage, []).append(fid)
+            written += new
+            adopted += left
+        return ArchiveReport(
+            archived={s: archived.get(s, []) for s in dict.fromkeys((*self.stages, *archived))},
+            objects=written,
+            adopted=adopted,
+        )
 
 
 def _live_or_archived(doc: Shard, file_id: str) -> Entry | None:

@@ -34,8 +34,19 @@ object. A task stays at the version its header says (1 for tasks made before the
 until ``Task.migrate`` moves it, so agents of both releases can share it meanwhile."""
 JOURNAL_SCHEMA = 2
 """The first schema version whose manifest objects carry their journal records."""
-READERS = {1: "0.1.0", 2: "0.2.0"}
+HEADER_SCHEMA = 3
+"""The newest task header: 3 adds the shard layout (``partitions``, ``layout``). A task with
+the default layout (one shard per stage) keeps its header at its objects' schema, so
+0.2.0 agents can share it; one with partitioned stages or one shard for the whole task has
+a header at 3, which 0.2.0 refuses (it would look for each stage's own shard). Manifest
+objects are at ``SCHEMA_VERSION`` in both."""
+READERS = {1: "0.1.0", 2: "0.2.0", 3: "0.3.0"}
 """The first objmanifest release that reads each schema version."""
+MAX_PARTITIONS = 1024
+"""The most shards one stage may be split into."""
+TASK_SHARD = "_task"
+"""The name of the one shard of a task created with ``layout="task"`` (never a stage name:
+those start with a letter or digit)."""
 """The first schema version whose manifest objects carry their journal records."""
 COMMITS_KEPT = 64
 """How many commit ids a shard remembers: enough to tell a lost response from a lost race
@@ -353,6 +364,60 @@ class TaskHeader(_Model):
     deleting_at: datetime | None = None
     """Set by ``task.delete()`` before it removes anything: the task is being deleted, and
     opening it is refused until ``delete`` runs again to finish."""
+    layout: str | None = None
+    """``"task"``: every entry in one shard (the baseline to compare against); None: one
+    shard per stage, or ``partitions`` of it."""
+    partitions: dict[str, int] | None = None
+    """Stages split into this many hash partitions, each a shard of its own (from header
+    schema 3 on). Fixed for the life of the task."""
+
+    @property
+    def objects_schema(self) -> int:
+        """The schema of the task's manifest objects (the header may be newer)."""
+        return min(self.schema_version, SCHEMA_VERSION)
+
+    @field_validator("layout")
+    @classmethod
+    def _layout(cls, v: str | None) -> str | None:
+        if v not in (None, "task"):
+            raise InvalidInput(
+                f"unknown layout {v!r}: use 'task' (one shard for the whole task) or leave it "
+                "out (one shard per stage, split by partitions=)"
+            )
+        return v
+
+    @field_validator("partitions", mode="before")
+    @classmethod
+    def _partition_counts(cls, v: Any) -> Any:
+        for stage, count in (v or {}).items() if isinstance(v, dict) else ():
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise InvalidInput(
+                    f"the partition count of {stage!r} must be a whole number, not {count!r}"
+                )
+        return v
+
+    @field_validator("partitions")
+    @classmethod
+    def _partitions(cls, v: dict[str, int] | None, info: ValidationInfo) -> dict[str, int] | None:
+        if v is None:
+            return None
+        stages = info.data.get("stages") or ()
+        for stage, count in v.items():
+            if stage not in stages:
+                raise InvalidInput(
+                    f"partitions name {stage!r}, which is not a stage of the task "
+                    f"(its stages are {', '.join(stages)})"
+                )
+            if not 1 <= count <= MAX_PARTITIONS:
+                raise InvalidInput(
+                    f"stage {stage!r} cannot have {count} partitions: use 1 to {MAX_PARTITIONS}"
+                )
+        if info.data.get("layout") == "task" and any(n > 1 for n in v.values()):
+            raise InvalidInput(
+                "a task with layout='task' keeps every entry in one shard, so it cannot also "
+                "split stages into partitions: choose one"
+            )
+        return {stage: n for stage, n in v.items() if n > 1} or None
 
     @field_validator("stages")
     @classmethod

@@ -319,12 +319,14 @@ class Repairer:
         history: History,
         codecs: Mapping[str, ShardCodec],
         index_codec: IndexCodec,
+        stages: tuple[str, ...],
     ) -> None:
         self.store = store
         self.docs = docs
         self.layout = layout
         self.history = history
         self.codecs = codecs
+        self.stages = stages
         self.index_codec = index_codec
         self.archives = Archives(store, layout)
 
@@ -374,8 +376,12 @@ class Repairer:
         blocks = list(self.history.blocks(key))
         own, complete = salvage(found.body) if found.damage == "corrupt" else ([], False)
         records = merged([*blocks, *own])
-        stage = self.layout.stage_of_shard(shard)
-        indexed = set(index.file_ids(stage)) if index is not None else set()
+        indexed = {
+            fid
+            for stage in self._stages_of(shard)
+            for fid in (index.file_ids(stage) if index is not None else ())
+            if self.layout.shard_of(stage, fid) == shard
+        }
         if found.damage == "deleted" and not records and not indexed:
             return None, None  # never written: nothing was lost
         plan = self._plan(shard, codec, records, complete, index, indexed)
@@ -413,23 +419,36 @@ class Repairer:
         index: shard_index.ShardIndex | None,
         indexed: set[str],
     ) -> ShardPlan:
-        stage = self.layout.stage_of_shard(shard)
+        own_stage = self.layout.stage_of_shard(shard)
         seen = {fid: s for fid, s in replay(records).items() if not s.removed}
         archived = self._archived(shard, seen)
         for fid in indexed:
             if fid not in archived:
                 seen.setdefault(fid, _Seen(fid))
-        data_epochs: dict[str, int] = {}
-        for row in self.store.list(self.layout.data_of(stage)):
-            parsed = self.layout.parse(row.key)
-            if parsed.kind == "data" and parsed.file_id is not None and parsed.epoch is not None:
-                data_epochs[parsed.file_id] = max(data_epochs.get(parsed.file_id, 0), parsed.epoch)
+        data_epochs: dict[tuple[str, str], int] = {}
+        for data_stage in self._stages_of(shard):
+            for row in self.store.list(self.layout.data_of(data_stage)):
+                parsed = self.layout.parse(row.key)
+                if parsed.kind != "data" or parsed.file_id is None or parsed.epoch is None:
+                    continue
+                at = (data_stage, parsed.file_id)
+                data_epochs[at] = max(data_epochs.get(at, 0), parsed.epoch)
         margin = 0 if complete else RECORDS_AT_RISK
         entries: dict[str, Entry] = {}
         restored: list[RestoredEntry] = []
         for fid in sorted(seen):
             s = seen[fid]
-            floor = max(s.max_epoch, data_epochs.get(fid, 0)) + 1 + margin
+            stage = own_stage or (index.stage_of(fid) if index is not None else None)
+            if stage is None:
+                # The task's one shard holds every stage; only the index says whose.
+                why = (
+                    "not restored: the task keeps every stage in one shard, and the index, "
+                    "which names each entry's stage, is damaged too; repair again once the "
+                    "index is repaired, or declare it again"
+                )
+                restored.append(RestoredEntry(fid, "lost", 0, s.state, s.epoch, why, ("all",)))
+                continue
+            floor = max(s.max_epoch, data_epochs.get((stage, fid), 0)) + 1 + margin
             entry, note = self._entry(stage, s, floor, index)
             entries[fid] = entry
             restored.append(note)
@@ -448,13 +467,17 @@ class Repairer:
         ]
         return ShardPlan(rebuilt, restored)
 
+    def _stages_of(self, shard: str) -> list[str]:
+        """The stages whose entries ``shard`` holds: its own, or all of them."""
+        own = self.layout.stage_of_shard(shard)
+        return [own] if own is not None else list(self.stages)
+
     def _archived(self, shard: str, live: Mapping[str, _Seen]) -> dict[str, Archived]:
         """The shard's ``archived`` map, from its archive objects (written once, never
         inside the shard): every entry an archive object holds that the journal does not
         show live. An entry the journal shows live stays live (its archive object is one an
         archiver that died before its shard commit left; the next ``archive()`` commits it).
         Newer archive objects win (their ids begin with the store time)."""
-        stage = self.layout.stage_of_shard(shard)
         ids = sorted(
             archive_id
             for row in self.store.list(self.layout.archive_of(shard))
@@ -472,7 +495,7 @@ class Repairer:
                 archived[fid] = Archived(
                     state=e.state,
                     archive=archive_id,
-                    declared=declaration_digest(stage, e.depends_on, e.consumers),
+                    declared=declaration_digest(e.stage, e.depends_on, e.consumers),
                 )
         return archived
 

@@ -28,6 +28,8 @@ import rawstore
 
 import objmanifest as om
 from objmanifest import servers
+from objmanifest.manifest import Manifest
+from objmanifest.model import check_name
 from objmanifest.runtime import DEFAULT as DEFAULT_RUNTIME
 
 BUCKET = os.environ.get("OBJMANIFEST_TEST_BUCKET", "objmanifest-test")
@@ -67,6 +69,50 @@ def memory_store(prefix: str, skew: float | None = None) -> om.MemoryStore:
         return om.MemoryStore(BUCKET, prefix, clock=WARP.clock, runtime=WARP.runtime)
     offset = timedelta(seconds=skew)
     return om.MemoryStore(BUCKET, prefix, clock=lambda: datetime.now(timezone.utc) + offset)
+
+
+LAYOUT = os.environ.get("OBJMANIFEST_TEST_LAYOUT", "stage")
+"""The shard layout of every task the tests create without choosing one: ``stage`` (one
+shard per stage, the default), ``partitioned`` (every stage split into three partitions)
+or ``task`` (one shard for the whole task)."""
+if LAYOUT not in ("stage", "partitioned", "task"):
+    raise pytest.UsageError(f"OBJMANIFEST_TEST_LAYOUT={LAYOUT!r}: use stage, partitioned or task")
+
+
+def layout_options(stages: Any) -> dict[str, Any]:
+    """What ``Task.create`` is given under the session's layout, for ``stages`` (nothing for
+    stage lists a create would refuse anyway, so its error is the one tested)."""
+    if LAYOUT == "stage" or isinstance(stages, (str, bytes, dict)):
+        return {}
+    names = list(stages)
+    try:
+        for name in names:
+            check_name("stage", name)
+    except ValueError:
+        return {}
+    if not names or len(set(names)) != len(names):
+        return {}
+    if LAYOUT == "task":
+        return {"layout": "task"}
+    return {"partitions": dict.fromkeys(names, 3)}
+
+
+@pytest.fixture(autouse=True)
+def _session_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``OBJMANIFEST_TEST_LAYOUT``, tasks created in this process take its layout."""
+    if LAYOUT == "stage":
+        return
+    create = Manifest.create.__func__  # type: ignore[attr-defined]
+
+    def create_in_layout(
+        cls: Any, store: Any, task_id: str, stages: Any, *a: Any, **kw: Any
+    ) -> Any:
+        if "partitions" not in kw and "layout" not in kw:
+            stages = list(stages) if not isinstance(stages, (str, bytes, dict)) else stages
+            kw.update(layout_options(stages))
+        return create(cls, store, task_id, stages, *a, **kw)
+
+    monkeypatch.setattr(Manifest, "create", classmethod(create_in_layout))
 
 
 def _names() -> list[str]:
@@ -133,7 +179,8 @@ def _start(name: str) -> Server:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run a test on ``memory`` only if it is a behaviour or conformance test that does not
-    need S3 itself (see the module's docstring)."""
+    need S3 itself (see the module's docstring); under a shard layout other than the
+    default, leave out the tests that name a stage's own shard."""
     kept, dropped = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
@@ -141,7 +188,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         applies = (
             item.get_closest_marker("behaviour") or item.get_closest_marker("conformance")
         ) and not item.get_closest_marker("s3_only")
-        (dropped if on_memory and not applies else kept).append(item)
+        other_layout = LAYOUT != "stage" and item.get_closest_marker("stage_layout")
+        (dropped if (on_memory and not applies) or other_layout else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

@@ -139,6 +139,7 @@ class Died(Exception):
     """The archiver dies between its two writes."""
 
 
+@pytest.mark.stage_layout
 def test_archiver_dying_between_its_writes_loses_nothing(task: om.Task) -> None:
     task.declare("a", "collect")
     task.declare("b", "collect")
@@ -174,6 +175,7 @@ def test_archiver_dying_between_its_writes_loses_nothing(task: om.Task) -> None:
     assert task.archive(older_than=0).archived["collect"] == []
 
 
+@pytest.mark.stage_layout
 def test_an_entry_changed_after_the_archive_object_stays_live(task: om.Task) -> None:
     """The stale copy in an archive object is never read: the shard commit only takes
     entries still exactly as written there."""
@@ -196,6 +198,7 @@ def test_an_entry_changed_after_the_archive_object_stays_live(task: om.Task) -> 
 
 
 @pytest.mark.parametrize("damage", ["deleted", "garbled"])
+@pytest.mark.stage_layout
 def test_a_repaired_shard_keeps_its_archived_entries_archived(
     task: om.Task, store: om.Store, damage: str
 ) -> None:

@@ -153,6 +153,7 @@ def test_declare_conflict_says_what_differs(
     assert task.entry("d/x").depends_on == ("a", "b")
 
 
+@pytest.mark.stage_layout
 def test_declare_many_one_commit_per_shard(task: om.Task) -> None:
     before = {s: task.shard(s).version for s in task.stages}
     index_before = task.index().version
@@ -255,6 +256,7 @@ def test_put_accepts_bytes_path_and_binary_file(task: om.Task, tmp_path: Path) -
         agent.put(c, io.StringIO("text"))
 
 
+@pytest.mark.stage_layout
 def test_claim_by_stage_and_claim_many(task: om.Task) -> None:
     task.declare_many([(f"raw/{i}", "collect") for i in range(5)])
     agent = task.agent("a")
@@ -547,6 +549,7 @@ def test_checksum_mismatch_past_max_retries_is_dead_and_blocks_dependents(
 # -- bad objects, stores, clients --------------------------------------------------------
 
 
+@pytest.mark.stage_layout
 def test_corrupt_shard_is_reported_and_left_alone(task: om.Task) -> None:
     task.declare("a", stage="collect")
     key = task.shard_key("collect")
@@ -567,6 +570,7 @@ def test_corrupt_shard_is_reported_and_left_alone(task: om.Task) -> None:
         fresh.entry("a")
 
 
+@pytest.mark.stage_layout
 def test_newer_schema_is_refused_and_left_alone(task: om.Task) -> None:
     task.declare("a", stage="collect")
     key = task.shard_key("collect")
@@ -588,6 +592,7 @@ def test_newer_schema_is_refused_and_left_alone(task: om.Task) -> None:
 
 
 @pytest.mark.parametrize("problem", ["corrupt", "newer-schema"])
+@pytest.mark.stage_layout
 def test_a_bad_index_is_reported_through_the_task_and_left_alone(
     task: om.Task, problem: str
 ) -> None:
@@ -620,6 +625,7 @@ def test_a_bad_index_is_reported_through_the_task_and_left_alone(
     assert [e.file_id for e in fresh.entries()] == ["a"]  # nothing declared past the index
 
 
+@pytest.mark.stage_layout
 def test_unknown_fields_survive_a_rewrite(task: om.Task) -> None:
     task.declare("a", stage="collect")
     key = task.shard_key("collect")
@@ -648,6 +654,7 @@ def test_warm_commit_is_one_put_and_unchanged_read_is_304(task: om.Task) -> None
     assert task.docs.stats.not_modified == reads_before + 2
 
 
+@pytest.mark.stage_layout
 def test_stale_cache_costs_a_retry_not_a_wrong_answer(store: om.Store) -> None:
     one = om.Task.create(store, "two-views", stages=["s"], lease_seconds=30)
     one.declare_many([("a", "s"), ("b", "s")])

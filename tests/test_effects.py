@@ -103,6 +103,7 @@ def test_an_upload_dies_with_its_entry_whichever_process_commits(store: om.Objec
     assert open_uploads(store) == []
 
 
+@pytest.mark.stage_layout
 def test_commits_are_published_as_named_events(task: om.Task) -> None:
     seen: list[om.CommitEvent] = []
     stop = task.subscribe(seen.append)

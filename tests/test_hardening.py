@@ -239,6 +239,7 @@ def test_a_long_fail_reason_is_cut_to_the_documented_length() -> None:
         (b'{"schema_version": 1, "task_id": "job"}', "stage: Field required"),
     ],
 )
+@pytest.mark.stage_layout
 def test_a_corrupt_shard_names_its_full_address_and_is_never_overwritten(
     task: om.Task, body: bytes, problem: str
 ) -> None:
@@ -397,6 +398,7 @@ def test_claim_many_refuses_a_bool_limit() -> None:
 
 
 @pytest.mark.behaviour
+@pytest.mark.stage_layout
 def test_an_id_in_a_shard_but_not_in_the_index_is_refused_until_repaired(task: om.Task) -> None:
     task.declare("a", "collect")
     task.declare("b", "write", depends_on=["a"])
@@ -418,6 +420,7 @@ def test_an_id_in_a_shard_but_not_in_the_index_is_refused_until_repaired(task: o
 
 
 @pytest.mark.behaviour
+@pytest.mark.stage_layout
 def test_an_id_in_the_index_but_in_no_shard_is_flagged_and_a_rerun_finishes_it(
     task: om.Task,
 ) -> None:

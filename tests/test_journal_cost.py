@@ -13,6 +13,7 @@ from objmanifest import cas
 pytestmark = pytest.mark.behaviour
 
 
+@pytest.mark.stage_layout
 def test_a_produced_entry_costs_four_requests_and_its_share_of_a_block(
     store: om.Store,
 ) -> None:

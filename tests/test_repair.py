@@ -123,6 +123,7 @@ def damage(store: om.Store, key: str, how: str) -> bytes | None:
 
 
 @pytest.mark.parametrize("how", ["delete", "garble", "reshape"])
+@pytest.mark.stage_layout
 def test_a_damaged_shard_is_rebuilt_from_its_journal(store: om.Store, how: str) -> None:
     p = mid_pipeline(store)
     task = p.task
@@ -176,6 +177,7 @@ def test_a_damaged_shard_is_rebuilt_from_its_journal(store: om.Store, how: str) 
 
 
 @pytest.mark.parametrize("how", ["delete", "garble"])
+@pytest.mark.stage_layout
 def test_a_damaged_index_is_rebuilt_from_the_shards(store: om.Store, how: str) -> None:
     p = mid_pipeline(store)
     key = p.task.index_key
@@ -200,6 +202,7 @@ def test_a_damaged_index_is_rebuilt_from_the_shards(store: om.Store, how: str) -
     finish_pipeline(reopened, p.data)
 
 
+@pytest.mark.stage_layout
 def test_an_object_of_a_newer_release_is_left_alone(store: om.Store) -> None:
     task = om.Task.create(store, "job", stages=["collect"])
     task.declare("x", "collect")

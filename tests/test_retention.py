@@ -68,6 +68,7 @@ def test_settings_are_checked_like_the_lease_and_kept_in_the_header(store: om.St
         task.trim_journal(keep_versions=0)
 
 
+@pytest.mark.stage_layout
 def test_a_count_bound_drops_whole_old_blocks_and_readers_say_so(store: om.Store) -> None:
     task = _task(store, journal_keep_versions=40)
     claim = _commit_until(task, 102)
@@ -101,6 +102,7 @@ def test_a_count_bound_drops_whole_old_blocks_and_readers_say_so(store: om.Store
     assert _blocks(task) == []
 
 
+@pytest.mark.stage_layout
 def test_an_age_bound_never_drops_a_block_the_live_object_carries(store: om.Store) -> None:
     task = _task(store, journal_keep_seconds=3600)
     _commit_until(task, 96)  # the block 65..96 starts once v96 landed: v96 carries it
@@ -119,6 +121,7 @@ def test_an_age_bound_never_drops_a_block_the_live_object_carries(store: om.Stor
     assert (65, 96) in _blocks(task)
 
 
+@pytest.mark.stage_layout
 def test_a_trim_that_died_after_saying_is_finished_by_the_next(store: om.Store) -> None:
     task = _task(store, journal_keep_versions=40)
     claim = _commit_until(task, 102)
@@ -139,6 +142,7 @@ def test_a_trim_that_died_after_saying_is_finished_by_the_next(store: om.Store) 
     assert isinstance(marker, RetentionMarker) and marker.dropped[0].records == 32
 
 
+@pytest.mark.stage_layout
 def test_a_task_without_retention_keeps_its_whole_journal(store: om.Store) -> None:
     task = _task(store)
     _commit_until(task, 70)
@@ -148,6 +152,7 @@ def test_a_task_without_retention_keeps_its_whole_journal(store: om.Store) -> No
     assert _versions(task) == list(range(1, 71))
 
 
+@pytest.mark.stage_layout
 def test_trims_while_an_agent_commits_lose_no_record_within_the_bound(store: om.Store) -> None:
     task = _task(store, journal_keep_versions=40)
     claim = _commit_until(task, 2)
@@ -178,6 +183,7 @@ def test_trims_while_an_agent_commits_lose_no_record_within_the_bound(store: om.
     assert said[0].last == 160  # 161..192 has 11 newer records: within the bound
 
 
+@pytest.mark.stage_layout
 def test_a_corrupt_marker_is_named_and_nothing_is_deleted(store: om.Store) -> None:
     task = _task(store, journal_keep_versions=40)
     claim = _commit_until(task, 102)

@@ -161,6 +161,7 @@ def test_revive_refuses_an_entry_that_is_not_dead(task: om.Task) -> None:
 # -- undeclare --------------------------------------------------------------------------
 
 
+@pytest.mark.stage_layout
 def test_undeclare_removes_a_pending_entry_from_its_shard_and_the_index(task: om.Task) -> None:
     task.declare("a", stage="collect")
     task.declare("b", stage="collect")
@@ -182,6 +183,7 @@ def test_undeclare_removes_a_pending_entry_from_its_shard_and_the_index(task: om
     assert task.entry("a").stage == "write"
 
 
+@pytest.mark.stage_layout
 def test_undeclare_finishes_an_interrupted_one(task: om.Task) -> None:
     task.declare("a", stage="collect")
     task.docs.commit(task.shard_key("collect"), task.codec("collect"), verbs.Undeclare("a"))
@@ -275,6 +277,7 @@ def test_delete_without_live_leases_needs_no_force(task: om.Task) -> None:
     assert keys(task.store) == []
 
 
+@pytest.mark.stage_layout
 def test_a_half_deleted_task_is_refused_and_finished_by_deleting_again(store: om.Store) -> None:
     task = full_task(store)
     task.docs.commit(task.layout.header, HeaderCodec("job"), deletion.MarkDeleting())

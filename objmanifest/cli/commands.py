@@ -25,6 +25,7 @@ import objmanifest as om
 from objmanifest.cas import Codec
 from objmanifest.history import record_dict, transitions_of
 from objmanifest.manifest import check_retention, check_settings
+from objmanifest.model import TaskHeader
 
 from . import progress
 from .exits import NothingClaimable, UsageError
@@ -130,6 +131,8 @@ def cmd_init(ctx: Context) -> int:
             policy=ctx.policy(),
             journal_keep_seconds=keep[0],
             journal_keep_versions=keep[1],
+            partitions=_partitions(args),
+            layout="task" if args.layout == "task" else None,
         )
     except om.AlreadyExists:
         if not args.exist_ok:
@@ -148,9 +151,28 @@ def _report_init(ctx: Context, task: om.Task, created: bool) -> int:
         {**jsonable(header), "created": created},
         f"{verb} task {header.task_id} at {ctx.store().url}: stages "
         f"{STAGES_ARROW.join(header.stages)}, lease {header.lease_seconds:g}s, "
-        f"up to {header.max_retries} retries",
+        f"up to {header.max_retries} retries, {describe_layout(header)}",
     )
     return 0
+
+
+def describe_layout(header: TaskHeader) -> str:
+    """The task's shard layout in words."""
+    if header.layout == "task":
+        return "one shard for the whole task"
+    split = ", ".join(f"{s} in {n} partitions" for s, n in (header.partitions or {}).items())
+    return f"one shard per stage ({split})" if split else "one shard per stage"
+
+
+def _partitions(args: argparse.Namespace) -> dict[str, int] | None:
+    """``--partitions STAGE=N`` options as a mapping (each stage once)."""
+    given: list[tuple[str, int]] = args.partitions or []
+    found: dict[str, int] = {}
+    for stage, count in given:
+        if stage in found and found[stage] != count:
+            raise UsageError(f"--partitions gives stage {stage!r} twice: {found[stage]}, {count}")
+        found[stage] = count
+    return found or None
 
 
 def _same_settings(task: om.Task, args: argparse.Namespace) -> om.Task:
@@ -161,8 +183,19 @@ def _same_settings(task: om.Task, args: argparse.Namespace) -> om.Task:
             f"task {task.task_id!r} already exists with other settings: stages "
             f"{list(found[0])}, lease {found[1]:g}s, {found[2]} retries"
         )
-    # Journal retention, compared when given: a rerun without the options still goes on.
+    # The shard layout, compared always (it decides where every entry lives).
     header = task.header
+    wanted_layout = (
+        "task" if args.layout == "task" else None,
+        {s: n for s, n in (_partitions(args) or {}).items() if n > 1},
+    )
+    found_layout = (header.layout, dict(header.partitions or {}))
+    if wanted_layout != found_layout:
+        raise om.AlreadyExists(
+            f"task {task.task_id!r} already exists with another shard layout: "
+            f"{describe_layout(header)}"
+        )
+    # Journal retention, compared when given: a rerun without the options still goes on.
     for option, given, kept in (
         ("--journal-keep-seconds", args.journal_keep_seconds, header.journal_keep_seconds),
         ("--journal-keep-versions", args.journal_keep_versions, header.journal_keep_versions),
@@ -553,11 +586,11 @@ def cmd_log(ctx: Context) -> int:
         objects: list[tuple[str, Codec[Any]]] = [(task.layout.shard(shard), task.codec(shard))]
     else:
         if stage is not None:
-            task.shard_key(stage)  # NotFound, naming the stages, for a stage the task lacks
+            task.check_stage(stage)  # NotFound, naming the stages, for a stage the task lacks
         objects = [
             (key, codec)
             for key, codec in task.journaled_objects()
-            if stage is None or task.layout.parse(key).stage == stage
+            if stage is None or task.layout.parse(key).shard in task.layout.shards_of(stage)
         ]
     records = task.journal.log(since=since, agent=agent, objects=objects)
     dropped = [d for key, _ in objects for d in task.journal.dropped(key)]

@@ -86,6 +86,14 @@ def number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
 
 
+def partition_count(text: str) -> tuple[str, int]:
+    """``STAGE=N`` of ``init --partitions``; the API checks the stage and the range."""
+    stage, eq, count = text.partition("=")
+    if not eq or not stage:
+        raise argparse.ArgumentTypeError(f"write STAGE=N (like collect=16), not {text!r}")
+    return stage, _int(count)
+
+
 def whole(text: str) -> int:
     """Any whole number; the command checks its range (``init --retries``)."""
     return _int(text)
@@ -256,6 +264,21 @@ def _init(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="journal retention: `trim` may drop all but the newest N records of each "
         "manifest object (default: keep all)",
+    )
+    p.add_argument(
+        "--partitions",
+        type=partition_count,
+        action="append",
+        metavar="STAGE=N",
+        help="split a hot stage into N hash partitions, each a shard of its own (repeat for "
+        "several stages; fixed for the life of the task)",
+    )
+    p.add_argument(
+        "--layout",
+        choices=["stage", "task"],
+        default="stage",
+        help="'stage': one shard per stage, split by --partitions (default); 'task': one "
+        "shard for the whole task (a baseline to compare against)",
     )
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..cas import Documents
+from ..errors import NotFound
 from ..layout import TaskLayout
 from ..model import SCHEMA_VERSION, Claim, Entry
 from ..store import ObjectStore
@@ -29,3 +30,11 @@ class Scope:
     entry: Callable[[str, str], Entry | None]
     schema: int = SCHEMA_VERSION
     """The task's schema version: new upload states are created at it."""
+
+    def stage_of(self, file_id: str) -> str:
+        """The stage of the entry ``file_id``, from its shard (``NotFound`` if none has it)."""
+        for stage in self.stages:
+            found = self.entry(stage, file_id)
+            if found is not None:
+                return found.stage
+        raise NotFound(f"{file_id!r} is in no shard of task {self.layout.task_id!r}")

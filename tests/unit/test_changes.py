@@ -66,7 +66,7 @@ def updated(e: Entry, **fields: object) -> Entry:
     ids=["claim", "renew", "finish", "fail", "consume", "mismatch"],
 )
 def test_an_entry_that_is_not_declared_is_not_found(change: Change) -> None:
-    with pytest.raises(NotFound, match=exactly("'zz' is not declared in stage 's'")):
+    with pytest.raises(NotFound, match=exactly("'zz' is not declared in shard 's'")):
         change(shard(entry("a")))
 
 
@@ -393,6 +393,16 @@ def test_claim_any_with_nothing_claimable_writes_nothing() -> None:
         [],
     )
     assert changes.claim_any(shard(), "ann", 5, NOW, RULES, nothing) == (None, [])
+
+
+def test_claim_any_of_a_stage_takes_only_its_entries_from_a_shard_of_several() -> None:
+    mixed = shard(entry("w1", stage="write"), entry("c1"), entry("w2", stage="write"))
+    new, claims = changes.claim_any(mixed, "ann", 5, NOW, RULES, nothing, "write")
+    assert [(c.file_id, c.stage) for c in claims] == [("w1", "write"), ("w2", "write")]
+    assert new is not None and new.entries["c1"] is mixed.entries["c1"]
+    _, every = changes.claim_any(mixed, "ann", 5, NOW, RULES, nothing)
+    assert [c.file_id for c in every] == ["w1", "c1", "w2"]
+    assert changes.claim_any(mixed, "ann", 5, NOW, RULES, nothing, "check") == (None, [])
 
 
 def test_claim_any_with_a_limit_of_zero_takes_nothing() -> None:

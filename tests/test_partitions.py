@@ -1,0 +1,288 @@
+"""Shard layouts: a stage split into hash partitions, and one shard for the whole task.
+
+A split stage is one stage to everyone who reads it (status, entries, claims by stage), and
+many objects to the CAS loop: each entry lives in the partition a stable hash of its id
+picks, claims by stage start at a random partition and move on past those with nothing
+claimable, and every commit goes to one partition. The single-shard layout is the baseline
+the benchmarks compare against; it must still keep stages apart.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+
+import pytest
+from conftest import Server, raw_delete, raw_get
+from test_cli import Cli, cli  # noqa: F401 (the fixture)
+from test_races import STAGE, TASK, Spawn, fresh, payload, spawn  # noqa: F401 (the fixture)
+
+import objmanifest as om
+from objmanifest import checksum
+from objmanifest.layout import TaskLayout, partition_of
+from objmanifest.model import READERS
+
+# -- routing (no store) ------------------------------------------------------------------
+
+
+def test_a_file_id_goes_to_the_same_partition_on_every_machine_and_release() -> None:
+    # Pinned values: changing the hash would strand every entry of a live split stage.
+    assert [partition_of(f, 16) for f in ("a", "b", "item-00", "données/é")] == [15, 15, 11, 0]
+    assert partition_of("x", 1000) == 425
+    assert {partition_of(f"f{i}", 1) for i in range(50)} == {0}
+
+
+def test_a_split_stage_has_one_numbered_shard_per_partition() -> None:
+    layout = TaskLayout("t", {"collect": 12})
+    names = layout.shards_of("collect")
+    assert names == [f"collect~{n:02d}" for n in range(12)]
+    assert layout.shards_of("write") == ["write"]
+    for fid in ("a", "b", "item-00", "données/é"):
+        assert layout.shard_of("collect", fid) == names[partition_of(fid, 12)]
+        assert layout.shard_of("write", fid) == "write"
+    assert {layout.stage_of_shard(n) for n in names} == {"collect"}
+    parsed = layout.parse("t/shards/collect~07.json")
+    assert (parsed.kind, parsed.stage, parsed.shard) == ("shard", "collect", "collect~07")
+    data = layout.parse(layout.data("collect", "item-00", 3))
+    assert (data.stage, data.shard, data.epoch) == (
+        "collect",
+        names[partition_of("item-00", 12)],
+        3,
+    )
+    assert layout.all_shards(("collect", "write")) == [*names, "write"]
+    assert TaskLayout("t", {"c": 10}).shards_of("c")[-1] == "c~9"
+
+
+def test_the_task_layout_has_one_shard_for_every_stage() -> None:
+    layout = TaskLayout("t", single=True)
+    assert layout.shards_of("collect") == layout.shards_of("write") == ["_task"]
+    assert layout.shard_of("write", "x") == "_task"
+    assert layout.all_shards(("collect", "write")) == ["_task"]
+    assert layout.stage_of_shard("_task") is None
+    assert layout.manifest_objects(("collect", "write")) == ["t/shards/_task.json", "t/index.json"]
+
+
+# -- settings ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"partitions": "collect"}, "partitions must map stage names to partition counts"),
+        ({"partitions": ["collect"]}, "partitions must map stage names to partition counts"),
+        ({"partitions": {"nope": 4}}, "partitions name 'nope', which is not a stage"),
+        ({"partitions": {"collect": 0}}, "cannot have 0 partitions: use 1 to 1024"),
+        ({"partitions": {"collect": 5000}}, "cannot have 5000 partitions: use 1 to 1024"),
+        ({"partitions": {"collect": True}}, "partition count of 'collect' must be a whole number"),
+        ({"partitions": {"collect": 2.5}}, "collect"),
+        ({"layout": "stages"}, "unknown layout 'stages': use 'task'"),
+        ({"layout": "task", "partitions": {"collect": 4}}, "cannot also split stages"),
+    ],
+)
+def test_bad_layouts_are_refused_before_anything_is_written(
+    options: dict[str, object], message: str
+) -> None:
+    store = om.connect(f"memory://layouts/{uuid.uuid4().hex}")
+    with pytest.raises(om.InvalidInput, match=message):
+        om.Task.create(store, "job", stages=["collect", "write"], **options)  # type: ignore[arg-type]
+    assert list(store.list_keys("")) == []
+
+
+# -- a split stage, on every backend -------------------------------------------------------
+
+
+def produce_all(task: om.Task, stage: str, agent: str = "p") -> Counter[str]:
+    """Claim and put every entry of ``stage``; how many claims came from each shard."""
+    worker = task.agent(agent)
+    shards: Counter[str] = Counter()
+    while (claim := worker.claim(stage=stage)) is not None:
+        shards[claim.shard] += 1
+        worker.put(claim, claim.file_id.encode())
+    return shards
+
+
+@pytest.mark.behaviour
+def test_a_split_stage_is_one_stage_to_its_readers(store: om.Store) -> None:
+    task = om.Task.create(store, "job", stages=["collect", "write"], partitions={"collect": 4})
+    ids = [f"item-{i:02d}" for i in range(40)]
+    task.declare_many([(fid, "collect") for fid in ids])
+    task.declare_many([(f"w-{fid}", "write", [fid]) for fid in ids])
+
+    header = json.loads(raw_get(store, "job/task.json"))
+    assert (header["schema_version"], header["requires"]) == (3, READERS[3])
+    assert header["partitions"] == {"collect": 4}
+    names = [f"collect~{n}" for n in range(4)]
+    assert task.layout.shards_of("collect") == names
+
+    # Each entry lives in the partition its id hashes to, and only there.
+    for name in names:
+        held = set(task.read_shard(name).entries)
+        assert held == {f for f in ids if names[partition_of(f, 4)] == name}, name
+    assert set(task.read_shard("write").entries) == {f"w-{f}" for f in ids}
+
+    claimed = produce_all(task, "collect")
+    assert sum(claimed.values()) == 40 and set(claimed) == set(names)
+    status = task.status()
+    assert status.stages["collect"][om.State.ready] == 40
+    assert status.stages["write"][om.State.pending] == 40
+    assert sorted(e.file_id for e in task.entries("collect")) == ids
+    view = task.shard("collect")
+    assert view.stage == "collect" and sorted(view.entries) == ids
+
+    # A dependency in another stage's partition is found: every write entry is claimable.
+    writer = task.agent("w")
+    claims = writer.claim_many("write", limit=100)
+    assert sorted(c.file_id for c in claims) == sorted(f"w-{f}" for f in ids)
+
+    # Another client opens the same layout from the header.
+    other = om.Task.open(store, "job")
+    assert other.layout == task.layout
+    assert other.entry("item-07").state is om.State.ready
+    with pytest.raises(om.InvalidInput, match="split into 4 partitions"):
+        task.shard_key("collect")
+    assert (
+        task.shard_key("collect", "item-07")
+        == f"job/shards/{names[partition_of('item-07', 4)]}.json"
+    )
+
+
+@pytest.mark.behaviour
+def test_claims_by_stage_spread_over_partitions_and_find_the_last_entry(store: om.Store) -> None:
+    task = om.Task.create(store, "job", stages=["collect"], partitions={"collect": 8})
+    task.declare_many([(f"f{i}", "collect") for i in range(40)])
+    agent = task.agent("a")
+    first = [agent.claim(stage="collect") for _ in range(24)]
+    # Each claim by stage starts at a random partition: 24 claims from one of 8 would
+    # happen about once in 10^20 runs.
+    assert len({c.shard for c in first if c is not None}) > 1
+    assert all(c is not None for c in first)
+    rest = agent.claim_many("collect", limit=100)  # moves on past drained partitions
+    assert len(rest) == 16
+    assert {c.file_id for c in [*first, *rest] if c is not None} == {f"f{i}" for i in range(40)}
+    assert agent.claim(stage="collect") is None
+
+
+@pytest.mark.behaviour
+def test_the_task_layout_keeps_stages_apart(store: om.Store) -> None:
+    task = om.Task.create(store, "job", stages=["collect", "write"], layout="task")
+    assert json.loads(raw_get(store, "job/task.json"))["layout"] == "task"
+    task.declare_many([(f"c{i}", "collect") for i in range(5)])
+    task.declare_many([(f"w{i}", "write", [f"c{i}"]) for i in range(5)])
+    assert sorted(task.read_shard("_task").entries) == sorted(
+        [*(f"c{i}" for i in range(5)), *(f"w{i}" for i in range(5))]
+    )
+    agent = task.agent("a")
+    assert agent.claim_many("write", limit=10) == []  # its dependencies are not ready
+    claimed = produce_all(task, "collect")
+    assert claimed == Counter({"_task": 5})
+    writes = agent.claim_many("write", limit=10)
+    assert sorted(c.file_id for c in writes) == [f"w{i}" for i in range(5)]
+    assert {c.stage for c in writes} == {"write"}
+    for c in writes:
+        agent.put(c, b"w")
+    status = task.status()
+    assert status.stages["collect"][om.State.ready] == 5
+    assert status.stages["write"][om.State.ready] == 5
+    assert sorted(task.shard("write").entries) == [f"w{i}" for i in range(5)]
+    for i in range(5):
+        task.agent("r").consume(f"c{i}")
+    report = task.archive(older_than=0)
+    assert report.archived == {"collect": [f"c{i}" for i in range(5)], "write": []}
+    assert task.entry("c3").state is om.State.consumed  # from its archive object
+
+
+@pytest.mark.behaviour
+def test_a_deleted_partition_is_rebuilt_from_its_journal(store: om.Store) -> None:
+    task = om.Task.create(store, "job", stages=["collect"], partitions={"collect": 3})
+    ids = [f"f{i}" for i in range(30)]
+    task.declare_many([(fid, "collect") for fid in ids])
+    produce_all(task, "collect")
+    task.flush_journal()
+    lost = task.layout.shard_of("collect", "f0")
+    held = set(task.read_shard(lost).entries)
+    raw_delete(store, f"job/shards/{lost}.json")
+
+    report = om.Task.open(store, "job").repair()
+    (rebuilt,) = report.objects
+    assert rebuilt.key == f"job/shards/{lost}.json" and rebuilt.action == "rebuilt"
+    again = om.Task.open(store, "job")
+    assert set(again.read_shard(lost).entries) == held
+    # The other partitions are as they were; the rebuilt one's entries are ready or, where
+    # their last records were in the lost object, claimable again: nothing is lost.
+    states = {fid: again.entry(fid).state for fid in ids}
+    assert {states[f] for f in ids if f not in held} == {om.State.ready}
+    assert {states[f] for f in held} <= {om.State.ready, om.State.pending, om.State.failed}
+    produce_all(again, "collect", agent="q")
+    for fid in ids:
+        assert again.agent("r").consume(fid) == fid.encode()
+
+
+# -- real processes --------------------------------------------------------------------------
+
+
+@pytest.mark.heavy
+def test_producer_processes_on_a_split_stage_make_each_entry_ready_exactly_once(
+    server: Server,
+    store: om.Store,
+    spawn: Spawn,  # noqa: F811
+) -> None:
+    task = om.Task.create(store, TASK, stages=[STAGE], lease_seconds=30, partitions={STAGE: 4})
+    ids = [f"item-{i:02d}" for i in range(48)]
+    task.declare_many([(fid, STAGE) for fid in ids])
+    workers = [spawn(f"producer-{i}", "produce", "--stage", STAGE, wait_go=True) for i in range(4)]
+    for w in workers:
+        w.next("waiting", timeout=30)
+    for w in workers:
+        w.send("go")
+    produced: list[tuple[str, str, int, str]] = []
+    for w in workers:
+        out = w.finish(timeout=90)
+        assert [x for x in out if x["event"] == "error"] == [], w.name
+        produced += [
+            (w.name, x["file_id"], x["epoch"], x["key"]) for x in out if x["event"] == "produced"
+        ]
+    assert sorted(fid for _, fid, _, _ in produced) == ids, "each entry produced once"
+    now = fresh(server, store)
+    for name, fid, epoch, key in produced:
+        entry = now.entry(fid)
+        data = payload(fid, name, epoch)
+        assert (entry.state, entry.owner, entry.epoch, entry.key) == (om.State.ready, name, 1, key)
+        assert entry.checksum == checksum.of_bytes(data)
+        assert fid in now.read_shard(now.layout.shard_of(STAGE, fid)).entries
+        assert now.agent("reader").consume(fid) == data
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def test_init_splits_stages_and_says_so(cli: Cli) -> None:  # noqa: F811
+    made = cli.json("init", "collect", "write", "--partitions", "collect=8")
+    assert made["partitions"] == {"collect": 8} and made["schema_version"] == 3
+    text = cli.run("init", "collect", "write", "--partitions", "collect=8", "--exist-ok").text
+    assert "collect in 8 partitions" in text
+    clash = cli.json("init", "collect", "write", "--exist-ok", code=9)
+    assert "another shard layout" in clash["message"], clash
+    cli.run("declare", "a", "--stage", "collect")
+    assert cli.json("status")["stages"]["collect"]["pending"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--partitions", "collect"], "write STAGE=N (like collect=16)"),
+        (["--partitions", "nope=4"], "partitions name 'nope', which is not a stage"),
+        (["--partitions", "collect=0"], "cannot have 0 partitions"),
+        (["--partitions", "collect=2", "--partitions", "collect=3"], "gives stage 'collect' twice"),
+        (["--layout", "task", "--partitions", "collect=4"], "cannot also split stages"),
+        (["--layout", "stages"], "invalid choice: 'stages'"),
+    ],
+)
+def test_init_refuses_a_bad_layout_and_writes_nothing(
+    cli: Cli,  # noqa: F811
+    args: list[str],
+    message: str,
+) -> None:
+    result = cli.run("init", "collect", "write", *args, code=2)
+    assert message in result.stderr, result
+    cli.run("status", code=8)  # no task was made
