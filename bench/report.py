@@ -246,8 +246,9 @@ def size_table(results: dict[str, Any]) -> str:
         return "_not run_"
     lines = [
         "| layout | entries in the stage | shards | the committed shard: live entries, archived "
-        "| shard KB | warm commit median ms | p90 ms | vs 1k in one shard | declare_many s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| shard KB | warm commit median ms | p90 ms | vs 1k in one shard | declare_many s "
+        "| first commit after it, ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = size_point(results, "stage", 1_000)
     for p in section["points"]:
@@ -256,7 +257,7 @@ def size_table(results: dict[str, Any]) -> str:
             f"| {p['layout']} | {p['entries']} | {p['shards']} | {p['live']}, "
             f"{p.get('archived', 0)} | {fmt(p['shard_bytes'] / 1024, 0)} | "
             f"{fmt(p['commit_median_ms'])} | {fmt(p['commit_p90_ms'])} | {fmt(vs)} | "
-            f"{fmt(p.get('declare_s'))} |"
+            f"{fmt(p.get('declare_s'))} | {fmt(p.get('first_commit_ms'), 1)} |"
         )
     return "\n".join(lines)
 

@@ -60,7 +60,7 @@ FULL: dict[str, Any] = {
     "contention": {"agents": [1, 2, 4, 8, 16], "delays": [0, 25, 60], "duration": 4.0},
     "threads": {"threads": [1, 2, 4, 8, 16, 32], "delay_ms": 25, "duration": 4.0},
     "batching": {"delays": [0, 25], "batches": [1, 10, 100], "entries": 1000, "duration": 4.0},
-    "size": {"sizes": [1_000, 10_000, 100_000], "rounds": 20},
+    "size": {"sizes": [1_000, 10_000, 100_000], "rounds": 9},
     "checksums": {"mib": 256},
     "transfer": {"size_mib": 512, "rounds": 2, "settle_s": 2.0},
 }
