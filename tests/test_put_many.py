@@ -52,6 +52,7 @@ def recorder(task: om.Task) -> list[om.CommitEvent]:
 
 
 @pytest.mark.behaviour
+@pytest.mark.stage_layout
 def test_a_batch_of_100_becomes_ready_with_one_shard_commit(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["collect", "write"], lease_seconds=300)
     ids = [f"raw/{i:03d}.json" for i in range(100)]
@@ -98,6 +99,7 @@ def test_a_batch_of_100_becomes_ready_with_one_shard_commit(store: om.ObjectStor
 
 
 @pytest.mark.behaviour
+@pytest.mark.stage_layout
 def test_claims_of_several_shards_get_one_commit_each(task: om.Task) -> None:
     task.declare_many([("a1", "collect"), ("a2", "collect"), ("b1", "write"), ("b2", "write")])
     agent = task.agent("w")
@@ -125,6 +127,7 @@ def test_claims_of_several_shards_get_one_commit_each(task: om.Task) -> None:
 
 
 @pytest.mark.behaviour
+@pytest.mark.stage_layout
 def test_a_fenced_claim_gets_lease_lost_in_its_slot_while_the_others_become_ready(
     store: om.ObjectStore,
 ) -> None:
@@ -164,6 +167,7 @@ def test_a_fenced_claim_gets_lease_lost_in_its_slot_while_the_others_become_read
 
 
 @pytest.mark.behaviour
+@pytest.mark.stage_layout
 def test_an_upload_that_fails_is_that_claims_error_and_it_stays_held(
     task: om.Task, tmp_path: Path
 ) -> None:
@@ -190,6 +194,7 @@ def test_an_upload_that_fails_is_that_claims_error_and_it_stays_held(
 
 
 @pytest.mark.behaviour
+@pytest.mark.stage_layout
 def test_chunked_data_goes_up_in_parts_and_is_finished_with_the_rest_in_one_commit(
     task: om.Task,
 ) -> None:

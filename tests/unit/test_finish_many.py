@@ -122,7 +122,7 @@ def test_a_claim_on_an_entry_the_shard_lacks_gets_not_found() -> None:
         shard(x), [(stray, data("zz", 1)), (claim_on(x), data("x", 1))], NOW
     )
     assert isinstance(results[0], NotFound)
-    assert str(results[0]) == "'zz' is not declared in stage 's'"
+    assert str(results[0]) == "'zz' is not declared in shard 's'"
     assert results[1] == made_ready(x, data("x", 1))
     assert new is not None and new.entries == {"x": results[1]}
 
