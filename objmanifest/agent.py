@@ -8,8 +8,12 @@ from the task's commit events, not from here.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import overload
 
@@ -153,12 +157,12 @@ class Agent:
         with renewer:
             try:
                 stored = self._store_data(
-                    claim, data, config, part_size is not None, progress, renewer
+                    claim, data, config, part_size is not None, progress, lambda: renewer.lost
                 )
             except LeaseLost:
                 raise
             except ObjManifestError as e:
-                self._raise_if_fenced(claim, renewer, e)
+                self._raise_if_fenced(claim, renewer.lost, e)
                 raise
         try:
             entry = self._finish(claim, stored)
@@ -169,6 +173,159 @@ class Agent:
         if progress is not None:
             progress(stored.size, stored.size)
         return entry
+
+    def put_many(
+        self,
+        claims: Iterable[Claim],
+        datas: Iterable[sources.Source],
+        *,
+        part_size: int | None = None,
+        concurrency: int | None = None,
+        threshold: int | None = None,
+    ) -> list[Entry | Exception]:
+        """Store the data of several claims and make their entries ready: ``datas[i]`` is
+        the data of ``claims[i]``, each what ``put`` takes.
+
+        The data objects go up ``concurrency`` at a time (default: the task's transfer
+        setting, 8), each written once at its claim's epoch key with its xxh3, as ``put``
+        writes it; data above ``threshold`` becomes a chunked entry, sent one at a time
+        with its parts in parallel (memory as ``put``'s). Then one commit per shard makes
+        every uploaded entry ready (``finish_many``): 100 entries of one stage cost one
+        shard commit. While the data goes up, the leases are renewed in the background,
+        one commit per claim, every third of the lease.
+
+        Returns a list aligned with ``claims``: each the ready ``Entry``, or the exception
+        for that claim alone: ``LeaseLost`` for a claim that was fenced (taken over after
+        its lease expired, reaped; its single object is removed and it never becomes
+        ready), the upload's error (``FileNotFoundError``, ``StoreError`` ...) for data
+        that could not be stored (the claim is still held: ``put`` it again, ``fail`` or
+        ``release`` it), the commit's error for every claim of a shard whose commit
+        failed. The other claims become ready whatever happened to one.
+
+        Refused before anything is sent: claims and datas of different lengths, a claim
+        of another agent or task, an entry claimed twice in the batch (``InvalidInput``),
+        data of a type ``put`` does not take (``TypeError``).
+        """
+        batch = self._check_batch(claims, datas)
+        if not batch:
+            return []
+        task = self.task
+        config = task.transfer.with_overrides(part_size, concurrency, threshold)
+        leases = _Leases(self, [claim for claim, _ in batch])
+        renewer = Renewer(
+            leases.renew, task.lease_seconds / 3, f"{len(batch)}-claims", task.store.runtime
+        )
+        with renewer:
+            uploaded = self._upload_many(batch, config, part_size is not None, leases)
+        return self._finish_many(uploaded)
+
+    def _check_batch(
+        self, claims: Iterable[Claim], datas: Iterable[sources.Source]
+    ) -> list[tuple[Claim, sources.Source]]:
+        """The batch as pairs, or the error naming what to change."""
+        if isinstance(claims, Claim):
+            raise InvalidInput(
+                "put_many() takes a list of claims, not one Claim: wrap it in a list ([...]), "
+                "or call put() for one entry"
+            )
+        if isinstance(datas, (bytes, bytearray, memoryview, str, os.PathLike)) or callable(
+            getattr(datas, "read", None)
+        ):
+            raise InvalidInput(
+                f"put_many() takes a list of datas, one per claim, not one "
+                f"{type(datas).__name__}: wrap it in a list ([...]), or call put() for one entry"
+            )
+        claims, datas = list(claims), list(datas)
+        if len(claims) != len(datas):
+            raise InvalidInput(
+                f"put_many() got {len(claims)} claims and {len(datas)} datas: give one data "
+                "per claim, in the same order"
+            )
+        first: dict[str, int] = {}
+        for i, (claim, data) in enumerate(zip(claims, datas, strict=True)):
+            if not isinstance(claim, Claim):
+                raise TypeError(
+                    f"claims[{i}] is a {type(claim).__name__}, not a Claim: pass the claims "
+                    "claim() or claim_many() returned"
+                )
+            if claim.agent != self.name or claim.task_id != self.task.task_id:
+                raise InvalidInput(
+                    f"claims[{i}] on {claim.file_id!r} belongs to agent {claim.agent!r} of task "
+                    f"{claim.task_id!r}, not to {self.name!r} of {self.task.task_id!r}: "
+                    f"call put_many() on the agent that claimed it"
+                )
+            if claim.file_id in first:
+                raise InvalidInput(
+                    f"claims[{first[claim.file_id]}] and claims[{i}] are both on "
+                    f"{claim.file_id!r}: give each entry once per batch"
+                )
+            first[claim.file_id] = i
+            sources.check_source(data, f"put_many() (datas[{i}], for {claim.file_id!r})")
+        return list(zip(claims, datas, strict=True))
+
+    def _upload_many(
+        self,
+        batch: list[tuple[Claim, sources.Source]],
+        config: transfer.TransferConfig,
+        explicit: bool,
+        leases: _Leases,
+    ) -> list[tuple[Claim, Stored | Exception]]:
+        """Every claim's data stored, ``config.concurrency`` at a time: where it landed, or
+        the error that kept it from landing."""
+        store = self.task.store
+        workers = max(1, min(config.concurrency, store.connections, len(batch)))
+        chunked = threading.Lock()  # one chunked upload at a time: memory as put()'s
+
+        def one(claim: Claim, data: sources.Source) -> Stored | Exception:
+            try:
+                return self._store_data(
+                    claim, data, config, explicit, None, lambda: leases.lost(claim), chunked
+                )
+            except LeaseLost as e:
+                return e
+            except ObjManifestError as e:
+                try:
+                    self._raise_if_fenced(claim, leases.lost(claim), e)
+                except LeaseLost as lost:
+                    return lost
+                return e
+            except OSError as e:  # the data's file: missing, a directory, unreadable
+                return e
+
+        with store.runtime.pool(workers, "put-many") as pool:
+            futures = [pool.submit(one, claim, data) for claim, data in batch]
+            return [(claim, f.result()) for (claim, _), f in zip(batch, futures, strict=True)]
+
+    def _finish_many(
+        self, uploaded: list[tuple[Claim, Stored | Exception]]
+    ) -> list[Entry | Exception]:
+        """One ``finish_many`` commit per shard for the claims whose data is stored."""
+        task = self.task
+        results: dict[int, Entry | Exception] = {}
+        by_shard: dict[str, list[tuple[int, Claim, Stored]]] = {}
+        for i, (claim, got) in enumerate(uploaded):
+            if isinstance(got, Stored):
+                by_shard.setdefault(claim.shard, []).append((i, claim, got))
+            else:
+                results[i] = got
+        for shard, items in by_shard.items():
+            finished = tuple((claim, stored) for _, claim, stored in items)
+            done: list[Entry | Exception]
+            try:
+                done = list(
+                    task.docs.commit(
+                        task.layout.shard(shard),
+                        task.codec(shard),
+                        changes.FinishMany(finished, self.name),
+                    )
+                )
+            except ObjManifestError as e:  # the shard's commit failed: each of its claims
+                done = [e] * len(items)
+            for (i, _, stored), result in zip(items, done, strict=True):
+                results[i] = result
+                if isinstance(result, LeaseLost) and stored.parts_key is None:
+                    self._drop_fenced_object(stored.key)
+        return [results[i] for i in range(len(uploaded))]
 
     def _drop_fenced_object(self, key: str) -> None:
         """A fenced holder's single object: no entry can ever point at its epoch's key."""
@@ -186,35 +343,39 @@ class Agent:
         config: transfer.TransferConfig,
         explicit: bool,
         progress: transfer.Progress | None,
-        renewer: Renewer,
+        lost: Callable[[], LeaseLost | None],
+        chunked: AbstractContextManager[object] | None = None,
     ) -> Stored:
-        """One object for small data, a chunked upload for large data."""
+        """One object for small data, a chunked upload for large data (inside ``chunked``,
+        which ``put_many`` uses to send one chunked entry at a time). ``lost`` says whether
+        the lease is known to be lost, so a chunked upload stops early."""
         task = self.task
 
         def stop() -> None:
-            if renewer.lost is not None:
-                raise renewer.lost
+            error = lost()
+            if error is not None:
+                raise error
 
         with sources.open_source(data, config.threshold) as prepared:
             if prepared.single is not None:
                 key = task.layout.data(claim.stage, claim.file_id, claim.epoch)
                 return transfer.upload(task.store, key, prepared.single)
             assert prepared.parts is not None
-            stored, stats = uploads.upload(
-                task.uploads,
-                claim,
-                prepared.parts,
-                config,
-                explicit_part_size=explicit,
-                progress=progress,
-                stop=stop,
-            )
+            with chunked or contextlib.nullcontext():
+                stored, stats = uploads.upload(
+                    task.uploads,
+                    claim,
+                    prepared.parts,
+                    config,
+                    explicit_part_size=explicit,
+                    progress=progress,
+                    stop=stop,
+                )
             log.info("%s: %s", claim.file_id, stats)
             return stored
 
-    def _raise_if_fenced(self, claim: Claim, renewer: Renewer, error: Exception) -> None:
+    def _raise_if_fenced(self, claim: Claim, lost: LeaseLost | None, error: Exception) -> None:
         """A store error while the lease is lost is reported as the lost lease."""
-        lost = renewer.lost
         if lost is None:
             try:
                 self.renew(claim)
@@ -411,3 +572,27 @@ class Agent:
                 f"{error}; the entry is now failed, so it will be produced again"
             )
         return ChecksumMismatch(f"{error}; the entry is now {failed.state.value}")
+
+
+class _Leases:
+    """The leases of a ``put_many`` batch, renewed together in the background: each claim
+    by its own commit, a lost one no more (``lost`` says which)."""
+
+    def __init__(self, agent: Agent, claims: list[Claim]) -> None:
+        self._agent = agent
+        self._claims = claims
+        self._lost: dict[str, LeaseLost] = {}
+
+    def renew(self) -> None:
+        for claim in self._claims:
+            if claim.file_id in self._lost:
+                continue
+            try:
+                self._agent.renew(claim)
+            except LeaseLost as e:
+                self._lost[claim.file_id] = e
+            except ObjManifestError as e:  # a passing store fault: try again next round
+                log.warning("renewing the lease on %r failed, will retry: %s", claim.file_id, e)
+
+    def lost(self, claim: Claim) -> LeaseLost | None:
+        return self._lost.get(claim.file_id)

@@ -24,10 +24,12 @@ from .errors import (
     DataChanged,
     DataRemoved,
     DeclarationConflict,
+    InvalidInput,
     LeaseLost,
     NotClaimable,
     NotFound,
     NotReady,
+    ObjManifestError,
 )
 from .model import (
     Archived,
@@ -121,7 +123,7 @@ def declare(
             continue
         archived = (shard.archived or {}).get(decl.file_id)
         if archived is not None:
-            result.append(redeclared(shard, decl, archived))
+            result.append(redeclared(decl, archived))
             continue
         entry = Entry(
             file_id=decl.file_id,
@@ -142,7 +144,7 @@ def archived_stub(file_id: str, stage: str, archived: Archived) -> Entry:
     return Entry(file_id=file_id, stage=stage, state=archived.state)
 
 
-def redeclared(shard: Shard, decl: Declaration, archived: Archived) -> Entry:
+def redeclared(decl: Declaration, archived: Archived) -> Entry:
     """An archived id declared again: a no-op when identical, else ``DeclarationConflict``."""
     if archived.declared != declaration_digest(decl.stage, decl.depends_on, decl.consumers):
         raise DeclarationConflict(
@@ -303,29 +305,65 @@ def finish(
     ``part_size`` and ``parts_key`` are given for chunked data and cleared otherwise, so an
     entry produced again as a single object does not keep an earlier attempt's parts.
     """
+    data = Stored(key, checksum, size, part_size, parts_key)
+    ready, changed = _made_ready(shard, claim, data, now)
+    return (shard.with_entries({claim.file_id: ready}) if changed else None), ready
+
+
+def _made_ready(shard: Shard, claim: Claim, data: Stored, now: datetime) -> tuple[Entry, bool]:
+    """The entry ``finish`` makes of the claim's stored data, and whether it changed (a
+    repeat of a finish that landed changes nothing); ``LeaseLost`` if the claim is fenced."""
     entry = _entry(shard, claim.file_id)
-    data = (key, checksum, size, part_size, parts_key)
+    stored = (data.key, data.checksum, data.size, data.part_size, data.parts_key)
     if (
         entry.state in (State.ready, State.consumed)
         and entry.epoch == claim.epoch
         and entry.owner == claim.agent
-        and (entry.key, entry.checksum, entry.size, entry.part_size, entry.parts_key) == data
+        and (entry.key, entry.checksum, entry.size, entry.part_size, entry.parts_key) == stored
     ):
-        return None, entry
+        return entry, False
     entry = _held(shard, claim)
     ready = _update(
         entry,
         now,
         state=next_state(entry.state, Event.finish),
-        key=key,
-        checksum=checksum,
-        size=size,
-        part_size=part_size,
-        parts_key=parts_key,
+        key=data.key,
+        checksum=data.checksum,
+        size=data.size,
+        part_size=data.part_size,
+        parts_key=data.parts_key,
         lease_expires_at=None,
         error=None,
     )
-    return shard.with_entries({claim.file_id: ready}), ready
+    return ready, True
+
+
+def finish_many(
+    shard: Shard, finished: Sequence[tuple[Claim, Stored]], now: datetime
+) -> tuple[Shard | None, list[Entry | ObjManifestError]]:
+    """Several holders' data is stored: each entry becomes ready as ``finish`` would make
+    it, each on its own, in one new shard. A claim ``finish`` refuses (fenced: ``LeaseLost``;
+    no such entry: ``NotFound``) gets that refusal as its result and changes nothing; the
+    others still become ready. Results are in the order of ``finished``. An entry named
+    twice is refused for the whole batch (which of its data would win?)."""
+    changed: dict[str, Entry] = {}
+    results: list[Entry | ObjManifestError] = []
+    seen: set[str] = set()
+    for claim, data in finished:
+        if claim.file_id in seen:
+            raise InvalidInput(
+                f"{claim.file_id!r} is finished twice in one batch: give each entry once"
+            )
+        seen.add(claim.file_id)
+        try:
+            ready, fresh = _made_ready(shard, claim, data, now)
+        except (LeaseLost, NotFound) as e:
+            results.append(e)
+            continue
+        if fresh:
+            changed[claim.file_id] = ready
+        results.append(ready)
+    return (shard.with_entries(changed) if changed else None), results
 
 
 def fail(
@@ -539,6 +577,21 @@ class Finish:
             part_size=s.part_size,
             parts_key=s.parts_key,
         )
+
+
+@dataclass(frozen=True)
+class FinishMany:
+    """One agent's data for several entries of a shard is stored: each becomes ready on
+    its own, in one commit; a fenced claim's result is its ``LeaseLost``."""
+
+    name: ClassVar[str] = "finish_many"
+    finished: Sequence[tuple[Claim, Stored]]
+    actor: str
+
+    def apply(
+        self, shard: Shard, now: datetime
+    ) -> tuple[Shard | None, list[Entry | ObjManifestError]]:
+        return finish_many(shard, self.finished, now)
 
 
 @dataclass(frozen=True)

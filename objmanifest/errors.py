@@ -208,6 +208,11 @@ class NothingClaimable(ObjManifestError):
     """``claim --stage`` found no entry it could take (possibly after ``--wait``)."""
 
 
+class NotAllReady(ObjManifestError):
+    """``put-many`` made some files ready and not others, which failed in different ways
+    (each failure is reported with its file)."""
+
+
 class SetupError(ObjManifestError):
     """The demo could not start: no server, no bucket, no task."""
 

@@ -242,6 +242,19 @@ class Prepared:
     parts: PartSource | None = None
 
 
+def check_source(data: object, what: str = "put()") -> None:
+    """Refuse (``TypeError``) what ``put`` cannot take, before anything is read."""
+    if isinstance(data, io.TextIOBase):
+        raise TypeError(f"{what} needs bytes, a path, or a file opened in binary mode ('rb')")
+    if not isinstance(data, (bytes, bytearray, memoryview, str, os.PathLike)) and not callable(
+        getattr(data, "read", None)
+    ):
+        raise TypeError(
+            f"{what} takes bytes (the data), a path (str or os.PathLike) or a binary file "
+            f"object, not {type(data).__name__}"
+        )
+
+
 @contextlib.contextmanager
 def open_source(data: Source, threshold: int) -> Iterator[Prepared]:
     """Look at a source once and decide: one object (at most ``threshold`` bytes, read into
@@ -251,15 +264,7 @@ def open_source(data: Source, threshold: int) -> Iterator[Prepared]:
     ``sys.stdin.buffer``), where a short read means its end; any other non-seekable object
     is read whole with one ``read()``, as before.
     """
-    if isinstance(data, io.TextIOBase):
-        raise TypeError("put() needs bytes, a path, or a file opened in binary mode ('rb')")
-    if not isinstance(data, (bytes, bytearray, memoryview, str, os.PathLike)) and not callable(
-        getattr(data, "read", None)
-    ):
-        raise TypeError(
-            f"put() takes bytes (the data), a path (str or os.PathLike) or a binary file "
-            f"object, not {type(data).__name__}"
-        )
+    check_source(data)
     with contextlib.ExitStack() as opened:
         source = _source_of(data, threshold, opened)
         if not isinstance(source, bytes):

@@ -164,6 +164,24 @@ def test_claims_by_stage_spread_over_partitions_and_find_the_last_entry(store: o
 
 
 @pytest.mark.behaviour
+def test_put_many_over_partitions_commits_once_per_partition(store: om.Store) -> None:
+    task = om.Task.create(store, "job", stages=["collect"], partitions={"collect": 4})
+    ids = [f"f{i:02d}" for i in range(40)]
+    task.declare_many([(fid, "collect") for fid in ids])
+    agent = task.agent("w")
+    claims = agent.claim_many("collect", limit=40)
+    assert len(claims) == 40 and len({c.shard for c in claims}) == 4
+    seen: list[om.CommitEvent] = []
+    task.subscribe(seen.append)
+    results = agent.put_many(claims, [c.file_id.encode() for c in claims])
+    assert all(isinstance(r, om.Entry) and r.state is om.State.ready for r in results)
+    finishes = Counter(e.key for e in seen if e.command == "finish_many")
+    assert finishes == Counter({f"job/shards/collect~{n}.json": 1 for n in range(4)})
+    reader = task.agent("r")
+    assert [reader.consume(fid) for fid in ids] == [fid.encode() for fid in ids]
+
+
+@pytest.mark.behaviour
 def test_the_task_layout_keeps_stages_apart(store: om.Store) -> None:
     task = om.Task.create(store, "job", stages=["collect", "write"], layout="task")
     assert json.loads(raw_get(store, "job/task.json"))["layout"] == "task"

@@ -9,6 +9,10 @@ Modes:
 
 * ``produce --stage S``: claim any entry of the stage and put ``FILE_ID|NAME|EPOCH`` as its
   data, until nothing is claimable; one ``produced`` line per entry, then ``done``.
+* ``produce-many --stage S --limit N``: ``claim_many`` up to N entries and ``put_many``
+  their data (as ``produce`` makes it), until nothing is claimable; one ``produced`` line
+  per entry made ready, one ``error`` line per claim that was not, then ``done`` with the
+  number of batches.
 * ``hold --file-id X [--file-id Y ...]``: claim each, print each as ``claimed``, wait for a
   line on stdin, then try ``put`` on each and print ``put`` with ``outcome`` ``ok`` or the
   error's class name.
@@ -89,6 +93,23 @@ def produce(task: om.Task, agent: om.Agent, stage: str, deadline: float) -> None
     emit("done", produced=produced, stats=stats_json(task))
 
 
+def produce_many(task: om.Task, agent: om.Agent, stage: str, limit: int, deadline: float) -> None:
+    produced = batches = 0
+    while time.monotonic() < deadline:
+        claims = agent.claim_many(stage, limit)
+        if not claims:
+            break
+        batches += 1
+        datas = [payload_of(c.file_id, agent.name, c.epoch) for c in claims]
+        for claim, result in zip(claims, agent.put_many(claims, datas), strict=True):
+            if isinstance(result, Exception):
+                emit("error", file_id=claim.file_id, error=type(result).__name__)
+                continue
+            produced += 1
+            emit("produced", file_id=result.file_id, epoch=result.epoch, key=result.key)
+    emit("done", produced=produced, batches=batches, stats=stats_json(task))
+
+
 def hold(task: om.Task, agent: om.Agent, file_ids: list[str], payload: str) -> None:
     claims = []
     for file_id in file_ids:
@@ -154,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     modes = parser.add_subparsers(dest="mode", required=True)
     p = modes.add_parser("produce")
     p.add_argument("--stage", required=True)
+    pm = modes.add_parser("produce-many")
+    pm.add_argument("--stage", required=True)
+    pm.add_argument("--limit", type=int, required=True)
     h = modes.add_parser("hold")
     h.add_argument("--file-id", action="append", required=True)
     h.add_argument("--payload", default="held")
@@ -172,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.max_seconds
     if args.mode == "produce":
         produce(task, agent, args.stage, deadline)
+    elif args.mode == "produce-many":
+        produce_many(task, agent, args.stage, args.limit, deadline)
     elif args.mode == "hold":
         hold(task, agent, args.file_id, args.payload)
     else:

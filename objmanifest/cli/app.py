@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from .. import demo
-from . import commands, serve
+from . import batch, commands, serve
 from .exits import ExitCode, Stopped, UsageError
 from .output import Output
 from .parser import parse
@@ -24,6 +24,7 @@ HANDLERS: dict[str, Handler] = {
     "declare": commands.cmd_declare,
     "claim": commands.cmd_claim,
     "put": commands.cmd_put,
+    "put-many": batch.cmd_put_many,
     "renew": commands.cmd_renew,
     "fail": commands.cmd_fail,
     "consume": commands.cmd_consume,

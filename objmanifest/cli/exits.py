@@ -12,7 +12,7 @@ from enum import IntEnum
 from typing import Any
 
 import objmanifest as om
-from objmanifest.errors import NothingClaimable, Stopped, UsageError
+from objmanifest.errors import NotAllReady, NothingClaimable, Stopped, UsageError
 
 
 class ExitCode(IntEnum):
@@ -103,6 +103,7 @@ def _fields(error: BaseException) -> dict[str, Any]:
 
 __all__ = [
     "ExitCode",
+    "NotAllReady",
     "NothingClaimable",
     "Outcome",
     "Stopped",

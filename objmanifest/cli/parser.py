@@ -346,6 +346,36 @@ def _holder_commands(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         metavar="SIZE",
         help="larger data goes as a chunked entry (default: 64MiB)",
     )
+    p = sub.add_parser(
+        "put-many",
+        parents=parents,
+        help="upload the data of many claimed files, then one commit per stage",
+        description="Reads claims as `claim --stage S --limit N` printed them (FILE_ID STAGE "
+        "EPOCH LEASE_EXPIRES_AT, tab-separated, or its --json object), each optionally with a "
+        "fifth field PATH; without one the data is DIR/FILE_ID. Uploads the files in parallel, "
+        "then makes them ready with one commit per stage. Each file's outcome is reported; "
+        "the exit code is 0 only if every file was made ready.",
+    )
+    add_agent(p)
+    p.add_argument(
+        "--claims",
+        required=True,
+        metavar="PATH",
+        help="the claims, as `claim` printed them ('-' for stdin)",
+    )
+    p.add_argument("--dir", metavar="DIR", help="read each file's data from DIR/FILE_ID")
+    p.add_argument(
+        "--part-size", type=size, metavar="SIZE", help="part size of a chunked upload (e.g. 8MiB)"
+    )
+    p.add_argument(
+        "--concurrency", type=positive_int, metavar="N", help="files (or parts) uploaded at once"
+    )
+    p.add_argument(
+        "--threshold",
+        type=size,
+        metavar="SIZE",
+        help="larger data goes as a chunked entry (default: 64MiB)",
+    )
     p = sub.add_parser("renew", parents=parents, help="move a claim's lease forward")
     add_holder(p)
     p = sub.add_parser("fail", parents=parents, help="give a claimed file up")
