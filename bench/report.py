@@ -170,34 +170,74 @@ def goals_table(results: dict[str, Any]) -> str:
 
 
 def contention_tables(results: dict[str, Any]) -> str:
+    """Per added latency: a compact table (entries/s, speed-up and conflicts per commit by
+    agents), then every figure of every point in a folded table."""
     section = results.get("contention")
     if not section:
         return "_not run_"
-    delays = sorted({p["delay_ms"] for p in section["points"]})
-    parts = []
+    points = section["points"]
+    delays = sorted({p["delay_ms"] for p in points})
+    agents = sorted({p["agents"] for p in points})
+    parts = [
+        f"{section['duration_s']:g} s per point. Each cell: entries/s, its speed-up over one "
+        "agent of the same row, and lost races per commit.",
+        "",
+    ]
     for delay in delays:
         where = "bare loopback" if delay == 0 else f"{delay} ms added to every request"
-        parts.append(f"**{where}** ({section['duration_s']:g} s per point)\n")
+        parts.append(f"**{where}**\n")
         parts.append(
-            "| layout | shards | agents | entries/s | speed-up | conflicts per commit | "
-            "p50 ms | p99 ms | agents' CPU ms per entry | machine busy (cores) |"
+            "| layout | shards | "
+            + " | ".join(f"{n} agent{'s' if n > 1 else ''}" for n in agents)
+            + " |"
         )
-        parts.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for p in section["points"]:
-            if p["delay_ms"] != delay:
+        parts.append("|---|---:|" + "---:|" * len(agents))
+        for key, name in SERIES_NAMES.items():
+            row = {
+                p["agents"]: p
+                for p in points
+                if p["delay_ms"] == delay and (p["scenario"], p["layout"]) == key
+            }
+            if not row:
                 continue
-            name = SERIES_NAMES.get((p["scenario"], p["layout"]), p["layout"])
-            note = " (ran out)" if p["ran_out"] else ""
-            note += f" errors {p['errors']}" if p["errors"] else ""
-            parts.append(
-                f"| {name} | {p['shards']} | {p['agents']} | {fmt(p['entries_per_s'], 1)}{note} | "
-                f"{fmt(p['speedup'])} | {fmt(p['conflicts_per_commit'])} | "
-                f"{fmt(p['p50_ms'], 1)} | {fmt(p['p99_ms'], 1)} | "
-                f"{fmt(p.get('agents_cpu_ms_per_entry'), 1)} | {fmt(p.get('machine_busy_cores'))} |"
-            )
+            cells = []
+            for n in agents:
+                p = row.get(n)
+                if p is None:
+                    cells.append("-")
+                    continue
+                mark = "*" if p["ran_out"] or p["errors"] else ""
+                cells.append(
+                    f"{fmt(p['entries_per_s'], 1)}{mark} (x{fmt(p['speedup'])}, "
+                    f"{fmt(p['conflicts_per_commit'])})"
+                )
+            shards = next(iter(row.values()))["shards"]
+            parts.append(f"| {name} | {shards} | " + " | ".join(cells) + " |")
         parts.append("")
-    for s in dict.fromkeys(section.get("skipped", [])):
-        parts.append(f"- not measured: {s}")
+    parts += [
+        "<details><summary>Every contention point: latency, CPU</summary>",
+        "",
+        "| added ms | layout | shards | agents | entries | entries/s | speed-up | "
+        "conflicts per commit | p50 ms | p99 ms | agents' CPU ms per entry | "
+        "server CPU s | proxy CPU s | machine busy (cores) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in points:
+        name = SERIES_NAMES.get((p["scenario"], p["layout"]), p["layout"])
+        note = " (ran out)" if p["ran_out"] else ""
+        note += f" errors {p['errors']}" if p["errors"] else ""
+        parts.append(
+            f"| {p['delay_ms']} | {name} | {p['shards']} | {p['agents']} | {p['entries']}{note} "
+            f"| {fmt(p['entries_per_s'], 1)} | {fmt(p['speedup'])} | "
+            f"{fmt(p['conflicts_per_commit'])} | {fmt(p['p50_ms'], 1)} | {fmt(p['p99_ms'], 1)} | "
+            f"{fmt(p.get('agents_cpu_ms_per_entry'), 1)} | {fmt(p.get('server_cpu_s'))} | "
+            f"{fmt(p.get('harness_cpu_s'))} | {fmt(p.get('machine_busy_cores'))} |"
+        )
+    parts += ["", "</details>", ""]
+    if any(p["ran_out"] or p["errors"] for p in points):
+        parts.append("\\* the stage ran out of entries, or some operations failed (see below).")
+    for skipped in dict.fromkeys(section.get("skipped", [])):
+        parts.append(f"- not measured: {skipped}")
     return "\n".join(parts)
 
 
