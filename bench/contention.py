@@ -8,6 +8,7 @@ one shard (group commit). Each series is compared with its own one-agent point.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from bench.agents import Pool, summarize
@@ -21,6 +22,7 @@ from bench.common import (
     say,
     shard_count,
 )
+from bench.request_count import kind
 
 SERIES = (
     ("hot", "stage"),
@@ -88,9 +90,20 @@ def point(
         }
         for i in range(agents)
     ]
+    proxy = b.proxy(delay_ms) if delay_ms else None
+    seen = len(proxy.requests) if proxy else 0
     window = CpuWindow(b.server_pid).start()
     summary = summarize(pool.run(jobs))
     cpu = window.stop()
+    counted: dict[str, Any] = {}
+    if proxy is not None and summary["entries"]:
+        kinds = Counter(kind(method, target) for method, target in proxy.requests[seen:])
+        made = summary["entries"]
+        counted = {
+            "requests_per_entry": round(sum(kinds.values()) / made, 3),
+            "shard_puts_per_entry": round(kinds["PUT shard"] / made, 3),
+            "shard_gets_per_entry": round(kinds["GET shard"] / made, 3),
+        }
     return {
         "delay_ms": delay_ms,
         "scenario": scenario,
@@ -101,6 +114,7 @@ def point(
         "declared_per_stage": per_stage,
         **summary,
         **cpu,
+        **counted,
     }
 
 
@@ -181,8 +195,7 @@ def run_threads(
         points.append(p)
         say(
             f"threads {delay_ms} ms threads={t:>2}: {p['entries_per_s']:7.1f} entries/s "
-            f"x{fmt(p['speedup'])} commits/entry="
-            f"{fmt(p['commits'] / p['entries'] if p['entries'] else None)} "
+            f"x{fmt(p['speedup'])} shard PUTs/entry={fmt(p.get('shard_puts_per_entry'))} "
             f"conflicts/commit={fmt(p['conflicts_per_commit'])} p50={fmt(p['p50_ms'], 1)} ms"
         )
     return {"delay_ms": delay_ms, "duration_s": duration, "points": points}

@@ -218,18 +218,25 @@ def contention_tables(results: dict[str, Any]) -> str:
         "<details><summary>Every contention point: latency, CPU</summary>",
         "",
         "| added ms | layout | shards | agents | entries | entries/s | speed-up | "
-        "conflicts per commit | p50 ms | p99 ms | agents' CPU ms per entry | "
-        "server CPU s | proxy CPU s | machine busy (cores) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "conflicts per commit | requests per entry (shard GETs, PUTs) | p50 ms | p99 ms | "
+        "agents' CPU ms per entry | server CPU s | proxy CPU s | machine busy (cores) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for p in points:
         name = SERIES_NAMES.get((p["scenario"], p["layout"]), p["layout"])
         note = " (ran out)" if p["ran_out"] else ""
         note += f" errors {p['errors']}" if p["errors"] else ""
+        requests = "-"
+        if p.get("requests_per_entry") is not None:
+            requests = (
+                f"{fmt(p['requests_per_entry'])} ({fmt(p['shard_gets_per_entry'])}, "
+                f"{fmt(p['shard_puts_per_entry'])})"
+            )
         parts.append(
             f"| {p['delay_ms']} | {name} | {p['shards']} | {p['agents']} | {p['entries']}{note} "
             f"| {fmt(p['entries_per_s'], 1)} | {fmt(p['speedup'])} | "
-            f"{fmt(p['conflicts_per_commit'])} | {fmt(p['p50_ms'], 1)} | {fmt(p['p99_ms'], 1)} | "
+            f"{fmt(p['conflicts_per_commit'])} | {requests} | "
+            f"{fmt(p['p50_ms'], 1)} | {fmt(p['p99_ms'], 1)} | "
             f"{fmt(p.get('agents_cpu_ms_per_entry'), 1)} | {fmt(p.get('server_cpu_s'))} | "
             f"{fmt(p.get('harness_cpu_s'))} | {fmt(p.get('machine_busy_cores'))} |"
         )
@@ -248,14 +255,14 @@ def threads_table(results: dict[str, Any]) -> str:
     lines = [
         f"One process, one shard, {section['delay_ms']} ms added to every request, "
         f"{section['duration_s']:g} s per point.\n",
-        "| threads | entries/s | vs one thread | shard commits per entry | conflicts per commit | "
-        "p50 ms | p99 ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| threads | entries/s | vs one thread | shard PUTs per entry | requests per entry | "
+        "conflicts per commit | p50 ms | p99 ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in section["points"]:
-        per = p["commits"] / p["entries"] if p["entries"] else None
         lines.append(
-            f"| {p['threads']} | {fmt(p['entries_per_s'], 1)} | {fmt(p['speedup'])} | {fmt(per)} "
+            f"| {p['threads']} | {fmt(p['entries_per_s'], 1)} | {fmt(p['speedup'])} | "
+            f"{fmt(p.get('shard_puts_per_entry'))} | {fmt(p.get('requests_per_entry'))} "
             f"| {fmt(p['conflicts_per_commit'])} | {fmt(p['p50_ms'], 1)} | {fmt(p['p99_ms'], 1)} |"
         )
     return "\n".join(lines)
