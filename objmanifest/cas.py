@@ -199,24 +199,25 @@ class _Member(Generic[T, R]):
 
 
 @dataclass
-class _Tried(Generic[T]):
-    """What one member's command did in one attempt: its result or refusal, and, if it
-    changed the object, the version it made (``after``) and what changed."""
+class _Tried:
+    """What one member's command did in one attempt: its result or refusal, and whether it
+    changed the object (then the version it made, and what changed)."""
 
-    member: _Member[T, Any]
+    member: _Member[Any, Any]
     result: Any = None
     error: Exception | None = None
-    after: T | None = None
+    changed: bool = False
+    version: int | None = None
     transitions: tuple[Change, ...] = ()
 
 
 @dataclass
-class _Attempt(Generic[T]):
+class _Attempt:
     """One write's members as they were applied, at the store's time ``at``."""
 
     commit_id: str
     at: datetime
-    tried: list[_Tried[T]]
+    tried: list[_Tried]
 
 
 class _Lane:
@@ -232,7 +233,7 @@ class _Lane:
     def __init__(self, max_group: int) -> None:
         self.max_group = max_group
         self.writing = threading.RLock()
-        self.changed = threading.Condition(threading.Lock())
+        self.changed = threading.Condition()
         self.queue: list[_Member[Any, Any]] = []
         self.leader: int | None = None
         """The thread whose write is in flight, if one is."""
@@ -262,7 +263,8 @@ class _Lane:
             batch = same[: self.max_group]
             if not any(m is member for m in batch):
                 batch[-1:] = [member]
-        self.queue = [m for m in self.queue if not any(m is b for b in batch)]
+        taken = {id(m) for m in batch}
+        self.queue = [m for m in self.queue if id(m) not in taken]
         return batch
 
     def release(self) -> None:
@@ -459,7 +461,7 @@ class Documents:
         member: _Member[T, R] = _Member(command, codec, over)
         if lane.leader == threading.get_ident():
             # Called again from within this thread's write in flight: it goes alone, first.
-            self._flush_due(key, codec, self._write(key, lane, [member]))
+            self._write(key, lane, [member])
             return member.outcome(self.observers)  # type: ignore[no-any-return]
         try:
             lane.join(member)
@@ -469,35 +471,37 @@ class Documents:
             raise
         if batch is not None:
             try:
-                landed = self._write(key, lane, batch)
+                self._write(key, lane, batch)
             finally:
                 lane.release()
-            self._flush_due(key, codec, landed)
         return member.outcome(self.observers)  # type: ignore[no-any-return]
 
-    def _write(self, key: str, lane: _Lane, batch: list[_Member[T, Any]]) -> _Version[T] | None:
+    def _write(self, key: str, lane: _Lane, batch: list[_Member[T, Any]]) -> None:
         """Run one write carrying ``batch`` and settle every member; when the write fails,
-        each gets the error (the leader's own caller too, through its member). The version
-        that landed, if one did."""
+        each gets the error (the leader's own caller too, through its member). Then start
+        the journal blocks the version that landed made whole."""
         codec, over = batch[0].codec, batch[0].over
         try:
             with lane.writing:
                 if over is not None:
                     with self._guard:
                         self._cache.pop(key, None)
-                return self._commit(key, codec, batch, over)
+                landed = self._commit(key, codec, batch, over)
         except BaseException as e:
             for member in batch:
                 member.settle(None, e)
-            return None
+            return
+        self._flush_due(key, codec, landed)
 
     def _commit(
         self, key: str, codec: Codec[T], members: list[_Member[T, Any]], over: str | None = None
     ) -> _Version[T] | None:
         runtime = self.store.runtime
         op = runtime.new_id()[:16]
-        sent: dict[str, _Attempt[T]] = {}  # commit id -> attempt that may have landed
-        current: _Version[T] | None = self._cache.get(key)
+        sent: dict[str, _Attempt] = {}  # commit id -> attempt that may have landed
+        # Over a corrupt version the first version is a fresh read, whatever a read of
+        # another thread cached meanwhile.
+        current: _Version[T] | None = self._cache.get(key) if over is None else None
         validated = current is None
         if current is None:
             current = self._refresh(key, codec, over)
@@ -506,12 +510,12 @@ class Documents:
             if sent:
                 for commit_id in reversed(codec.commit_ids(current.doc)):
                     if commit_id in sent:
-                        self._landed(key, codec, sent[commit_id])
+                        self._landed(key, sent[commit_id])
                         return current
             now = self.store.now()
-            tried = self._apply(key, codec, members, f"{op}.{attempt + 1}", current.doc, now)
-            written = [t.after for t in tried if t.after is not None]
-            if not written:
+            applied = self._apply(key, codec, members, f"{op}.{attempt + 1}", current.doc, now)
+            tried, stamped = applied
+            if stamped is None:
                 if validated:
                     for t in tried:
                         t.member.settle(t.result, t.error)
@@ -526,7 +530,6 @@ class Documents:
                     "call. Retry later, or spread the work over more stages."
                 )
             commit_id = f"{op}.{attempt}"
-            stamped = written[-1]
             mode = CREATE if current.etag is None else PutMode.update(current.etag)
             try:
                 etag = self.store.put(
@@ -547,7 +550,7 @@ class Documents:
             written_version = _Version(stamped, etag)
             with self._guard:
                 self._cache[key] = written_version
-            self._landed(key, codec, _Attempt(commit_id, now, tried))
+            self._landed(key, _Attempt(commit_id, now, tried))
             return written_version
 
     def _apply(
@@ -558,11 +561,13 @@ class Documents:
         commit_id: str,
         doc: T,
         now: datetime,
-    ) -> list[_Tried[T]]:
+    ) -> tuple[list[_Tried], T | None]:
         """Every member's command applied in order, each on the version the one before
-        made, stamped with ``commit_id`` and carrying its journal record; a refused
-        member, or one with nothing to write, leaves the version as it was."""
-        tried: list[_Tried[T]] = []
+        made, stamped with ``commit_id`` and carrying its journal record (a refused member,
+        or one with nothing to write, leaves the version as it was); and the version the
+        last change made, None if none changed anything."""
+        tried: list[_Tried] = []
+        written: T | None = None
         for member in members:
             command = member.command
             try:
@@ -575,20 +580,22 @@ class Documents:
                 continue
             stamped = codec.stamp(new_doc, commit_id)
             transitions = tuple(codec.transitions(doc, stamped))
-            doc = self._journaled(key, codec, command, commit_id, stamped, now, transitions)
-            tried.append(_Tried(member, result, after=doc, transitions=transitions))
-        return tried
+            doc = written = self._journaled(
+                key, codec, command, commit_id, stamped, now, transitions
+            )
+            tried.append(_Tried(member, result, None, True, codec.version(doc), transitions))
+        return tried, written
 
-    def _landed(self, key: str, codec: Codec[T], attempt: _Attempt[T]) -> None:
+    def _landed(self, key: str, attempt: _Attempt) -> None:
         """Settle every member of a write that landed; each that changed the object gets
         the event of its own version."""
         changed = 0
         for t in attempt.tried:
-            if t.after is not None:
+            if t.changed:
                 changed += 1
                 t.member.event = CommitEvent(
                     key=key,
-                    version=codec.version(t.after),
+                    version=t.version,
                     command=t.member.command.name,
                     actor=t.member.command.actor,
                     commit_id=attempt.commit_id,

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +42,7 @@ from .test_cas import (
     TallyCodec,
     backoff,
     cid,
+    corrupt,
     event,
     make_rig,
     moved,
@@ -470,6 +471,42 @@ def test_commits_of_another_codec_or_over_a_corrupt_version_go_alone(rig: Rig) -
     assert (a.commit_id, d.version) == (d.commit_id, a.version + 1)
 
 
+def test_a_commit_over_a_version_repaired_meanwhile_leaves_the_repaired_one_cached(
+    rig: Rig,
+) -> None:
+    """Another repair replaced the corrupt version first: ours has nothing to write, and the
+    version it read in full (not the one cached before the damage) is the one cached."""
+    rig.docs.commit(KEY, CODEC, Add("x"))
+    damaged = corrupt(rig)
+    rig.rival.commit(KEY, CODEC, Add("y", actor="rex"), over=damaged)
+
+    assert rig.docs.commit(KEY, CODEC, AtLeast("y", 1), over=damaged) == 1
+    rig.forget_calls()
+    assert rig.docs.commit(KEY, CODEC, Add("z")) == 1
+    assert rig.calls == {"put": 1}
+    assert rig.peek() == Tally({"y": 1, "z": 1}, when(3), 2, (rival_id(1), cid(3, 1)))
+
+
+def test_a_commit_over_a_corrupt_version_reads_afresh_whatever_was_cached_meanwhile(
+    rig: Rig,
+) -> None:
+    """A read (of another thread: reads do not wait for writes) caches a version just as
+    the commit starts; the commit still begins with a full read of its own."""
+    damaged = corrupt(rig)
+    rig.rival.commit(KEY, CODEC, Add("y", actor="rex"), over=damaged)  # repaired meanwhile
+    ids = rig.store.runtime.new_id
+
+    def new_id() -> str:
+        rig.docs.read(KEY, CODEC)
+        return ids()
+
+    rig.store.runtime = replace(rig.store.runtime, new_id=new_id)
+    rig.forget_calls()
+    assert rig.docs.commit(KEY, CODEC, Add("y"), over=damaged) == 2
+    assert rig.calls == {"get": 2, "put": 1}
+    assert rig.docs.stats == Stats(commits=1, reads=2)
+
+
 def test_a_commit_from_within_the_write_in_flight_goes_alone_first(rig: Rig) -> None:
     """A store call of the write (here a hook of the store) commits to the same object from
     the writing thread: it does not wait for itself; the outer write then loses the race
@@ -525,12 +562,12 @@ def test_a_leader_takes_its_own_and_the_queued_of_its_codec_in_order() -> None:
 
 
 def test_a_leader_beyond_the_bound_goes_with_those_before_it() -> None:
-    lane = _Lane(max_group=2)
-    a, b, c, d = members("a", "b", "c", "d")
-    for m in (a, b, c, d):
+    lane = _Lane(max_group=3)
+    a, b, c, d, e = members("a", "b", "c", "d", "e")
+    for m in (a, b, c, d, e):
         lane.join(m)
-    assert lane.lead(d) == [a, d]
-    assert lane.queue == [b, c]
+    assert lane.lead(e) == [a, b, e]
+    assert lane.queue == [c, d]
 
 
 def test_a_settled_member_does_not_lead_and_a_withdrawn_one_is_not_taken() -> None:
