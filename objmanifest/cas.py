@@ -7,9 +7,17 @@ cached version, so a warm, uncontended commit is one PUT; a lost race re-reads (
 nothing changed), re-applies the change and tries again with jittered backoff, a bounded
 number of times.
 
-Each written version carries its commit id, and every attempt's id differs, so after a
-write whose answer was lost (or a client retry that met its own earlier write) the re-read
-tells "my attempt landed" from "someone else won": a change is never applied twice.
+Commits of one object from threads of one process are grouped: while a write of the
+object is in flight, further commits to it queue up; when it finishes, one of them leads
+the next write, which carries every queued command (up to ``CasPolicy.max_group``),
+applied in order, each on the result of the one before, in one conditional PUT. Each
+member is a version of its own (its own journal record and event), and each caller gets
+its own result, or its own refusal: a refused member is left out of the write, the others
+go on. A group is retried, recognised after a lost answer and judged fresh as one.
+
+Each write carries its commit id, and every attempt's id differs, so after a write whose
+answer was lost (or a client retry that met its own earlier write) the re-read tells "my
+attempt landed" from "someone else won": a change is never applied twice.
 
 Every commit that lands is published once to the observers (``events.py``), and, for an
 object at the journal's schema, leaves exactly one journal record: it is written inside the
@@ -75,7 +83,12 @@ class Codec(Protocol[T]):
     def decode(self, key: str, body: bytes) -> T: ...
     def encode(self, doc: T) -> bytes: ...
     def empty(self) -> T: ...
-    def stamp(self, doc: T, commit_id: str) -> T: ...
+    def stamp(self, doc: T, commit_id: str) -> T:
+        """``doc`` as the next version, written by ``commit_id``. The members of a group
+        commit are stamped one after the other with the one id of their write: a doc that
+        ends with ``commit_id`` already remembers it once."""
+        ...
+
     def commit_ids(self, doc: T) -> Sequence[str]: ...
     def version(self, doc: T) -> int | None: ...
     def transitions(self, before: T, after: T) -> Sequence[Change]: ...
@@ -101,13 +114,21 @@ class Command(Protocol[T, R_co]):
     def apply(self, doc: T, now: datetime) -> tuple[T | None, R_co]: ...
 
 
+GROUP_MAX = 256
+"""The most commands one write carries by default (``CasPolicy.max_group``), so that one PUT
+stays of reasonable size; ``repair`` counts on it (each member is a version an object may
+carry unflushed)."""
+
+
 @dataclass(frozen=True)
 class CasPolicy:
-    """How hard a commit tries before giving up with ``ConflictRetriesExhausted``."""
+    """How hard a commit tries before giving up with ``ConflictRetriesExhausted``, and how
+    many queued commands of one object one write may carry (at most ``GROUP_MAX``)."""
 
     max_attempts: int = 100
     base_delay: float = 0.01
     max_delay: float = 1.0
+    max_group: int = GROUP_MAX
 
     def backoff(self, attempt: int, rand: float) -> float:
         """The pause after lost race number ``attempt``; ``rand`` is uniform in [0, 1)."""
@@ -123,6 +144,9 @@ class Stats:
     came back or the re-read recognised them), lost races, reads, 304s, lost answers."""
 
     commits: int = 0
+    grouped: int = 0
+    """Commits that landed in another commit's write (a group commit's members after its
+    first): the writes that landed are ``commits - grouped``."""
     conflicts: int = 0
     reads: int = 0
     not_modified: int = 0
@@ -130,11 +154,16 @@ class Stats:
     journal_blocks: int = 0
     """Journal blocks this process wrote (or found written by another)."""
 
-    def count(self, name: str) -> None:
-        """Add one to ``name``; safe from any thread (commits of different objects run in
+    @property
+    def writes(self) -> int:
+        """Writes of manifest objects that landed: one per PUT, whatever it carried."""
+        return self.commits - self.grouped
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to ``name``; safe from any thread (commits of different objects run in
         parallel and share these counts)."""
         with _COUNTING:
-            setattr(self, name, getattr(self, name) + 1)
+            setattr(self, name, getattr(self, name) + n)
 
 
 @dataclass
@@ -143,14 +172,110 @@ class _Version(Generic[T]):
     etag: str | None  # None: the object does not exist yet
 
 
-@dataclass
-class _Sent(Generic[T, R]):
-    """An attempt that may have landed: its result and the event to publish if it did."""
+@dataclass(eq=False)
+class _Member(Generic[T, R]):
+    """One call of ``commit``: its command, and once settled, what its caller gets."""
 
-    result: R
-    before: T
-    after: T
+    command: Command[T, R]
+    codec: Codec[T]
+    over: str | None
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    event: CommitEvent | None = None
+
+    def settle(self, result: Any, error: BaseException | None) -> None:
+        self.result, self.error = result, error
+        self.done = True  # last: a caller woken early sees a member settled in full
+
+    def outcome(self, observers: Observers) -> Any:
+        """Publish the member's event (if it landed a change), then its result or refusal:
+        in its caller's thread, whichever thread wrote it."""
+        if self.event is not None:
+            observers.publish(self.event)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@dataclass
+class _Tried:
+    """What one member's command did in one attempt: its result or refusal, and whether it
+    changed the object (then the version it made, and what changed)."""
+
+    member: _Member[Any, Any]
+    result: Any = None
+    error: Exception | None = None
+    changed: bool = False
+    version: int | None = None
+    transitions: tuple[Change, ...] = ()
+
+
+@dataclass
+class _Attempt:
+    """One write's members as they were applied, at the store's time ``at``."""
+
+    commit_id: str
     at: datetime
+    tried: list[_Tried]
+
+
+class _Lane:
+    """The commits of one object in this process: the write in flight, and the members
+    queued behind it for the next one.
+
+    A caller queues its member and waits until it is settled, or until no write is in
+    flight: it then leads the next write, which carries its own member and those queued
+    with it (``_take``). ``writing`` is held while a write is in flight; the leader's own
+    thread may take it again (a store call, codec or command of the write that commits to
+    the same object again runs alone, as inside a lock it holds)."""
+
+    def __init__(self, max_group: int) -> None:
+        self.max_group = max_group
+        self.writing = threading.RLock()
+        self.changed = threading.Condition()
+        self.queue: list[_Member[Any, Any]] = []
+        self.leader: int | None = None
+        """The thread whose write is in flight, if one is."""
+
+    def join(self, member: _Member[Any, Any]) -> None:
+        with self.changed:
+            self.queue.append(member)
+
+    def lead(self, member: _Member[Any, Any]) -> list[_Member[Any, Any]] | None:
+        """Wait until ``member`` is settled (None), or until this thread may lead the next
+        write: the members it carries, taken from the queue."""
+        with self.changed:
+            while self.leader is not None and not member.done:
+                self.changed.wait()
+            if member.done:
+                return None
+            self.leader = threading.get_ident()
+            return self._take(member)
+
+    def _take(self, member: _Member[Any, Any]) -> list[_Member[Any, Any]]:
+        """``member`` and those queued of its codec, in the order they came, up to
+        ``max_group``; a commit over a corrupt version (``over``) goes alone."""
+        if member.over is not None:
+            batch = [member]
+        else:
+            same = [m for m in self.queue if m.over is None and m.codec == member.codec]
+            batch = same[: self.max_group]
+            if not any(m is member for m in batch):
+                batch[-1:] = [member]
+        taken = {id(m) for m in batch}
+        self.queue = [m for m in self.queue if id(m) not in taken]
+        return batch
+
+    def release(self) -> None:
+        with self.changed:
+            self.leader = None
+            self.changed.notify_all()
+
+    def withdraw(self, member: _Member[Any, Any]) -> None:
+        """Take ``member`` out of the queue if no write has taken it yet."""
+        with self.changed:
+            self.queue = [m for m in self.queue if m is not member]
 
 
 def block_end(version: int) -> int:
@@ -236,8 +361,9 @@ class BlockWriter:
 class Documents:
     """Cached, compare-and-swap access to manifest objects of one store.
 
-    ``detached()`` gives a view with its own cache that shares the store, policy, counts
-    and observers, for objects that should not stay cached for long.
+    ``detached()`` gives a view with its own cache (and its own groups of commits) that
+    shares the store, policy, counts and observers, for objects that should not stay cached
+    for long.
     """
 
     store: ObjectStore
@@ -249,8 +375,8 @@ class Documents:
 
     def __post_init__(self) -> None:
         self._cache: dict[str, _Version[Any]] = {}
-        self._locks: dict[str, threading.RLock] = {}
-        self._guard = threading.Lock()
+        self._lanes: dict[str, _Lane] = {}
+        self._guard = threading.Lock()  # the lanes and every change of the cache
         self._blocks = BlockWriter(self.store, self.stats, self.block_key)
 
     def detached(self) -> Documents:
@@ -258,9 +384,22 @@ class Documents:
         docs._blocks = self._blocks
         return docs
 
-    def _lock(self, key: str) -> threading.RLock:
+    def _lane(self, key: str) -> _Lane:
         with self._guard:
-            return self._locks.setdefault(key, threading.RLock())
+            lane = self._lanes.get(key)
+            if lane is None:
+                lane = self._lanes[key] = _Lane(self.policy.max_group)
+            return lane
+
+    def _cache_from(self, key: str, seen: _Version[Any] | None, new: _Version[Any] | None) -> None:
+        """Cache ``new`` (None: nothing) for ``key`` unless the cache changed since it held
+        ``seen``: a read that raced a write never puts an older version over the newer."""
+        with self._guard:
+            if self._cache.get(key) is seen:
+                if new is None:
+                    self._cache.pop(key, None)
+                else:
+                    self._cache[key] = new
 
     def _refresh(self, key: str, codec: Codec[T], over: str | None = None) -> _Version[T]:
         cached = self._cache.get(key) if over is None else None
@@ -268,7 +407,7 @@ class Documents:
         try:
             blob = self.store.get(key, if_none_match=cached.etag if cached else None)
         except NotFound:
-            self._cache.pop(key, None)
+            self._cache_from(key, cached, None)
             return _Version(codec.empty(), None)
         if blob is None:
             assert cached is not None
@@ -285,23 +424,22 @@ class Documents:
         except UnsupportedSchema as e:
             raise e.at(self.store.describe(key), codec.repair) from None
         version = _Version(doc, blob.etag)
-        self._cache[key] = version
+        self._cache_from(key, cached, version)
         return version
 
     def read(self, key: str, codec: Codec[T]) -> T:
-        """The current version: a conditional GET, so an unchanged object costs no body."""
-        with self._lock(key):
-            return self._refresh(key, codec).doc
+        """The current version: a conditional GET, so an unchanged object costs no body. It
+        does not wait for a write in flight (it returns the version before or after it)."""
+        return self._refresh(key, codec).doc
 
     def cached(self, key: str, codec: Codec[T]) -> T:
         """The cached version if there is one, else a read."""
-        with self._lock(key):
-            cached = self._cache.get(key)
-            return cached.doc if cached is not None else self._refresh(key, codec).doc
+        cached = self._cache.get(key)
+        return cached.doc if cached is not None else self._refresh(key, codec).doc
 
     def forget(self, key: str) -> None:
-        """Drop the cached version of ``key``."""
-        with self._lock(key):
+        """Drop the cached version of ``key`` (after the write in flight, if any)."""
+        with self._lane(key).writing, self._guard:
             self._cache.pop(key, None)
 
     def commit(
@@ -310,28 +448,60 @@ class Documents:
         """Apply ``command`` to the object until a conditional write of its result wins.
 
         Outcomes decided on a cached version that was not just validated (a refusal, or
-        nothing to write) are checked against a fresh read before they are believed.
-        ``over`` is the ETag of a corrupt version that may be replaced (a repair copied it
-        aside first): while the object holds exactly it, ``command`` sees an empty object
-        and its write is conditional on that ETag; any other corrupt version is refused.
+        nothing to write) are believed only once a fresh read, or a write conditional on
+        that version, shows it was current. ``over`` is the ETag of a corrupt version that
+        may be replaced (a repair copied it aside first): while the object holds exactly it,
+        ``command`` sees an empty object and its write is conditional on that ETag; any
+        other corrupt version is refused. Such a commit is never grouped with others.
+
+        While a write of ``key`` is in flight, the call waits, and its command goes out
+        with the others queued meanwhile in the next write (see the module's docstring).
         """
-        with self._lock(key):
-            if over is not None:
-                self._cache.pop(key, None)
-            result, event, landed = self._commit(key, codec, command, over)
-        if event is not None:
-            self.observers.publish(event)
-        if landed is not None:
-            self._flush_due(key, codec, landed.doc)
-        return result
+        lane = self._lane(key)
+        member: _Member[T, R] = _Member(command, codec, over)
+        if lane.leader == threading.get_ident():
+            # Called again from within this thread's write in flight: it goes alone, first.
+            self._write(key, lane, [member])
+            return member.outcome(self.observers)  # type: ignore[no-any-return]
+        try:
+            lane.join(member)
+            batch = lane.lead(member)
+        except BaseException:  # interrupted while waiting: never applied after this
+            lane.withdraw(member)
+            raise
+        if batch is not None:
+            try:
+                self._write(key, lane, batch)
+            finally:
+                lane.release()
+        return member.outcome(self.observers)  # type: ignore[no-any-return]
+
+    def _write(self, key: str, lane: _Lane, batch: list[_Member[T, Any]]) -> None:
+        """Run one write carrying ``batch`` and settle every member; when the write fails,
+        each gets the error (the leader's own caller too, through its member). Then start
+        the journal blocks the version that landed made whole."""
+        codec, over = batch[0].codec, batch[0].over
+        try:
+            with lane.writing:
+                if over is not None:
+                    with self._guard:
+                        self._cache.pop(key, None)
+                landed = self._commit(key, codec, batch, over)
+        except BaseException as e:
+            for member in batch:
+                member.settle(None, e)
+            return
+        self._flush_due(key, codec, landed)
 
     def _commit(
-        self, key: str, codec: Codec[T], command: Command[T, R], over: str | None = None
-    ) -> tuple[R, CommitEvent | None, _Version[T] | None]:
+        self, key: str, codec: Codec[T], members: list[_Member[T, Any]], over: str | None = None
+    ) -> _Version[T] | None:
         runtime = self.store.runtime
         op = runtime.new_id()[:16]
-        sent: dict[str, _Sent[T, R]] = {}  # commit id -> attempt that may have landed
-        current: _Version[T] | None = self._cache.get(key)
+        sent: dict[str, _Attempt] = {}  # commit id -> attempt that may have landed
+        # Over a corrupt version the first version is a fresh read, whatever a read of
+        # another thread cached meanwhile.
+        current: _Version[T] | None = self._cache.get(key) if over is None else None
         validated = current is None
         if current is None:
             current = self._refresh(key, codec, over)
@@ -340,23 +510,16 @@ class Documents:
             if sent:
                 for commit_id in reversed(codec.commit_ids(current.doc)):
                     if commit_id in sent:
-                        landed = sent[commit_id]
-                        self.stats.count("commits")
-                        event = self._event(
-                            key, codec, command, commit_id, landed.before, landed.after, landed.at
-                        )
-                        return landed.result, event, current
+                        self._landed(key, sent[commit_id])
+                        return current
             now = self.store.now()
-            try:
-                new_doc, result = command.apply(current.doc, now)
-            except ObjManifestError:
+            applied = self._apply(key, codec, members, f"{op}.{attempt + 1}", current.doc, now)
+            tried, stamped = applied
+            if stamped is None:
                 if validated:
-                    raise
-                current, validated = self._refresh(key, codec, over), True
-                continue
-            if new_doc is None:
-                if validated:
-                    return result, None, None
+                    for t in tried:
+                        t.member.settle(t.result, t.error)
+                    return None
                 current, validated = self._refresh(key, codec, over), True
                 continue
             attempt += 1
@@ -367,9 +530,6 @@ class Documents:
                     "call. Retry later, or spread the work over more stages."
                 )
             commit_id = f"{op}.{attempt}"
-            stamped = self._journaled(
-                key, codec, command, commit_id, current.doc, codec.stamp(new_doc, commit_id), now
-            )
             mode = CREATE if current.etag is None else PutMode.update(current.etag)
             try:
                 etag = self.store.put(
@@ -377,21 +537,74 @@ class Documents:
                 )
             except PreconditionFailed:
                 self.stats.count("conflicts")
-                sent[commit_id] = _Sent(result, current.doc, stamped, now)
+                sent[commit_id] = _Attempt(commit_id, now, tried)
                 if validated:
                     runtime.sleep(self.policy.backoff(attempt, runtime.random()))
                 current, validated = self._refresh(key, codec, over), True
                 continue
             except OutcomeUnknown:
                 self.stats.count("lost_responses")
-                sent[commit_id] = _Sent(result, current.doc, stamped, now)
+                sent[commit_id] = _Attempt(commit_id, now, tried)
                 current, validated = self._refresh(key, codec, over), True
                 continue
-            before = current.doc
-            self._cache[key] = written = _Version(stamped, etag)
-            self.stats.count("commits")
-            event = self._event(key, codec, command, commit_id, before, stamped, now)
-            return result, event, written
+            written_version = _Version(stamped, etag)
+            with self._guard:
+                self._cache[key] = written_version
+            self._landed(key, _Attempt(commit_id, now, tried))
+            return written_version
+
+    def _apply(
+        self,
+        key: str,
+        codec: Codec[T],
+        members: list[_Member[T, Any]],
+        commit_id: str,
+        doc: T,
+        now: datetime,
+    ) -> tuple[list[_Tried], T | None]:
+        """Every member's command applied in order, each on the version the one before
+        made, stamped with ``commit_id`` and carrying its journal record (a refused member,
+        or one with nothing to write, leaves the version as it was); and the version the
+        last change made, None if none changed anything."""
+        tried: list[_Tried] = []
+        written: T | None = None
+        for member in members:
+            command = member.command
+            try:
+                new_doc, result = command.apply(doc, now)
+            except Exception as e:  # a refusal (or a broken command): this member's own
+                tried.append(_Tried(member, error=e))
+                continue
+            if new_doc is None:
+                tried.append(_Tried(member, result))
+                continue
+            stamped = codec.stamp(new_doc, commit_id)
+            transitions = tuple(codec.transitions(doc, stamped))
+            doc = written = self._journaled(
+                key, codec, command, commit_id, stamped, now, transitions
+            )
+            tried.append(_Tried(member, result, None, True, codec.version(doc), transitions))
+        return tried, written
+
+    def _landed(self, key: str, attempt: _Attempt) -> None:
+        """Settle every member of a write that landed; each that changed the object gets
+        the event of its own version."""
+        changed = 0
+        for t in attempt.tried:
+            if t.changed:
+                changed += 1
+                t.member.event = CommitEvent(
+                    key=key,
+                    version=t.version,
+                    command=t.member.command.name,
+                    actor=t.member.command.actor,
+                    commit_id=attempt.commit_id,
+                    at=attempt.at,
+                    transitions=t.transitions,
+                )
+            t.member.settle(t.result, t.error)
+        self.stats.count("commits", changed)
+        self.stats.count("grouped", changed - 1)
 
     # -- the journal ---------------------------------------------------------------------
 
@@ -399,11 +612,11 @@ class Documents:
         self,
         key: str,
         codec: Codec[T],
-        command: Command[T, R],
+        command: Command[T, Any],
         commit_id: str,
-        before: T,
         after: T,
         at: datetime,
+        transitions: tuple[Change, ...],
     ) -> T:
         """``after`` carrying its own journal record, without the records whose block is
         known to be stored."""
@@ -419,14 +632,17 @@ class Documents:
             command=command.name,
             actor=command.actor,
             at=at,
-            transitions=tuple(codec.transitions(before, after)),
+            transitions=transitions,
         )
         kept = self._blocks.unstored(key, journal_id, records)
         return codec.with_journal(after, journal_id, [*kept, record])
 
-    def _flush_due(self, key: str, codec: Codec[T], doc: T) -> None:
-        """Start writing every whole block ``doc`` carries that is not known to be stored."""
-        journal = codec.journal(doc)
+    def _flush_due(self, key: str, codec: Codec[T], landed: _Version[T] | None) -> None:
+        """Start writing every whole block the version that landed carries that is not
+        known to be stored."""
+        if landed is None:
+            return
+        journal = codec.journal(landed.doc)
         if journal is not None:
             journal_id, records = journal
             assert journal_id is not None  # every journaled version was given one
@@ -435,23 +651,3 @@ class Documents:
     def flush(self) -> None:
         """Wait until every journal block started so far is written (or failed)."""
         self._blocks.flush()
-
-    def _event(
-        self,
-        key: str,
-        codec: Codec[T],
-        command: Command[T, R],
-        commit_id: str,
-        before: T,
-        after: T,
-        at: datetime,
-    ) -> CommitEvent:
-        return CommitEvent(
-            key=key,
-            version=codec.version(after),
-            command=command.name,
-            actor=command.actor,
-            commit_id=commit_id,
-            at=at,
-            transitions=tuple(codec.transitions(before, after)),
-        )

@@ -84,6 +84,15 @@ def load_json(key: str, body: bytes, supported: int) -> dict[str, Any]:
     return data
 
 
+def remembered(commits: tuple[str, ...], commit_id: str) -> tuple[str, ...]:
+    """The last ``COMMITS_KEPT`` commit ids once ``commit_id`` wrote a version: the members
+    of a group commit share their write's id, which is remembered once (so a group never
+    pushes other writers' ids out of the window faster than one write does)."""
+    if commits[-1:] == (commit_id,):
+        return commits
+    return (*commits, commit_id)[-COMMITS_KEPT:]
+
+
 class Versioned(Protocol):
     """A document the CAS loop stamps: a version counter, its last commit ids, and (from
     ``JOURNAL_SCHEMA`` on) the journal records it carries."""
@@ -128,7 +137,7 @@ class VersionedCodec(Generic[D]):
 
     def stamp(self, doc: D, commit_id: str) -> D:
         versioned: Versioned = doc  # type: ignore[assignment]
-        commits = (*versioned.commits, commit_id)[-COMMITS_KEPT:]
+        commits = remembered(versioned.commits, commit_id)
         return doc.model_copy(update={"version": versioned.version + 1, "commits": commits})
 
     def commit_ids(self, doc: D) -> Sequence[str]:
@@ -251,8 +260,7 @@ class IndexCodec:
         meta = doc.meta
         if meta.schema_version < JOURNAL_SCHEMA:
             return doc
-        commits = (*meta.commits, commit_id)[-COMMITS_KEPT:]
-        return doc.with_meta(replace(meta, commits=commits))
+        return doc.with_meta(replace(meta, commits=remembered(meta.commits, commit_id)))
 
     def commit_ids(self, doc: shard_index.ShardIndex) -> Sequence[str]:
         return doc.meta.commits

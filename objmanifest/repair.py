@@ -43,7 +43,7 @@ import shard_index
 
 from . import transfer
 from .archive import Archives
-from .cas import BLOCK, Documents
+from .cas import BLOCK, GROUP_MAX, Documents
 from .codecs import REMOVED, IndexCodec, ShardCodec, index_error
 from .errors import (
     ChecksumMismatch,
@@ -56,9 +56,10 @@ from .layout import TaskLayout
 from .model import Archived, Entry, JournalRecord, Shard, State, declaration_digest
 from .store import CREATE, ObjectStore
 
-RECORDS_AT_RISK = 2 * BLOCK
-"""How many versions an object carries unflushed while its block writes succeed: the epoch
-margin given to an entry rebuilt without the object's own records."""
+RECORDS_AT_RISK = 2 * BLOCK + GROUP_MAX
+"""How many versions an object carries unflushed while its block writes succeed (two blocks,
+and a group commit's members, each a version, landed in one write): the epoch margin given
+to an entry rebuilt without the object's own records."""
 
 Damage = Literal["deleted", "corrupt", "newer"]
 Action = Literal["rebuilt", "would rebuild", "left alone"]

@@ -219,6 +219,7 @@ def test_chunked_data_goes_up_in_parts_and_is_finished_with_the_rest_in_one_comm
 
 
 @pytest.mark.behaviour
+@pytest.mark.stage_layout
 def test_an_entry_taken_over_and_made_ready_as_one_object_has_the_old_upload_aborted(
     store: om.ObjectStore,
 ) -> None:
@@ -251,6 +252,7 @@ def test_an_entry_taken_over_and_made_ready_as_one_object_has_the_old_upload_abo
 
 
 @pytest.mark.behaviour
+@pytest.mark.stage_layout
 def test_bad_batches_are_refused_before_anything_is_written(task: om.Task) -> None:
     task.declare_many([("a", "collect"), ("b", "collect")])
     agent = task.agent("w")
