@@ -13,10 +13,12 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+import rawstore
 from conftest import requests
 from starlette.testclient import TestClient
 
 import objmanifest as om
+from objmanifest import cas
 from objmanifest.web import pages
 from objmanifest.web.app import create_app
 from objmanifest.web.graph import layered
@@ -308,6 +310,36 @@ def test_an_idle_board_costs_one_conditional_get_per_shard_and_the_index(job: om
     assert stats.not_modified - not_modified >= answered - polls * (len(names) + 1 - missing)
 
 
+@pytest.mark.stage_layout
+def test_a_busy_shard_costs_only_its_new_journal_blocks(store: om.Store) -> None:
+    task = om.Task.create(store, "busy", stages=["collect"])
+    for i in range(2 * cas.BLOCK):  # two blocks' worth before the first look
+        task.declare(f"f{i:03d}", stage="collect")
+    task.flush_journal()
+    client = client_for(Site(store, "busy", interval=0))
+    client.get("/api/tasks/busy")
+    before = blocks(store)
+    assert len(before) >= 1
+    for i in range(2 * cas.BLOCK, 4 * cas.BLOCK):  # more records than the shard carries
+        claim = task.agent("a").claim(f"f{i - 2 * cas.BLOCK:03d}")
+        assert claim is not None
+    task.flush_journal()
+    new = [k for k in blocks(store) if k not in before]
+    assert new
+    with requests(store) as seen:
+        board = client.get("/api/tasks/busy").json()
+    # The shard and the index (304 or not), the shard again for its journal, one listing of
+    # its journal blocks, and the new blocks only: never the old ones again.
+    assert seen["ListObjectsV2"] == 1
+    assert seen["GetObject"] == 2 + 1 + len(new)
+    flow = board["stages"][0]["throughput"]
+    assert sum(flow["ready"]) == 0 and board["totals"]["writing"] == 2 * cas.BLOCK
+
+
+def blocks(store: om.Store) -> list[str]:
+    return [k for k in rawstore.keys(store, "busy/journal/") if "retention" not in k]
+
+
 def test_one_snapshot_serves_every_client_within_the_interval(job: om.Task) -> None:
     now = [0.0]
     site = Site(job.store, "job", interval=2.0, monotonic=lambda: now[0])
@@ -436,6 +468,9 @@ def test_every_request_needs_the_token_once_one_is_set(job: om.Task) -> None:
     assert TOKEN not in cookie and cookie_value(TOKEN) in cookie
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie
     assert client.get("/api/tasks/job").status_code == 200  # the client keeps the cookie
+    hostile = pages.entry_url("job", "ünï/a%2Fb c.txt")
+    again = client.get(hostile, params={"token": TOKEN}, follow_redirects=False)
+    assert again.status_code == 303 and again.headers["location"] == hostile
     client.cookies.clear()
     client.cookies.set("objmanifest_web", cookie_value("another token of enough length"))
     assert client.get("/api/tasks/job").status_code == 401

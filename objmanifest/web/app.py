@@ -115,7 +115,9 @@ class Gate:
             if not same(given, self.token):
                 return _unauthorized()
             rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
+            raw = request.scope.get("raw_path") or request.url.path.encode()
+            path = "/" + bytes(raw).split(b"?", 1)[0].decode("latin-1").lstrip("/")
+            target = path + (f"?{urlencode(rest)}" if rest else "")  # never //elsewhere
             response = Response(status_code=303, headers={"location": target})
             assert self.cookie is not None
             response.set_cookie(COOKIE, self.cookie, httponly=True, samesite="strict", path="/")

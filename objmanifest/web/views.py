@@ -8,7 +8,8 @@ view shared by every client for ``interval`` seconds, so ten open pages cost wha
 What an idle board costs the store per refresh: one conditional GET per shard and one of
 the index (``Task.status``), nothing else; the partition counts and the throughput are read
 from the shards ``status`` just read (``Documents.cached``). The first look at a board reads
-the recent journal of each shard once (its blocks). An entry's page costs the GETs of the
+the journal blocks of each shard once; later, a shard whose records moved to blocks between
+two looks costs a listing and the new blocks only. An entry's page costs the GETs of the
 shards its lineage lives in and of the index while none of its entries changes; it reads
 its history and lineage again (the journal blocks of those shards) only when one did.
 
@@ -164,7 +165,7 @@ class Throughput:
             after = seen[1] if seen is not None and seen[0] == journal_id else 0
             found = [
                 r
-                for r in self.task.journal.records(key, codec)
+                for r in self.task.journal.records(key, codec, after=after)
                 if r.version > after and r.at >= start
             ]
         self._seen[key] = (journal_id, max(newest, seen[1] if seen else 0))
