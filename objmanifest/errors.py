@@ -217,6 +217,11 @@ class SetupError(ObjManifestError):
     """The demo could not start: no server, no bucket, no task."""
 
 
+class ExtraMissing(ObjManifestError):
+    """A command needs an optional extra that is not installed (``objmanifest web`` needs
+    ``objmanifest[web]``); the message names it and how to install it."""
+
+
 class Stopped(BaseException):
     """SIGTERM or SIGHUP: stop like on Ctrl-C, leaving no agent or server behind. A
     BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""

@@ -20,6 +20,7 @@ from .exits import UsageError
 ENV_URL = "OBJMANIFEST_URL"
 ENV_TASK = "OBJMANIFEST_TASK"
 ENV_AGENT = "OBJMANIFEST_AGENT"
+ENV_WEB_TOKEN = "OBJMANIFEST_WEB_TOKEN"
 
 GLOBAL_DESTS = ("url", "endpoint_url", "task", "json", "debug", "no_progress", "cas_attempts")
 _VALUE_OPTIONS = {"--url", "--endpoint-url", "--task", "--cas-attempts"}
@@ -32,7 +33,8 @@ exit codes:
   3 nothing claimable          10 already consumed
   4 not ready                  11 not a consumer
   5 lease lost                 12 unsupported store, corrupt
-  6 checksum mismatch             manifest or newer schema
+  6 checksum mismatch             manifest, newer schema or an
+                                  optional extra not installed
 
 With --json every command writes one JSON object to stdout, errors included
 ({"error", "message", "exit_code", ...}); `consume -o -` writes it to stderr instead.
@@ -564,6 +566,46 @@ def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
 
 
+def web_port(text: str) -> int:
+    """``web --port``: a TCP port, or 0 for any free one."""
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is from 0 (any free) to 65535, not {value}")
+    return value
+
+
+def _web(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """The status page (issue 13)."""
+    p = sub.add_parser(
+        "web",
+        parents=parents,
+        help="a live, read-only status page of the tasks (needs objmanifest[web])",
+        description="Serves a status page: with --task, that task's board at /; without, "
+        "the tasks under --url. Boards, a stage's entries, an entry's history and lineage, "
+        "updated live; a JSON API under /api for each view. Read-only. It binds to "
+        f"127.0.0.1 unless told otherwise; any other address needs a token (${ENV_WEB_TOKEN} "
+        "or --token), checked on every request.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=web_port, default=8321, metavar="N", help="port (default 8321; 0: any free)"
+    )
+    p.add_argument(
+        "--token",
+        default=os.environ.get(ENV_WEB_TOKEN),
+        metavar="TOKEN",
+        help=f"require this token on every request (default: ${ENV_WEB_TOKEN}; needed for a "
+        "non-loopback --host; prefer the variable: `ps` shows arguments)",
+    )
+    p.add_argument(
+        "--interval",
+        type=positive_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often pages refresh; the store is read at most this often per view (default 2)",
+    )
+
+
 def _demo(sub: Any) -> None:
     """``demo`` takes its options from ``objmanifest.demo``.
 
@@ -669,6 +711,7 @@ def build(argv: Sequence[str] = ()) -> Parser:
     _demo(sub)
     _retention(sub, parents)
     _gc(sub, parents)
+    _web(sub, parents)
     return parser
 
 
