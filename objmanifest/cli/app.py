@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from .. import demo
-from . import commands, serve
+from . import commands, serve, storecheck
 from .exits import ExitCode, Stopped, UsageError
 from .output import Output
 from .parser import parse
@@ -42,6 +42,8 @@ HANDLERS: dict[str, Handler] = {
     "undeclare": commands.cmd_undeclare,
     "tasks": commands.cmd_tasks,
     "delete": commands.cmd_delete,
+    "doctor": storecheck.cmd_doctor,
+    "iam-policy": storecheck.cmd_iam_policy,
 }
 
 
