@@ -21,10 +21,9 @@ import uuid
 from email.utils import formatdate
 from typing import Any
 
-import botocore.auth
 import pytest
 from conftest import BUCKET, Server
-from faults import FaultProxy
+from faults import FaultProxy, ignoring_conditions
 
 import objmanifest as om
 from objmanifest.cli import main
@@ -256,16 +255,9 @@ def test_doctor_finds_a_real_server_safe_and_says_how_it_answers(
 
 
 def test_doctor_names_what_a_store_that_ignores_conditions_gets_wrong(
-    server: Server, store: om.Store, monkeypatch: pytest.MonkeyPatch, capsys: Any
+    server: Server, store: om.Store, capsys: Any
 ) -> None:
-    # As in test_races: a store ignoring the headers must not sign them either.
-    monkeypatch.setattr(
-        botocore.auth,
-        "SIGNED_HEADERS_BLACKLIST",
-        [*botocore.auth.SIGNED_HEADERS_BLACKLIST, "if-match", "if-none-match"],
-    )
-    with FaultProxy(server.endpoint_url) as proxy:
-        proxy.strip_conditional_headers = True
+    with ignoring_conditions(server.endpoint_url) as proxy:
         url = f"s3://{BUCKET}/{store.prefix}"
         code = main(["doctor", "--json", "--url", url, "--endpoint-url", proxy.endpoint_url])
     report = json.loads(capsys.readouterr().out)
