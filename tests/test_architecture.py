@@ -22,7 +22,7 @@ PACKAGE = ROOT / "objmanifest"
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "runtime", "checksum", "events"),
     ("store",),
-    ("model", "layout", "sources"),
+    ("model", "layout", "sources", "permissions"),
     ("cas", "codecs"),
     ("states", "leases", "changes", "verbs"),
     ("transfer", "uploads", "deletion"),

@@ -684,6 +684,51 @@ def _gc(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
 
 
+def racers(text: str) -> int:
+    value = _int(text)
+    if not 2 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"a race has 2 to 64 writers, not {value}")
+    return value
+
+
+def _store_checks(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """What the store enforces (``doctor``) and the permissions objmanifest needs."""
+    p = sub.add_parser(
+        "doctor",
+        parents=parents,
+        help="check what the store enforces: conditional writes, races, multipart, Date ...",
+        description="Writes, races and reads a few probe objects under --url's prefix (all "
+        "removed after) and prints what the store enforces and how it answers. Exit 0: safe "
+        "(create-only and If-Match writes enforced, also by concurrent writers, conditional "
+        "multipart completion, a usable Date, ranged reads, listing); 12: a required check "
+        "failed; 13: a required check could not be asked (a refused call names the "
+        "permission it lacked). Digest verification, 409 vs 412 and clock skew are reported.",
+    )
+    p.add_argument(
+        "--racers",
+        type=racers,
+        default=8,
+        metavar="N",
+        help="concurrent writers in each race (default: 8)",
+    )
+    p = sub.add_parser(
+        "iam-policy",
+        parents=parents,
+        help="print the least-privilege AWS IAM policy for --url's bucket and prefix",
+        description="Prints the IAM policy document a role needs for --url's bucket and "
+        "prefix; sends no request. 'agent' (the default): every command but gc, repair, "
+        "delete, archive and trim; lists only under the prefix, deletes only data and probe "
+        "objects. 'admin': those five too.",
+    )
+    p.add_argument(
+        "--for",
+        dest="role",
+        choices=["agent", "admin"],
+        default="agent",
+        help="whose policy (default: agent)",
+    )
+
+
 def build(argv: Sequence[str] = ()) -> Parser:
     """The full parser."""
     parser = Parser(
@@ -712,6 +757,7 @@ def build(argv: Sequence[str] = ()) -> Parser:
     _retention(sub, parents)
     _gc(sub, parents)
     _web(sub, parents)
+    _store_checks(sub, parents)
     return parser
 
 
