@@ -7,6 +7,7 @@ and dependencies; it is split into per-stage shards changed only by conditional 
 from .agent import Agent
 from .cas import CasPolicy
 from .errors import (  # lifecycle verbs
+    AccessDenied,
     AlreadyConsumed,
     AlreadyExists,
     ChecksumMismatch,
@@ -45,6 +46,7 @@ from .transfer import TransferConfig, set_defaults
 __version__ = "0.3.0"
 
 __all__ = [
+    "AccessDenied",
     "Agent",
     "AlreadyConsumed",
     "AlreadyExists",

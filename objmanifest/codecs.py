@@ -69,6 +69,8 @@ def load_json(key: str, body: bytes, supported: int) -> dict[str, Any]:
         raise CorruptShard(key, "not JSON: it is not UTF-8 text") from None
     except ValueError as e:
         raise CorruptShard(key, f"not JSON: {e}") from None
+    except RecursionError:  # arrays or objects nested thousands deep
+        raise CorruptShard(key, "not JSON objmanifest reads: it is nested too deeply") from None
     if not isinstance(data, dict):
         raise CorruptShard(key, "not a JSON object")
     version = data.get("schema_version")

@@ -181,6 +181,12 @@ class StoreError(ObjManifestError):
     """The store answered with an unexpected error (permissions, network, server fault)."""
 
 
+class AccessDenied(StoreError):
+    """The store refused a request for lack of permission (S3 ``AccessDenied``):
+    ``objmanifest iam-policy`` prints the policy objmanifest needs, ``objmanifest doctor``
+    names the permission a call lacked."""
+
+
 class ReadBrokeOff(StoreError):
     """A read of an object's bytes stopped before its end (the connection broke)."""
 
@@ -217,6 +223,11 @@ class SetupError(ObjManifestError):
     """The demo could not start: no server, no bucket, no task."""
 
 
+class ExtraMissing(ObjManifestError):
+    """A command needs an optional extra that is not installed (``objmanifest web`` needs
+    ``objmanifest[web]``); the message names it and how to install it."""
+
+
 class Stopped(BaseException):
     """SIGTERM or SIGHUP: stop like on Ctrl-C, leaving no agent or server behind. A
     BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
@@ -226,7 +237,14 @@ class Stopped(BaseException):
 
 
 class PreconditionFailed(Exception):
-    """412 or 409 on a conditional write: someone else changed the object first."""
+    """412 or 409 on a conditional write: someone else changed the object first.
+
+    ``answer`` is how the store said it (``412 PreconditionFailed``, ``409
+    ConditionalRequestConflict``, ``404 NoSuchKey``), where a backend has one to tell."""
+
+    def __init__(self, message: str = "", answer: str = "") -> None:
+        super().__init__(message)
+        self.answer = answer
 
 
 class OutcomeUnknown(Exception):

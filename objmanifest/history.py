@@ -215,16 +215,17 @@ class History:
 
     # -- one object ------------------------------------------------------------------------
 
-    def blocks(self, object_key: str) -> Iterator[JournalRecord]:
+    def blocks(self, object_key: str, after: int = 0) -> Iterator[JournalRecord]:
         """The records in the blocks of ``object_key`` (every incarnation), but for those
-        journal retention dropped (a block it is still deleting is skipped too)."""
+        journal retention dropped (a block it is still deleting is skipped too) and, with
+        ``after``, for blocks that end at or before that version (never read)."""
         prefix = self.layout.journal_of(object_key)
         rows = list(self.store.list(prefix))
         marker_key = self.layout.journal_retention(object_key)
         marker = self._marker(marker_key) if any(r.key == marker_key for r in rows) else None
         for row in rows:
             ref = self.layout.parse_block(row.key)
-            if ref is None or ref.object_key != object_key:
+            if ref is None or ref.object_key != object_key or ref.last <= after:
                 continue
             if covered(marker, ref.journal_id, ref.last):
                 continue
@@ -259,12 +260,13 @@ class History:
             problem = f"not a journal block: {schema_problems(e)}"
             raise CorruptShard(key, problem, self.store.describe(key)) from None
 
-    def records(self, object_key: str, codec: Codec[Any]) -> list[JournalRecord]:
+    def records(self, object_key: str, codec: Codec[Any], after: int = 0) -> list[JournalRecord]:
         """Every record of ``object_key``, oldest first, one per version, each with its
-        ``object_key`` set. The live object is read after the blocks, so a record moved to
-        a block in between is still found."""
+        ``object_key`` set (with ``after``, at least those after that version: the blocks
+        that end at or before it are not read). The live object is read after the blocks,
+        so a record moved to a block in between is still found."""
         found: dict[tuple[str, int], JournalRecord] = {}
-        for record in self.blocks(object_key):
+        for record in self.blocks(object_key, after):
             found.setdefault((record.commit_id, record.version), record)
         try:
             doc = self.docs.read(object_key, codec)
@@ -307,7 +309,8 @@ class History:
     ) -> list[JournalRecord]:
         """The records committed since ``seen`` (object key -> the newest version already
         returned; updated), oldest first. Each object costs a conditional GET (a 304 when
-        it did not change); its blocks are read only if records moved there meanwhile."""
+        it did not change); its blocks are read only if records moved there meanwhile, and
+        only those."""
         out: list[JournalRecord] = []
         for key, codec in objects if objects is not None else self._objects():
             try:
@@ -322,7 +325,7 @@ class History:
             if not live:
                 continue
             if live[0].version > last + 1:  # the ones between are in a block by now
-                found = [r for r in self.records(key, codec) if r.version > last]
+                found = [r for r in self.records(key, codec, after=last) if r.version > last]
             else:
                 found = [r.model_copy(update={"object_key": key}) for r in live]
             seen[key] = found[-1].version

@@ -252,8 +252,9 @@ class Manifest:
         if problems:
             raise UnsupportedStore(
                 f"{store.url} does not enforce conditional writes, so agents could overwrite "
-                f"each other: {'; '.join(problems)}. Use a store that supports "
-                "If-Match / If-None-Match on PUT (AWS S3, SeaweedFS, MinIO, LocalStack)."
+                f"each other: {'; '.join(problems)}. Use a store that enforces "
+                "If-Match / If-None-Match on PUT, also under concurrent writers (AWS S3, "
+                "SeaweedFS, MinIO, LocalStack); `objmanifest doctor` shows what it enforces."
             )
         header = validated(
             TaskHeader,

@@ -52,7 +52,8 @@ COMMITS_KEPT = 64
 """How many commit ids a shard remembers: enough to tell a lost response from a lost race
 even after dozens of others committed on top."""
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A task id or stage name, matched whole (``$`` would let a final newline in)."""
 
 MAX_FILE_ID_BYTES = 512
 MAX_AGENT_BYTES = 256
@@ -78,7 +79,7 @@ class State(str, Enum):
 
 def check_name(kind: str, value: str) -> str:
     """Task ids and stage names become parts of object keys, so they are kept plain."""
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise InvalidInput(
             f"invalid {kind} {value!r}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

@@ -2,22 +2,24 @@
 
 Time (the monotonic clock that advances the store clock, sleeping between retries),
 randomness (backoff jitter), identifiers (commit ids, creation ids, probe keys) and
-concurrency (the thread that renews a lease, the pools that move parts) all come from a
-``Runtime``. The default one uses the real clock, ``random``, ``uuid4`` and threads; a
-deterministic simulation passes its own (``om.connect(..., runtime=...)``), so a failing
-seed replays exactly, without monkeypatching ``time``.
+concurrency (the thread that renews a lease, the pools that move parts, the store probe's
+racing writers) all come from a ``Runtime``. The default one uses the real clock,
+``random``, ``uuid4`` and threads; a deterministic simulation passes its own
+(``om.connect(..., runtime=...)``), so a failing seed replays exactly, without
+monkeypatching ``time``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Repeating(Protocol):
@@ -59,6 +61,35 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
+def _at_once(calls: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Run every call in a thread of its own, released together by a barrier, and return
+    their results in order; once all are done, the first exception is raised."""
+    barrier = threading.Barrier(len(calls))
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException | None] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=30)
+        try:
+            results[i] = calls[i]()
+        except BaseException as e:  # handed to the caller below
+            errors[i] = e
+
+    threads = [
+        threading.Thread(target=run, args=(i,), name=f"objmanifest-race-{i}", daemon=True)
+        for i in range(len(calls))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return results
+
+
 @dataclass(frozen=True)
 class Runtime:
     """The clock, sleep, randomness, ids and threads the library uses.
@@ -71,6 +102,8 @@ class Runtime:
     * ``every(job, interval, name)``: run ``job`` every ``interval`` seconds in the
       background until it returns False or the handle is stopped (lease renewal).
     * ``pool(workers, name)``: an executor for parts moved in parallel.
+    * ``at_once(calls)``: run the calls at the same moment and return their results (the
+      store probe's racing writers); a simulation may run them in any order it chooses.
     """
 
     monotonic: Callable[[], float] = time.monotonic
@@ -79,6 +112,7 @@ class Runtime:
     new_id: Callable[[], str] = _new_id
     every: Callable[[Callable[[], bool], float, str], Repeating] = _every
     pool: Callable[[int, str], cf.Executor] = _pool
+    at_once: Callable[[Sequence[Callable[[], Any]]], list[Any]] = _at_once
 
 
 DEFAULT = Runtime()

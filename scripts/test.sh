@@ -29,4 +29,15 @@ if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
     fi
 fi
 
+# The web page's browser test drives Debian's headless Chromium with Playwright (no browser
+# download: it is given /usr/bin/chromium).
+if [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null
+    else
+        echo "scripts/test.sh: Chromium is missing; install it: sudo apt-get install chromium" >&2
+        exit 1
+    fi
+fi
+
 exec "$venv/bin/python" -m pytest "$@"

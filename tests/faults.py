@@ -27,13 +27,16 @@ import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from email.utils import format_datetime, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
-__all__ = ["FaultProxy"]
+import botocore.auth
+
+__all__ = ["FaultProxy", "ignoring_conditions"]
 
 # Hop-by-hop headers (RFC 9110 7.6.1) belong to one connection and are never forwarded.
 # Expect is answered by the proxy itself (BaseHTTPRequestHandler sends 100 Continue).
@@ -514,3 +517,22 @@ class FaultProxy:
         resp = conn.getresponse()
         data = resp.read()
         return resp.status, resp.reason, resp.getheaders(), data
+
+
+@contextlib.contextmanager
+def ignoring_conditions(upstream_url: str) -> Iterator[FaultProxy]:
+    """A proxy in front of ``upstream_url`` that drops ``If-Match`` / ``If-None-Match`` from
+    every write, as a store that ignores them would answer.
+
+    SigV4 signs those headers, and a server that checks signatures (SeaweedFS) refuses a
+    request that lost a signed header (403 SignatureDoesNotMatch) before any condition
+    matters, so while the proxy runs botocore leaves them out of the signature.
+    """
+    blacklist = botocore.auth.SIGNED_HEADERS_BLACKLIST
+    botocore.auth.SIGNED_HEADERS_BLACKLIST = [*blacklist, "if-match", "if-none-match"]
+    try:
+        with FaultProxy(upstream_url) as proxy:
+            proxy.strip_conditional_headers = True
+            yield proxy
+    finally:
+        botocore.auth.SIGNED_HEADERS_BLACKLIST = blacklist

@@ -23,10 +23,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import botocore.auth
 import pytest
 from conftest import Server
-from faults import FaultProxy
+from faults import FaultProxy, ignoring_conditions
 
 import objmanifest as om
 from objmanifest import checksum
@@ -519,18 +518,9 @@ def test_rerunning_create_after_a_lost_answer_finds_the_task_exists(
 
 
 def test_a_store_that_ignores_conditional_headers_is_refused(
-    server: Server, store: om.Store, monkeypatch: pytest.MonkeyPatch
+    server: Server, store: om.Store
 ) -> None:
-    # SigV4 signs If-Match / If-None-Match, and a server that checks signatures (SeaweedFS)
-    # refuses a request that lost a signed header (403 SignatureDoesNotMatch) before any
-    # condition matters. Leave them out of the signature, as a store ignoring them would.
-    monkeypatch.setattr(
-        botocore.auth,
-        "SIGNED_HEADERS_BLACKLIST",
-        [*botocore.auth.SIGNED_HEADERS_BLACKLIST, "if-match", "if-none-match"],
-    )
-    with FaultProxy(server.endpoint_url) as proxy:
-        proxy.strip_conditional_headers = True
+    with ignoring_conditions(server.endpoint_url) as proxy:
         through = server.connect(store.prefix, endpoint_url=proxy.endpoint_url)
         with pytest.raises(om.UnsupportedStore, match="does not enforce conditional") as refused:
             om.Task.create(through, TASK, stages=[STAGE])

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from .. import demo
-from . import batch, commands, serve
+from . import batch, commands, serve, storecheck, web
 from .exits import ExitCode, Stopped, UsageError
 from .output import Output
 from .parser import parse
@@ -43,6 +43,9 @@ HANDLERS: dict[str, Handler] = {
     "undeclare": commands.cmd_undeclare,
     "tasks": commands.cmd_tasks,
     "delete": commands.cmd_delete,
+    "web": web.cmd_web,
+    "doctor": storecheck.cmd_doctor,
+    "iam-policy": storecheck.cmd_iam_policy,
 }
 
 

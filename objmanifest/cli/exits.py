@@ -12,7 +12,7 @@ from enum import IntEnum
 from typing import Any
 
 import objmanifest as om
-from objmanifest.errors import NotAllReady, NothingClaimable, Stopped, UsageError
+from objmanifest.errors import ExtraMissing, NotAllReady, NothingClaimable, Stopped, UsageError
 
 
 class ExitCode(IntEnum):
@@ -63,6 +63,7 @@ _TABLE: tuple[tuple[type[BaseException], ExitCode, str], ...] = (
     (om.UnsupportedStore, ExitCode.UNSUPPORTED, "unsupported store"),
     (om.CorruptShard, ExitCode.UNSUPPORTED, "corrupt manifest"),
     (om.UnsupportedSchema, ExitCode.UNSUPPORTED, "unsupported schema"),
+    (ExtraMissing, ExitCode.UNSUPPORTED, "not installed"),
     (om.StoreError, ExitCode.STORE_ERROR, "store error"),
     (om.Refused, ExitCode.REFUSED, "refused"),
     (om.errors.LocalServerError, ExitCode.ERROR, "server error"),

@@ -20,6 +20,7 @@ from .exits import UsageError
 ENV_URL = "OBJMANIFEST_URL"
 ENV_TASK = "OBJMANIFEST_TASK"
 ENV_AGENT = "OBJMANIFEST_AGENT"
+ENV_WEB_TOKEN = "OBJMANIFEST_WEB_TOKEN"
 
 GLOBAL_DESTS = ("url", "endpoint_url", "task", "json", "debug", "no_progress", "cas_attempts")
 _VALUE_OPTIONS = {"--url", "--endpoint-url", "--task", "--cas-attempts"}
@@ -32,7 +33,8 @@ exit codes:
   3 nothing claimable          10 already consumed
   4 not ready                  11 not a consumer
   5 lease lost                 12 unsupported store, corrupt
-  6 checksum mismatch             manifest or newer schema
+  6 checksum mismatch             manifest, newer schema or an
+                                  optional extra not installed
 
 With --json every command writes one JSON object to stdout, errors included
 ({"error", "message", "exit_code", ...}); `consume -o -` writes it to stderr instead.
@@ -564,6 +566,46 @@ def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
 
 
+def web_port(text: str) -> int:
+    """``web --port``: a TCP port, or 0 for any free one."""
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is from 0 (any free) to 65535, not {value}")
+    return value
+
+
+def _web(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """The status page (issue 13)."""
+    p = sub.add_parser(
+        "web",
+        parents=parents,
+        help="a live, read-only status page of the tasks (needs objmanifest[web])",
+        description="Serves a status page: with --task, that task's board at /; without, "
+        "the tasks under --url. Boards, a stage's entries, an entry's history and lineage, "
+        "updated live; a JSON API under /api for each view. Read-only. It binds to "
+        f"127.0.0.1 unless told otherwise; any other address needs a token (${ENV_WEB_TOKEN} "
+        "or --token), checked on every request.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=web_port, default=8321, metavar="N", help="port (default 8321; 0: any free)"
+    )
+    p.add_argument(
+        "--token",
+        default=os.environ.get(ENV_WEB_TOKEN),
+        metavar="TOKEN",
+        help=f"require this token on every request (default: ${ENV_WEB_TOKEN}; needed for a "
+        "non-loopback --host; prefer the variable: `ps` shows arguments)",
+    )
+    p.add_argument(
+        "--interval",
+        type=positive_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often pages refresh; the store is read at most this often per view (default 2)",
+    )
+
+
 def _demo(sub: Any) -> None:
     """``demo`` takes its options from ``objmanifest.demo``.
 
@@ -642,6 +684,51 @@ def _gc(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
 
 
+def racers(text: str) -> int:
+    value = _int(text)
+    if not 2 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"a race has 2 to 64 writers, not {value}")
+    return value
+
+
+def _store_checks(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """What the store enforces (``doctor``) and the permissions objmanifest needs."""
+    p = sub.add_parser(
+        "doctor",
+        parents=parents,
+        help="check what the store enforces: conditional writes, races, multipart, Date ...",
+        description="Writes, races and reads a few probe objects under --url's prefix (all "
+        "removed after) and prints what the store enforces and how it answers. Exit 0: safe "
+        "(create-only and If-Match writes enforced, also by concurrent writers, conditional "
+        "multipart completion, a usable Date, ranged reads, listing); 12: a required check "
+        "failed; 13: a required check could not be asked (a refused call names the "
+        "permission it lacked). Digest verification, 409 vs 412 and clock skew are reported.",
+    )
+    p.add_argument(
+        "--racers",
+        type=racers,
+        default=8,
+        metavar="N",
+        help="concurrent writers in each race (default: 8)",
+    )
+    p = sub.add_parser(
+        "iam-policy",
+        parents=parents,
+        help="print the least-privilege AWS IAM policy for --url's bucket and prefix",
+        description="Prints the IAM policy document a role needs for --url's bucket and "
+        "prefix; sends no request. 'agent' (the default): every command but gc, repair, "
+        "delete, archive and trim; lists only under the prefix, deletes only data and probe "
+        "objects. 'admin': those five too.",
+    )
+    p.add_argument(
+        "--for",
+        dest="role",
+        choices=["agent", "admin"],
+        default="agent",
+        help="whose policy (default: agent)",
+    )
+
+
 def build(argv: Sequence[str] = ()) -> Parser:
     """The full parser."""
     parser = Parser(
@@ -669,6 +756,8 @@ def build(argv: Sequence[str] = ()) -> Parser:
     _demo(sub)
     _retention(sub, parents)
     _gc(sub, parents)
+    _web(sub, parents)
+    _store_checks(sub, parents)
     return parser
 
 

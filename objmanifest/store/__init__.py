@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -36,7 +37,7 @@ Store = S3Store
 
 SCHEMES = ("s3", "memory")
 
-_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 """What any S3 store could call a bucket (AWS today: 3-63 lowercase letters, digits, '.'
 and '-'; older buckets and other stores allow capitals and '_' too)."""
 
@@ -70,7 +71,12 @@ __all__ = [
 
 def parse_url(url: str) -> tuple[str, str, str]:
     """``s3://bucket/prefix`` or ``memory://bucket/prefix`` -> (scheme, bucket, prefix)."""
-    parsed = urlparse(url) if isinstance(url, str) else None
+    if isinstance(url, str) and any(unicodedata.category(c) == "Cc" for c in url):
+        raise InvalidInput(f"a store URL has no control characters (a newline, a tab ...): {url!r}")
+    try:
+        parsed = urlparse(url) if isinstance(url, str) else None
+    except ValueError:  # "Invalid IPv6 URL": a '[' in the bucket
+        parsed = None
     if parsed is None or parsed.scheme not in SCHEMES or not parsed.netloc:
         raise InvalidInput(
             f"not a store URL: {url!r}; use s3://BUCKET[/PREFIX] (or memory://NAME[/PREFIX] "
@@ -78,7 +84,7 @@ def parse_url(url: str) -> tuple[str, str, str]:
         )
     if parsed.query or parsed.fragment or parsed.params:
         raise InvalidInput(f"a store URL has no query or fragment: {url!r}")
-    if not _BUCKET.match(parsed.netloc):
+    if not _BUCKET.fullmatch(parsed.netloc):
         raise InvalidInput(
             f"invalid bucket name {parsed.netloc!r} in {url!r}: a bucket name has letters, "
             "digits, '.', '-' and '_' only (on AWS: 3-63 lowercase letters, digits, '.' and "

@@ -27,6 +27,7 @@ from botocore.config import Config
 
 from .. import checksum
 from ..errors import (
+    AccessDenied,
     InvalidInput,
     NotFound,
     OutcomeUnknown,
@@ -216,7 +217,13 @@ class S3Store:
                 )
             if code in ("NoSuchKey", "NotFound") or status == 404:
                 return NotFound(f"{self.describe(key)} does not exist")
-            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            if code == "AccessDenied":
+                return AccessDenied(
+                    f"the store refused to {action} {self.describe(key)} (AccessDenied): "
+                    "the credentials lack a permission (`objmanifest iam-policy` prints the "
+                    "policy objmanifest needs, `objmanifest doctor` names what is missing)"
+                )
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch"):
                 return StoreError(
                     f"the store refused to {action} {self.describe(key)} ({code}): "
                     "check the credentials and the bucket policy"
@@ -260,7 +267,9 @@ class S3Store:
             if upload and code in ("InvalidPart", "InvalidPartOrder"):
                 raise PartsRejected(f"{self.describe(key)}: {code}") from e
             if conditional and (status in (409, 412) or code in _RACE_CODES):
-                raise PreconditionFailed(f"{self.describe(key)}: {code or status}") from e
+                raise PreconditionFailed(
+                    f"{self.describe(key)}: {code or status}", answer=f"{status} {code}".strip()
+                ) from e
             raise self._fail(e, action, key) from e
         except _CONNECTION_ERRORS as e:
             if write:
@@ -368,9 +377,35 @@ class S3Store:
             )
         except NotFound as e:
             if mode.kind == "update":
-                raise PreconditionFailed(f"{self.describe(key)}: gone") from e
+                cause = e.__cause__
+                answer = (
+                    " ".join(str(part) for part in reversed(_error_code(cause)))
+                    if isinstance(cause, botocore.exceptions.ClientError)
+                    else "404"
+                )
+                raise PreconditionFailed(f"{self.describe(key)}: gone", answer=answer) from e
             raise
         return str(self._field(response, "ETag", "write", key))
+
+    def put_digested(self, key: str, body: bytes, content_md5: str) -> tuple[bool, str]:
+        """Write ``body`` with ``content_md5`` (base64) as its ``Content-MD5``, whatever its
+        real digest: (stored, the store's answer). A refusal for the digest (``BadDigest``,
+        ``InvalidDigest``) is (False, answer); any other error is raised. ``doctor`` asks
+        with it whether the store verifies a digest."""
+        try:
+            response = self.client.put_object(
+                Bucket=self.bucket, Key=self.full_key(key), Body=body, ContentMD5=content_md5
+            )
+        except botocore.exceptions.ClientError as e:
+            self._observe(e.response)
+            code, status = _error_code(e)
+            if code in ("BadDigest", "InvalidDigest"):
+                return False, f"{status} {code}"
+            raise self._fail(e, "write", key) from e
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._fail(e, "write", key) from e
+        self._observe(response)
+        return True, "200"
 
     def delete(self, key: str) -> None:
         self._call(
