@@ -60,7 +60,9 @@ def test_claim_any() -> None:
     new, claims = command.apply(before, NOW)
     same((new, claims), changes.claim_any(before, "ann", 2, NOW, RULES, before.entries.get))
     assert [c.file_id for c in claims] == ["a", "b"]
-    mixed = shard(entry("a", state=State.ready), entry("w", stage="write", depends_on=("a",)))
+    mixed = shard(
+        entry("a", state=State.ready), entry("c"), entry("w", stage="write", depends_on=("a",))
+    )
     only = changes.ClaimAny("ann", 2, RULES, lambda doc: doc.entries.get, "write")
     assert [c.file_id for c in only.apply(mixed, NOW)[1]] == ["w"]  # its dependency, looked up
 
