@@ -297,19 +297,29 @@ def finish(
     *,
     part_size: int | None = None,
     parts_key: str | None = None,
+    whole_checksum: str | None = None,
 ) -> tuple[Shard | None, Entry]:
     """The holder's data is stored: the entry becomes ready. Repeating it is a no-op.
 
-    ``part_size`` and ``parts_key`` are given for chunked data and cleared otherwise, so an
-    entry produced again as a single object does not keep an earlier attempt's parts.
+    ``part_size``, ``parts_key`` and ``whole_checksum`` are given for chunked data and
+    cleared otherwise, so an entry produced again as a single object does not keep an
+    earlier attempt's parts.
     """
     entry = _entry(shard, claim.file_id)
-    data = (key, checksum, size, part_size, parts_key)
+    data = (key, checksum, size, part_size, parts_key, whole_checksum)
     if (
         entry.state in (State.ready, State.consumed)
         and entry.epoch == claim.epoch
         and entry.owner == claim.agent
-        and (entry.key, entry.checksum, entry.size, entry.part_size, entry.parts_key) == data
+        and (
+            entry.key,
+            entry.checksum,
+            entry.size,
+            entry.part_size,
+            entry.parts_key,
+            entry.whole_checksum,
+        )
+        == data
     ):
         return None, entry
     entry = _held(shard, claim)
@@ -322,6 +332,7 @@ def finish(
         size=size,
         part_size=part_size,
         parts_key=parts_key,
+        whole_checksum=whole_checksum,
         lease_expires_at=None,
         error=None,
     )
@@ -538,6 +549,7 @@ class Finish:
             now,
             part_size=s.part_size,
             parts_key=s.parts_key,
+            whole_checksum=s.whole_checksum,
         )
 
 

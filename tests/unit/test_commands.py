@@ -79,7 +79,14 @@ def test_renew() -> None:
 def test_finish(chunked: bool) -> None:
     e = held("a", owner="bob", epoch=3)
     claim = claim_on(e)
-    stored = Stored("k@3", "xxh3-128:00", 5, 16 if chunked else None, "p" if chunked else None)
+    stored = Stored(
+        "k@3",
+        "xxh3-128:00",
+        5,
+        16 if chunked else None,
+        "p" if chunked else None,
+        "xxh3-128:11" if chunked else None,
+    )
     command = changes.Finish(claim, stored)
     assert (command.name, command.actor) == ("finish", "bob")
     new, done = command.apply(shard(e), NOW)
@@ -92,6 +99,7 @@ def test_finish(chunked: bool) -> None:
         NOW,
         part_size=stored.part_size,
         parts_key=stored.parts_key,
+        whole_checksum=stored.whole_checksum,
     )
     same((new, done), want)
     assert (done.state, done.key, done.part_size, done.parts_key, done.updated_at) == (
@@ -101,6 +109,7 @@ def test_finish(chunked: bool) -> None:
         stored.parts_key,
         NOW,
     )
+    assert done.whole_checksum == stored.whole_checksum
 
 
 def test_fail() -> None:
