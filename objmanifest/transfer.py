@@ -222,7 +222,7 @@ class InOrder:
 
     def _hash(self, start: int, end: int) -> None:
         while start < end:
-            length = min(4 * READ_CHUNK, end - start)
+            length = min(READ_CHUNK, end - start)
             data = self._read(start, length)
             if len(data) != length:
                 raise ChecksumMismatch(
