@@ -121,7 +121,7 @@ def declare(
             continue
         archived = (shard.archived or {}).get(decl.file_id)
         if archived is not None:
-            result.append(redeclared(shard, decl, archived))
+            result.append(redeclared(decl, archived))
             continue
         entry = Entry(
             file_id=decl.file_id,
@@ -142,7 +142,7 @@ def archived_stub(file_id: str, stage: str, archived: Archived) -> Entry:
     return Entry(file_id=file_id, stage=stage, state=archived.state)
 
 
-def redeclared(shard: Shard, decl: Declaration, archived: Archived) -> Entry:
+def redeclared(decl: Declaration, archived: Archived) -> Entry:
     """An archived id declared again: a no-op when identical, else ``DeclarationConflict``."""
     if archived.declared != declaration_digest(decl.stage, decl.depends_on, decl.consumers):
         raise DeclarationConflict(

@@ -63,6 +63,9 @@ def test_claim_any() -> None:
     mixed = shard(entry("a"), entry("w", stage="write"))
     only = changes.ClaimAny("ann", 2, RULES, lambda doc: doc.entries.get, "write")
     assert [c.file_id for c in only.apply(mixed, NOW)[1]] == ["w"]
+    waiting = shard(ready("r"), entry("d", depends_on=("r",)), entry("e", depends_on=("x",)))
+    checked = changes.ClaimAny("ann", 5, RULES, lambda doc: doc.entries.get)
+    assert [c.file_id for c in checked.apply(waiting, NOW)[1]] == ["d"]  # its lookup decides
 
 
 def test_renew() -> None:
