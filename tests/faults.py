@@ -365,6 +365,11 @@ class FaultProxy:
             )
             self._damage_once = once
 
+    def stop_damage(self) -> None:
+        """Damage no more request bodies (the rules given so far are dropped)."""
+        with self._lock:
+            self._damages.clear()
+
     def start(self) -> None:
         """Serve in a background thread."""
         if self._thread is not None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from conftest import BUCKET, Server, backends, running, verifies_digests
+from conftest import BUCKET, Server, backends, refusal_breaks, running, verifies_digests
 from faults import FaultProxy
 
 from objmanifest import checksum
@@ -454,6 +454,11 @@ def test_a_body_damaged_at_every_send_is_given_up_and_nothing_is_stored(
         with pytest.raises(StoreError, match="4 times as damaged on its way"):
             faulty.store.put("always", b"after", mode=PutMode.update(before))
         assert faulty.fired() == 4
+    if refusal_breaks(backend.name):  # LocalStack: the old bytes are gone, its ETag stays
+        with pytest.raises(StoreError, match="broke off"):
+            store.get("always")
+        assert store.head("always").etag == before
+        return
     assert store.get("always") == Blob(b"before", before, {})
 
 
