@@ -371,3 +371,43 @@ def forge_whole(task: om.Task, whole: str, *, bind: bool) -> None:
         assert state is not None
         task.store.put(state_key, state.body.replace(old.encode(), whole.encode()))
     task.docs.forget(shard_key)
+
+
+def test_in_order_hashes_parts_finished_in_any_order_from_any_thread() -> None:
+    """``InOrder``: ranges finished out of order, overlapping (a restart with another part
+    size), repeated, and from many threads at once make the xxh3-128 of the whole."""
+    data = os.urandom(3 * MiB + 12345)
+    reads: list[tuple[int, int]] = []
+
+    def read(offset: int, length: int) -> bytes:
+        reads.append((offset, length))
+        return data[offset : offset + length]
+
+    whole = transfer.InOrder(read)
+    step = 700_000
+    ranges = [(o, min(step, len(data) - o)) for o in range(0, len(data), step)]
+    for offset, length in reversed(ranges[1:]):
+        whole.done(offset, length)
+        assert whole.hashed == 0 and whole.checksum(len(data)) is None
+    whole.done(0, 1000)  # part of the first range (another part size), then all of it
+    assert whole.hashed == 1000
+    whole.done(*ranges[0])
+    whole.done(*ranges[2])  # again: nothing more to hash
+    assert whole.checksum(len(data)) == checksum.of_bytes(data)
+    assert sum(length for _, length in reads) == len(data)  # every byte read back once
+
+    threaded = transfer.InOrder(lambda offset, length: data[offset : offset + length])
+    small = [(o, min(65536, len(data) - o)) for o in range(0, len(data), 65536)]
+    order = small[::-1]
+    threads = [threading.Thread(target=lambda r=r: threaded.done(*r)) for r in order]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert threaded.checksum(len(data)) == checksum.of_bytes(data)
+
+    stream = transfer.InOrder(read)
+    stream.feed(0, data[:10])
+    stream.feed(20, data[20:30])  # not the next bytes: ignored
+    stream.feed(10, data[10:])
+    assert stream.checksum(len(data)) == checksum.of_bytes(data)

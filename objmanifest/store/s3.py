@@ -256,19 +256,21 @@ class S3Store:
         conditional: bool = False,
         upload: bool = False,
         write: bool = False,
+        resent: bool = False,
     ) -> Any:
         """Run one request and map its outcome.
 
         ``conditional``: a lost race is ``PreconditionFailed``; ``upload``: a vanished
         upload is ``UploadGone`` and a rejected part list ``PartsRejected``; ``write``: a
-        connection lost after sending is ``OutcomeUnknown``.
+        connection lost after sending is ``OutcomeUnknown``; ``resent``: a body refused as
+        damaged is ``BodyDamaged`` (the caller sends it again, ``send_whole``).
         """
         try:
             response = call()
         except botocore.exceptions.ClientError as e:
             self._observe(e.response)
             code, status = _error_code(e)
-            if code in _DAMAGED_CODES:
+            if resent and code in _DAMAGED_CODES:
                 raise BodyDamaged(f"{self.describe(key)}: {code}") from e
             if upload and code == "NoSuchUpload":
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
@@ -385,6 +387,7 @@ class S3Store:
                     lambda: self.client.put_object(**kwargs),
                     conditional=mode.kind != "overwrite",
                     write=True,
+                    resent=True,
                 ),
                 self.runtime,
                 self.describe(key),
@@ -468,6 +471,7 @@ class S3Store:
                     ContentLength=length,
                 ),
                 upload=True,
+                resent=True,
             )
 
         try:
