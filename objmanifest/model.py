@@ -274,7 +274,7 @@ class Entry(_Model):
     """Set for a chunked entry: the small object that lists its parts and their digests
     (kept out of the shard, which every agent of the stage rewrites)."""
     whole_checksum: str | None = None
-    """Set for a chunked entry (by releases after 0.3.0): the xxh3-128 of all its bytes in order, as
+    """Set for a chunked entry (from 0.3.0 on): the xxh3-128 of all its bytes in order, as
     ``xxhsum -H2`` prints it for the downloaded file (``checksum`` is the composite of the
     part digests). Verified on download together with every part."""
     data_removed_at: datetime | None = None

@@ -347,7 +347,7 @@ def test_a_whole_checksum_that_does_not_match_fails_the_download(
 def test_a_whole_checksum_not_sealed_for_the_upload_is_not_trusted(
     store: Any, tmp_path: Path
 ) -> None:
-    """An entry produced again by a release up to 0.3.0 keeps the ``whole_checksum`` of an
+    """An entry produced again by a release before 0.3.0 keeps the ``whole_checksum`` of an
     earlier upload (it does not know the field): the upload state does not bind it to the
     upload it names, so only the parts are verified and the data is consumed."""
     task = chunked_task(store)

@@ -46,7 +46,7 @@ def load_parts(scope: Scope, entry: Entry) -> list[Part]:
 def _load(scope: Scope, entry: Entry) -> tuple[list[Part], str | None]:
     """The entry's part list (as ``load_parts``), and the whole object's checksum to verify:
     the entry's ``whole_checksum`` when the upload state binds it to its upload, else None
-    (an entry produced by a release up to 0.3.0, or produced again by one)."""
+    (an entry produced by a release before 0.3.0, or produced again by one)."""
     assert entry.parts_key is not None and entry.part_size is not None
     problem = _parts_problem(scope, entry)
     if not isinstance(problem, str):
@@ -78,7 +78,7 @@ def _parts_problem(scope: Scope, entry: Entry) -> tuple[list[Part], str | None] 
     if whole is not None and doc.whole != (doc.upload_id, whole):
         log.info(
             "%s: its whole_checksum is not the one sealed for upload %s (%s): produced by a "
-            "release up to 0.3.0, only its parts are verified",
+            "release before 0.3.0, only its parts are verified",
             entry.file_id,
             doc.upload_id,
             doc.whole,

@@ -55,8 +55,8 @@ class UploadState(Journaled):
     parts: tuple[Part, ...] = ()
     whole: tuple[str, str] | None = None
     """(upload id, xxh3-128 checksum of all the bytes in order), set by the seal of that
-    upload (by releases after 0.3.0). A consumer checks the entry's ``whole_checksum`` only
-    when this names the upload the state records: a release up to 0.3.0 that produced the
+    upload (by releases from 0.3.0 on). A consumer checks the entry's ``whole_checksum`` only
+    when this names the upload the state records: a release before 0.3.0 that produced the
     entry again left the entry's value from an earlier upload, and this names that one."""
     updated_at: datetime | None = None
 
