@@ -151,7 +151,13 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         cc and cc["ratio_median"],
         1.1,
         False,
-        ", ".join(fmt(r["ratio"]) for r in cc["runs"]) if cc else "",
+        (
+            f"runs {', '.join(fmt(r['ratio']) for r in cc['runs'])}; paired "
+            f"{fmt(cc.get('paired_median'))}; vs a raw PUT with Content-MD5 "
+            f"{fmt(cc.get('vs_md5_median'))}"
+        )
+        if cc
+        else "",
     )
     return out
 

@@ -299,13 +299,15 @@ def finish(
     *,
     part_size: int | None = None,
     parts_key: str | None = None,
+    whole_checksum: str | None = None,
 ) -> tuple[Shard | None, Entry]:
     """The holder's data is stored: the entry becomes ready. Repeating it is a no-op.
 
-    ``part_size`` and ``parts_key`` are given for chunked data and cleared otherwise, so an
-    entry produced again as a single object does not keep an earlier attempt's parts.
+    ``part_size``, ``parts_key`` and ``whole_checksum`` are given for chunked data and
+    cleared otherwise, so an entry produced again as a single object does not keep an
+    earlier attempt's parts.
     """
-    data = Stored(key, checksum, size, part_size, parts_key)
+    data = Stored(key, checksum, size, part_size, parts_key, whole_checksum)
     ready, changed = _made_ready(shard, claim, data, now)
     return (shard.with_entries({claim.file_id: ready}) if changed else None), ready
 
@@ -314,12 +316,27 @@ def _made_ready(shard: Shard, claim: Claim, data: Stored, now: datetime) -> tupl
     """The entry ``finish`` makes of the claim's stored data, and whether it changed (a
     repeat of a finish that landed changes nothing); ``LeaseLost`` if the claim is fenced."""
     entry = _entry(shard, claim.file_id)
-    stored = (data.key, data.checksum, data.size, data.part_size, data.parts_key)
+    stored = (
+        data.key,
+        data.checksum,
+        data.size,
+        data.part_size,
+        data.parts_key,
+        data.whole_checksum,
+    )
     if (
         entry.state in (State.ready, State.consumed)
         and entry.epoch == claim.epoch
         and entry.owner == claim.agent
-        and (entry.key, entry.checksum, entry.size, entry.part_size, entry.parts_key) == stored
+        and (
+            entry.key,
+            entry.checksum,
+            entry.size,
+            entry.part_size,
+            entry.parts_key,
+            entry.whole_checksum,
+        )
+        == stored
     ):
         return entry, False
     entry = _held(shard, claim)
@@ -332,6 +349,7 @@ def _made_ready(shard: Shard, claim: Claim, data: Stored, now: datetime) -> tupl
         size=data.size,
         part_size=data.part_size,
         parts_key=data.parts_key,
+        whole_checksum=data.whole_checksum,
         lease_expires_at=None,
         error=None,
     )
@@ -576,6 +594,7 @@ class Finish:
             now,
             part_size=s.part_size,
             parts_key=s.parts_key,
+            whole_checksum=s.whole_checksum,
         )
 
 

@@ -1,12 +1,15 @@
-"""Checksums: xxh3-128 of the bytes, composite digests of chunked data, S3 multipart ETags.
+"""Checksums: xxh3-128 of the bytes, composite digests of chunked data, S3 multipart ETags,
+and the MD5 digests a write carries so the store can refuse a body damaged on its way.
 
 A checksum is written as ``xxh3-128:<32 hex digits>`` so a reader knows the algorithm. A
 chunked entry's checksum is a composite of its part digests (``composite``), so a consumer
-can verify each part on its own, in parallel, as it arrives.
+can verify each part on its own, in parallel, as it arrives; its ``whole_checksum`` is the
+plain xxh3-128 of all its bytes in order, what ``xxhsum -H2`` prints for the file.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 from collections.abc import Iterable
@@ -42,6 +45,17 @@ class Digest:
 def of_bytes(data: bytes | bytearray | memoryview) -> str:
     """The checksum string of a whole buffer."""
     return PREFIX + xxhash.xxh3_128_hexdigest(data)
+
+
+def content_md5(data: bytes | bytearray | memoryview) -> str:
+    """The ``Content-MD5`` header of a body: its MD5, base64-encoded (RFC 1864)."""
+    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode("ascii")
+
+
+def is_md5(etag: str) -> bool:
+    """Whether a bare ETag has the shape of an MD5 (a single object's or a part's, on S3
+    without SSE-KMS or SSE-C)."""
+    return bool(_MD5.fullmatch(bare_etag(etag)))
 
 
 def part_hex(data: bytes | bytearray | memoryview) -> str:

@@ -224,6 +224,8 @@ def _rebuild_fields(was: Entry | None, entry: Entry) -> dict[str, Any]:
         fields.update(key=entry.key, size=entry.size)
         if entry.part_size is not None:
             fields.update(part_size=entry.part_size, parts_key=entry.parts_key)
+            if entry.whole_checksum is not None:
+                fields["whole_checksum"] = entry.whole_checksum
     if entry.consumed_by:
         fields["consumed_by"] = entry.consumed_by
     if was is None:

@@ -251,6 +251,12 @@ class OutcomeUnknown(Exception):
     """A write was sent but no answer came back: it may or may not have been applied."""
 
 
+class BodyDamaged(Exception):
+    """The store refused a body that did not match the digest sent with it (``BadDigest``,
+    ``XAmzContentChecksumMismatch`` ...): it was damaged or cut short on its way, and nothing
+    was stored. A transient fault: the store layer sends it again."""
+
+
 class UploadGone(Exception):
     """The multipart upload no longer exists: it was completed or aborted."""
 

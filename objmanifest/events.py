@@ -39,6 +39,7 @@ class Change:
     size: int | None = None
     part_size: int | None = None
     parts_key: str | None = None
+    whole_checksum: str | None = None
     consumed_by: tuple[str, ...] | None = None
     depends_on: tuple[str, ...] | None = None
     consumers: tuple[str, ...] | None = None

@@ -273,6 +273,10 @@ class Entry(_Model):
     parts_key: str | None = None
     """Set for a chunked entry: the small object that lists its parts and their digests
     (kept out of the shard, which every agent of the stage rewrites)."""
+    whole_checksum: str | None = None
+    """Set for a chunked entry (from 0.3.0 on): the xxh3-128 of all its bytes in order, as
+    ``xxhsum -H2`` prints it for the downloaded file (``checksum`` is the composite of the
+    part digests). Verified on download together with every part."""
     data_removed_at: datetime | None = None
     """Set (by gc's ``drop-data`` command) on a consumed entry whose data was removed after
     its retention: reading it again raises ``DataRemoved``."""
@@ -503,6 +507,7 @@ class Stored:
     size: int
     part_size: int | None = None
     parts_key: str | None = None
+    whole_checksum: str | None = None
 
 
 @dataclass(frozen=True)

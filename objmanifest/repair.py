@@ -263,6 +263,7 @@ class _Seen:
     size: int | None = None
     part_size: int | None = None
     parts_key: str | None = None
+    whole_checksum: str | None = None
     consumed_by: tuple[str, ...] = ()
     depends_on: tuple[str, ...] | None = None
     consumers: tuple[str, ...] | None = None
@@ -297,6 +298,7 @@ def replay(records: Iterable[JournalRecord]) -> dict[str, _Seen]:
             entry.checksum = change.checksum
             entry.key, entry.size = change.key, change.size
             entry.part_size, entry.parts_key = change.part_size, change.parts_key
+            entry.whole_checksum = change.whole_checksum
             entry.consumed_by = change.consumed_by or ()
     return seen
 
@@ -540,6 +542,7 @@ class Repairer:
                 size=s.size,
                 part_size=s.part_size,
                 parts_key=s.parts_key,
+                whole_checksum=s.whole_checksum,
                 consumed_by=s.consumed_by,
             )
             rule = "consumed is terminal: restored as the journal last saw it"
@@ -558,6 +561,7 @@ class Repairer:
                     size=size,
                     part_size=s.part_size,
                     parts_key=s.parts_key,
+                    whole_checksum=s.whole_checksum,
                     consumed_by=s.consumed_by,
                 )
                 rule = (

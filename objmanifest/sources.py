@@ -9,6 +9,7 @@ whole file.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import stat
@@ -101,7 +102,8 @@ class PartReader(io.RawIOBase):
     held in memory whole.
 
     botocore reads a body in passes from the start (one to sign it, one to send it, again
-    for a retry). The first whole pass is hashed with xxh3; the source's ``check_unchanged``
+    for a retry). The first whole pass is hashed with xxh3 and MD5 (the MD5 is what the
+    store's ETag for the part must be); the source's ``check_unchanged``
     (size, mtime, inode) after the part is sent shows every pass read the same bytes. The
     file is read in blocks of ``BLOCK`` bytes, whatever size the caller asks for (http.client
     asks for 16 KiB at a time).
@@ -115,8 +117,10 @@ class PartReader(io.RawIOBase):
         self.position = 0
         self.block, self.block_start = b"", 0
         self.hasher: Any = xxhash.xxh3_128()
+        self.md5: Any = hashlib.md5(usedforsecurity=False)
         self.hashed = 0
         self.first_pass: str | None = None
+        self.first_md5: str | None = None
 
     def readable(self) -> bool:
         return True
@@ -132,8 +136,9 @@ class PartReader(io.RawIOBase):
         target = base + offset
         if target != self.position:
             self.block, self.block_start = b"", 0
-            if self.first_pass is None:  # an unfinished pass: start the digest again at 0
+            if self.first_pass is None:  # an unfinished pass: start the digests again at 0
                 self.hasher, self.hashed = xxhash.xxh3_128(), 0
+                self.md5 = hashlib.md5(usedforsecurity=False)
         self.position = target
         return target
 
@@ -165,15 +170,23 @@ class PartReader(io.RawIOBase):
         self.block, self.block_start = data, self.position
         if self.first_pass is None and self.hashed == self.position:
             self.hasher.update(data)
+            self.md5.update(data)
             self.hashed += size
             if self.hashed == self.length:
                 self.first_pass = self.hasher.hexdigest()
+                self.first_md5 = self.md5.hexdigest()
 
     def digest(self) -> str:
         """The xxh3 of the part (its first whole pass)."""
         if self.first_pass is None:
             raise SourceChanged(f"{self.name}: a part was sent without being read whole")
         return self.first_pass
+
+    def md5_hex(self) -> str:
+        """The MD5 of the part (its first whole pass), what the store's ETag should be."""
+        if self.first_md5 is None:
+            raise SourceChanged(f"{self.name}: a part was sent without being read whole")
+        return self.first_md5
 
 
 class _BufferSource(PartSource):

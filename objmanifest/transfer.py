@@ -16,6 +16,7 @@ import math
 import os
 import stat
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -159,6 +160,82 @@ def part_size_for(size: int | None, config: TransferConfig, explicit: bool = Fal
 
 def part_count(size: int, part_size: int) -> int:
     return max(1, math.ceil(size / part_size))
+
+
+class InOrder:
+    """The xxh3-128 of a whole object, computed in order while its parts finish in any order.
+
+    ``done(offset, length)`` says those bytes are final (sent, or downloaded and verified);
+    each range that continues the hashed prefix is then read back with ``read(offset,
+    length)`` (from the buffer or the page cache they were just in) and hashed, with every
+    finished range it reaches. Ranges may overlap (a restarted upload with another part
+    size). Safe from many threads: one of them hashes at a time, the others only note their
+    range and go on. ``feed`` hashes bytes already in hand, for a stream read in order.
+    """
+
+    def __init__(self, read: Callable[[int, int], bytes | bytearray | memoryview]) -> None:
+        self._read = read
+        self._digest = checksum.Digest()
+        self._finished: dict[int, int] = {}  # start -> end of ranges not hashed yet
+        self._lock = threading.Lock()
+        self._busy = False
+
+    @property
+    def hashed(self) -> int:
+        """How many bytes from the start are hashed."""
+        return self._digest.size
+
+    def feed(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Hash ``data`` found at ``offset``, if it continues the prefix (a stream)."""
+        with self._lock:
+            if offset == self._digest.size and not self._busy:
+                self._digest.update(data)
+
+    def done(self, offset: int, length: int) -> None:
+        with self._lock:
+            end = offset + length
+            if end <= self._digest.size:
+                return
+            self._finished[offset] = max(end, self._finished.get(offset, 0))
+            if self._busy:
+                return  # the thread hashing now will reach it
+            self._busy = True
+        try:
+            while (span := self._next()) is not None:
+                self._hash(*span)
+        except BaseException:
+            with self._lock:
+                self._busy = False
+            raise
+
+    def _next(self) -> tuple[int, int] | None:
+        """The next range to hash, or None (and no longer busy) when none continues."""
+        with self._lock:
+            at = self._digest.size
+            reach = at
+            for start in [s for s in self._finished if s <= at]:
+                reach = max(reach, self._finished.pop(start))
+            if reach > at:
+                return at, reach
+            self._busy = False
+            return None
+
+    def _hash(self, start: int, end: int) -> None:
+        while start < end:
+            length = min(READ_CHUNK, end - start)
+            data = self._read(start, length)
+            if len(data) != length:
+                raise ChecksumMismatch(
+                    f"read {len(data)} of {length} bytes at offset {start} while hashing the "
+                    "whole object"
+                )
+            self._digest.update(data)
+            start += length
+
+    def checksum(self, size: int) -> str | None:
+        """The whole object's checksum once its ``size`` bytes are hashed, else None."""
+        with self._lock:
+            return self._digest.checksum() if self._digest.size == size else None
 
 
 # -- single objects ----------------------------------------------------------------------

@@ -40,4 +40,14 @@ if [ ! -x /usr/bin/chromium ]; then
     fi
 fi
 
+# tests/test_integrity.py checks a downloaded file with xxhsum (Debian package `xxhash`).
+if ! command -v xxhsum >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq >/dev/null && apt-get install -y -qq xxhash >/dev/null
+    else
+        echo "scripts/test.sh: xxhsum is missing; install it: sudo apt-get install xxhash" >&2
+        exit 1
+    fi
+fi
+
 exec "$venv/bin/python" -m pytest "$@"

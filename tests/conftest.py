@@ -122,6 +122,31 @@ def _names() -> list[str]:
     return [n.strip() for n in names.split(",") if n.strip()]
 
 
+DIGESTS = os.environ.get("OBJMANIFEST_TEST_DIGESTS", "verified")
+"""What ``OBJMANIFEST_TEST_ENDPOINT`` does with a body that does not match its digest:
+``verified`` (refused, nothing changed: AWS, MinIO), ``unverified`` (stored as it arrived),
+or ``refusal-breaks`` (refused, but the object it would have replaced reads as broken until
+the next write: LocalStack 2026.3.0, see README "Integrity in transit")."""
+if DIGESTS not in ("verified", "unverified", "refusal-breaks"):
+    raise pytest.UsageError(
+        f"OBJMANIFEST_TEST_DIGESTS={DIGESTS!r}: use verified, unverified or refusal-breaks"
+    )
+
+
+def verifies_digests(name: str) -> bool:
+    """Whether the backend refuses a body that does not match its ``Content-MD5`` (README,
+    "Integrity in transit"): MemoryStore and SeaweedFS do, the moto server stores whatever
+    arrives; another endpoint as ``OBJMANIFEST_TEST_DIGESTS`` says."""
+    if name == "endpoint":
+        return DIGESTS != "unverified"
+    return name != "moto"
+
+
+def refusal_breaks(name: str) -> bool:
+    """Whether a refused damaged write leaves the object it would replace unreadable."""
+    return name == "endpoint" and DIGESTS == "refusal-breaks"
+
+
 def backends() -> list[str]:
     """The names of the S3 servers the suites run against."""
     return [n for n in _names() if n != "memory"]

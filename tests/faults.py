@@ -3,12 +3,14 @@
 It lets tests stage the failures a real store and network produce but a healthy local server
 never does: a write that is applied but whose response is lost (the client must not assume
 it failed), a response whose body breaks off part-way (the reader must see a broken read,
-not a short object), a store that silently ignores conditional-write headers (the client
-must detect it, not corrupt data), a store whose clock is far from the client's (the
-``Date`` of every response shifted), a client that stalls (its requests held until it
-resumes, as if its process had been stopped), and a store far away (``delay``: every request
-waits that long before it is forwarded, each in its own thread, so concurrent requests are
-delayed side by side, not one after another; the benchmarks use it as S3's round trip).
+not a short object), a request body damaged on its way (one byte flipped, or the body cut
+short with a Content-Length to match: the store must refuse it, not store it), a store that
+silently ignores conditional-write headers (the client must detect it, not corrupt data),
+a store whose clock is far from the client's (the ``Date`` of every response shifted), a
+client that stalls (its requests held until it resumes, as if its process had been
+stopped), and a store far away (``delay``: every request waits that long before it is
+forwarded, each in its own thread, so concurrent requests are delayed side by side, not one
+after another; the benchmarks use it as S3's round trip).
 
 Requests are forwarded byte for byte (method, target, headers in order, body); only the
 hop-by-hop headers of each leg are replaced. Each request uses a fresh upstream connection,
@@ -20,6 +22,7 @@ connection keeps one upstream connection instead.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.client
 import os
 import signal
@@ -66,6 +69,17 @@ class _CutRule:
     path_contains: str
     after_bytes: int
     remaining: int
+
+
+@dataclass
+class _DamageRule:
+    method: str
+    path_contains: str
+    how: str
+    every: int
+    remaining: int
+    whole_only: bool
+    seen: int = 0
 
 
 @dataclass
@@ -164,6 +178,14 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             return
         drop = proxy._take_drop(method, self.path)
         proxy._log_request(method, self.path)
+        damaged = False
+        if body and "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
+            changed = proxy._damage(method, self.path, body)
+            if changed is not body:
+                body, damaged = changed, True
+                headers = [
+                    (n, str(len(body)) if n.lower() == "content-length" else v) for n, v in headers
+                ]
 
         try:
             status, reason, resp_headers, resp_body = proxy._forward(
@@ -180,6 +202,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.wfile.write(message)
             return
 
+        if damaged:
+            proxy._answered_damaged(status)
         if kill is not None:
             proxy._kill(kill)  # applied upstream; the client died before the answer
             self.close_connection = True
@@ -265,6 +289,13 @@ class FaultProxy:
         self._running = threading.Event()
         self._running.set()
         self.cut = 0
+        self.damaged: list[tuple[str, str, str]] = []
+        """(method, target, how) of every request body damaged on its way."""
+        self.damaged_answers: list[int] = []
+        """The status the store answered to each damaged request, in the order answered."""
+        self._damages: list[_DamageRule] = []
+        self._damage_once = True
+        self._damaged_bodies: set[tuple[str, str, bytes]] = set()
         self.requests: list[tuple[str, str]] = []
         self._rules: list[_DropRule] = []
         self._cuts: list[_CutRule] = []
@@ -332,6 +363,37 @@ class FaultProxy:
             raise ValueError("after_bytes must not be negative")
         with self._lock:
             self._cuts.append(_CutRule(method.upper(), path_contains, after_bytes, count))
+
+    def damage_request(
+        self,
+        method: str,
+        path_contains: str,
+        count: int = 1,
+        how: str = "flip",
+        every: int = 1,
+        whole_only: bool = False,
+        once: bool = True,
+    ) -> None:
+        """Damage the bodies of ``count`` requests with this method whose target contains
+        ``path_contains`` (every ``every``-th of them; with ``whole_only``, not parts of
+        multipart uploads), on their way to the store: ``flip`` inverts one bit of the
+        middle byte; ``truncate`` forwards the first half of the body with a
+        ``Content-Length`` to match, so the store sees a complete, shorter body. Headers (a
+        digest the client sent, its signature) are forwarded as they were. With ``once``, a
+        request sent again with the same target and body passes untouched. Requests
+        without a body, or with a chunked one, pass untouched and do not count."""
+        if count < 1 or every < 1 or how not in ("flip", "truncate"):
+            raise ValueError("count and every must be at least 1, how 'flip' or 'truncate'")
+        with self._lock:
+            self._damages.append(
+                _DamageRule(method.upper(), path_contains, how, every, count, whole_only)
+            )
+            self._damage_once = once
+
+    def stop_damage(self) -> None:
+        """Damage no more request bodies (the rules given so far are dropped)."""
+        with self._lock:
+            self._damages.clear()
 
     def start(self) -> None:
         """Serve in a background thread."""
@@ -439,6 +501,35 @@ class FaultProxy:
                     rule.remaining -= 1
                     return rule.after_bytes
         return None
+
+    def _damage(self, method: str, path: str, body: bytes) -> bytes:
+        """``body`` as a damage rule leaves it (the same object if none applies)."""
+        if not self._damages:
+            return body  # no hashing on the benchmarks' path
+        with self._lock:
+            identity = (method, path, hashlib.sha256(body).digest())
+            if self._damage_once and identity in self._damaged_bodies:
+                return body
+            for rule in self._damages:
+                if rule.remaining <= 0 or rule.method != method or rule.path_contains not in path:
+                    continue
+                if rule.whole_only and "partNumber=" in path:
+                    continue
+                rule.seen += 1
+                if rule.seen % rule.every:
+                    continue
+                rule.remaining -= 1
+                self.damaged.append((method, path, rule.how))
+                self._damaged_bodies.add(identity)
+                if rule.how == "truncate":
+                    return body[: len(body) // 2]
+                middle = len(body) // 2
+                return body[:middle] + bytes([body[middle] ^ 0x01]) + body[middle + 1 :]
+        return body
+
+    def _answered_damaged(self, status: int) -> None:
+        with self._lock:
+            self.damaged_answers.append(status)
 
     def _count_drop(self) -> None:
         with self._lock:

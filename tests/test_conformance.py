@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from conftest import BUCKET, Server, backends, running
+from conftest import BUCKET, Server, backends, refusal_breaks, running, verifies_digests
 from faults import FaultProxy
 
 from objmanifest import checksum
@@ -88,6 +88,9 @@ class Faulty:
     after half of them."""
     fired: Callable[[], int]
     """How many planned faults took effect."""
+    damage: Callable[[str, str, str, int], None]
+    """``damage(op, key, how, times)``: the bodies of the next ``times`` ``op`` ("put" or
+    "upload_part") of ``key`` are damaged on their way in (``how``: "flip" or "truncate")."""
 
 
 @dataclass
@@ -123,7 +126,11 @@ class Backend:
             def fired_memory() -> int:
                 return sum(1 - fault.times for fault in memory.faults.planned)
 
-            yield Faulty(memory, lose_memory, cut_memory, fired_memory)
+            def damage_memory(op: str, key: str, how: str, times: int) -> None:
+                for _ in range(times):  # one fault each: ``fired`` counts faults used up
+                    memory.faults.add(op, key, effect=how)  # type: ignore[arg-type]
+
+            yield Faulty(memory, lose_memory, cut_memory, fired_memory, damage_memory)
             return
 
         with FaultProxy(self.server.endpoint_url) as proxy:
@@ -137,7 +144,14 @@ class Backend:
             def cut_s3(key: str, size: int) -> None:
                 proxy.cut_response("GET", f"/{BUCKET}/{through.full_key(key)}", size // 2)
 
-            yield Faulty(through, lose_s3, cut_s3, lambda: proxy.dropped + proxy.cut)
+            def damage_s3(op: str, key: str, how: str, times: int) -> None:
+                path = f"/{BUCKET}/{through.full_key(key)}"
+                proxy.damage_request("PUT", path, times, how, once=False)
+
+            def fired_s3() -> int:
+                return proxy.dropped + proxy.cut + len(proxy.damaged)
+
+            yield Faulty(through, lose_s3, cut_s3, fired_s3, damage_s3)
 
     @contextmanager
     def small_pages(self, store: ObjectStore) -> Iterator[None]:
@@ -394,6 +408,76 @@ def test_a_multipart_completion_whose_answer_is_lost_is_outcome_unknown_and_appl
     assert blob is not None and blob.body == part
     assert checksum.bare_etag(blob.etag) == checksum.multipart_etag([etag])
     assert list(store.list_uploads("")) == []
+
+
+# -- bodies damaged on their way ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+@pytest.mark.parametrize("kind", ["overwrite", "create", "update"])
+def test_a_whole_object_damaged_on_its_way_is_refused_and_sent_again(
+    backend: Backend, store: ObjectStore, prefix: str, kind: str, how: str
+) -> None:
+    """Every whole-object write carries its Content-MD5: a store that verifies it refuses
+    the damaged body (nothing stored), and the store layer sends it again, with the same
+    condition. The moto server does not verify: it stores what arrived (README)."""
+    key = f"damaged-{kind}-{how}"
+    mode = {"overwrite": OVERWRITE, "create": CREATE}.get(kind)
+    if mode is None:
+        mode = PutMode.update(store.put(key, b"before"))
+    body = data(20_000, seed=5)
+    with backend.faulty(prefix) as faulty:
+        faulty.damage("put", key, how, 2)
+        etag = faulty.store.put(key, body, mode=mode, metadata={"kind": kind})
+        fired = faulty.fired()
+    blob = store.get(key)
+    assert blob is not None
+    if verifies_digests(backend.name):
+        assert fired == 2  # two damaged sends refused, the third landed
+        assert (blob.body, blob.etag, blob.metadata) == (body, etag, {"kind": kind})
+        assert checksum.bare_etag(etag) == md5(body)
+    else:
+        assert fired == 1  # taken as it arrived: nothing told the client
+        assert blob.body != body and checksum.bare_etag(etag) == md5(blob.body)
+
+
+def test_a_body_damaged_at_every_send_is_given_up_and_nothing_is_stored(
+    backend: Backend, store: ObjectStore, prefix: str
+) -> None:
+    before = store.put("always", b"before")
+    with backend.faulty(prefix) as faulty:
+        faulty.damage("put", "always", "flip", 100)
+        if not verifies_digests(backend.name):
+            faulty.store.put("always", b"after", mode=PutMode.update(before))
+            assert store.get("always").body != b"after"  # type: ignore[union-attr]
+            return
+        with pytest.raises(StoreError, match="4 times as damaged on its way"):
+            faulty.store.put("always", b"after", mode=PutMode.update(before))
+        assert faulty.fired() == 4
+    if refusal_breaks(backend.name):  # LocalStack: the old bytes are gone, its ETag stays
+        with pytest.raises(StoreError, match="broke off"):
+            store.get("always")
+        assert store.head("always").etag == before
+        return
+    assert store.get("always") == Blob(b"before", before, {})
+
+
+def test_a_part_damaged_on_its_way_is_stored_with_the_etag_of_what_arrived(
+    backend: Backend, store: ObjectStore, prefix: str
+) -> None:
+    """A part carries no digest header: the store keeps what arrived, and its ETag (the MD5
+    of those bytes) is how the sender sees the damage and sends the part again."""
+    part = data(PART, seed=9)
+    with backend.faulty(prefix) as faulty:
+        upload_id = faulty.store.create_upload("big")
+        faulty.damage("upload_part", "big", "flip", 1)
+        damaged = faulty.store.upload_part("big", upload_id, 1, part)
+        assert faulty.fired() == 1
+        assert damaged != md5(part) and checksum.is_md5(damaged)
+        etag = faulty.store.upload_part("big", upload_id, 1, io.BytesIO(part).getvalue())
+        assert etag == md5(part)
+        faulty.store.complete_upload("big", upload_id, [etag])
+    assert store.get("big").body == part  # type: ignore[union-attr]
 
 
 # -- reads ---------------------------------------------------------------------------------------

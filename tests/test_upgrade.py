@@ -205,3 +205,42 @@ def test_rolling_upgrade_from_0_1_0(server: Server, prefix: str, release: Path) 
         assert done.returncode == 12, (command, done)  # 0.1.0's ExitCode.UNSUPPORTED
         assert "schema_version 2" in done.stdout + done.stderr, (command, done)
     assert snapshot(server, prefix) == finished
+
+
+def test_chunked_entries_cross_releases_with_their_whole_checksums(
+    server: Server, prefix: str, release: Path, tmp_path: Path
+) -> None:
+    """At schema 1, 0.1.0 consumes a chunked entry this release wrote (its whole-object
+    checksum and the upload state's seal are fields 0.1.0 does not know, and keeps); and an
+    entry 0.1.0 produces again keeps the whole checksum of this release's earlier upload,
+    which the upload state does not bind to 0.1.0's upload: this release then verifies its
+    parts only, and consumes it."""
+    load(server, prefix)
+    url = f"s3://{BUCKET}/{prefix}"
+    config = om.TransferConfig(threshold=5 << 20, part_size=5 << 20)
+    task = om.Task.open(server.connect(prefix), TASK_ID, transfer=config)
+    first, second = os.urandom(11 << 20), os.urandom(12 << 20)
+    task.declare_many([("big-new", "report"), ("big-again", "report")])
+    maker = task.agent("new-chunker")
+    for file_id in ("big-new", "big-again"):
+        claim = maker.claim(file_id)
+        assert claim is not None
+        made = maker.put(claim, first)
+        assert made.is_chunked and made.whole_checksum == om.checksum.of_bytes(first)
+    stale = task.entry("big-again").whole_checksum
+    key = task.entry("big-again").key
+    assert key is not None
+    client = server.client()  # damage its stored bytes, so a consumer fails it
+    client.put_object(Bucket=BUCKET, Key=f"{prefix}/{key}", Body=second[: len(first)])
+    with pytest.raises(om.ChecksumMismatch):
+        task.agent("new-reader").consume("big-again")
+    assert task.entry("big-again").state is om.State.failed
+
+    source = tmp_path / "second.bin"
+    source.write_bytes(second)
+    answer = old(server, release, "chunked", url, server.endpoint_url, TASK_ID, str(source))
+    assert answer["consumed"] == om.checksum.of_bytes(first)
+    assert answer["entry"]["whole_checksum"] == stale  # kept, from the earlier upload
+    again = task.entry("big-again")
+    assert (again.state, again.epoch, again.whole_checksum) == (om.State.ready, 2, stale)
+    assert task.agent("new-reader").consume("big-again") == second

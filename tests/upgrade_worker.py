@@ -4,6 +4,10 @@ an agent of the previous release on the same task as the new code.
     python upgrade_worker.py work URL ENDPOINT TASK_ID
         works on the task at schema 1: consumes page-3, takes text-3 and late to ready,
         declares extra; prints the task's status as JSON.
+    python upgrade_worker.py chunked URL ENDPOINT TASK_ID SOURCE
+        consumes big-new (a chunked entry the new code produced, with its whole-object
+        checksum), then claims big-again (failed under the new code) and produces it again,
+        chunked, from SOURCE; prints the xxh3 of what it consumed and the entry it made.
     python upgrade_worker.py refuse URL ENDPOINT TASK_ID HEADER_FILE
         after migrate: opens the task, and (as an agent that opened it before the
         migration, from HEADER_FILE's schema-1 header) tries claim, put, declare, reap,
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import objmanifest as om
+from objmanifest import checksum
 from objmanifest.model import TaskHeader
 
 
@@ -36,6 +41,18 @@ def work(task: om.Task) -> dict[str, Any]:
     task.declare("extra", "report")
     status = task.status()
     return {"version": om.__version__, "status": json.loads(status.model_dump_json())}
+
+
+def chunked(task: om.Task, source: str) -> dict[str, Any]:
+    agent = task.agent("old-chunker")
+    data = agent.consume("big-new")
+    claim = agent.claim("big-again")
+    assert claim is not None
+    entry = agent.put(claim, source, threshold=5 << 20, part_size=5 << 20)
+    return {
+        "consumed": checksum.of_bytes(data),
+        "entry": json.loads(entry.model_dump_json()),
+    }
 
 
 def attempt(name: str, call: Callable[[], object]) -> dict[str, str]:
@@ -72,6 +89,9 @@ def main(argv: list[str]) -> None:
     if mode == "work":
         task = om.Task.open(om.connect(url, endpoint_url=endpoint), task_id)
         print(json.dumps(work(task)))
+    elif mode == "chunked":
+        task = om.Task.open(om.connect(url, endpoint_url=endpoint), task_id)
+        print(json.dumps(chunked(task, argv[4])))
     else:
         print(json.dumps(refuse(url, endpoint, task_id, argv[4])))
 

@@ -7,6 +7,9 @@ normalises its own quirks, so the layers above see one behaviour:
 * a conditional write that lost its race raises ``PreconditionFailed`` (a 409, a 412, or a
   404 on ``If-Match``), a write whose answer was lost raises ``OutcomeUnknown``;
 * a missing object raises ``NotFound``, any other fault ``StoreError`` naming the object;
+* every object written whole carries its MD5 (``Content-MD5``), so a store that verifies it
+  refuses a body damaged or cut short on its way (``BodyDamaged``), and the body is sent
+  again (``send_whole``): a damaged body is a transient fault, never the caller's;
 * bytes are read through our own ``ByteStream`` (a broken read is ``ReadBrokeOff``);
 * ``now()`` is the store's clock, never the caller's.
 
@@ -21,9 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import BinaryIO, Literal, Protocol, runtime_checkable
+from typing import BinaryIO, Literal, Protocol, TypeVar, runtime_checkable
 
-from ..errors import StoreError
+from ..errors import BodyDamaged, StoreError
 from ..runtime import Runtime
 
 
@@ -192,6 +195,30 @@ class ObjectStore(Protocol):
     def now(self) -> datetime:
         """The store's time (leases are judged on it, never on the caller's clock)."""
         ...
+
+
+T = TypeVar("T")
+
+DIGEST_SENDS = 4
+"""How often, in all, a body the store refused as damaged on its way is sent."""
+
+
+def send_whole(send: Callable[[], T], runtime: Runtime, where: str) -> T:
+    """Run ``send``, one request whose body carries its digest, until the store takes the
+    body: a ``BodyDamaged`` refusal stored nothing, so the same request (with its same
+    condition) is sent again, after a short jittered pause, up to ``DIGEST_SENDS`` times."""
+    for attempt in range(DIGEST_SENDS):
+        try:
+            return send()
+        except BodyDamaged as e:
+            last = e
+            if attempt + 1 < DIGEST_SENDS:
+                runtime.sleep(0.05 * 2**attempt * (0.5 + runtime.random()))
+    raise StoreError(
+        f"the store refused the body sent to {where} {DIGEST_SENDS} times as damaged on its "
+        f"way ({last}): something between this machine and the store corrupts data (a "
+        "proxy, a network card, memory); fix that, then retry"
+    ) from last
 
 
 def list_keys(store: ObjectStore, prefix: str) -> Iterator[str]:

@@ -8,8 +8,11 @@ create-only completion and S3's multipart ETags, the 5 MiB minimum part. Every
 manifest (nothing is shared between processes, and nothing survives the process).
 
 Its clock is injectable (``clock=``), and ``faults`` injects what a real network does: a
-call that fails before it is applied, one that is applied and whose answer is lost, or a
-read whose connection breaks part-way through the body.
+call that fails before it is applied, one that is applied and whose answer is lost, a
+read whose connection breaks part-way through the body, or a body damaged on its way in.
+Like a store that verifies ``Content-MD5``, it refuses a damaged whole object (and the
+body is sent again, ``send_whole``); a damaged part is stored, with the ETag of what
+arrived, as S3 stores a part sent without a digest header.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import BinaryIO, Literal
 
 from .. import checksum
 from ..errors import (
+    BodyDamaged,
     NotFound,
     OutcomeUnknown,
     PartsRejected,
@@ -44,6 +48,7 @@ from .base import (
     PartBody,
     PartsListed,
     PutMode,
+    send_whole,
 )
 
 MIN_PART_SIZE = 5 * 1024 * 1024
@@ -53,7 +58,10 @@ WRITES = frozenset(
     {"put", "delete", "create_upload", "upload_part", "complete_upload", "abort_upload"}
 )
 
-Effect = Literal["fail", "lose", "cut"]
+Effect = Literal["fail", "lose", "cut", "flip", "truncate"]
+DAMAGES = ("flip", "truncate")
+"""Effects on a write's body on its way in: one bit of its middle byte inverted, or only
+its first half arriving (with a length to match)."""
 
 
 @dataclass
@@ -66,6 +74,9 @@ class Fault:
     its bytes (rounded down), then raises ``ReadBrokeOff`` on every further read: it never
     reaches its end, as when a connection breaks mid-body. A ``read()`` of everything
     raises at once, like a real connection that breaks before the body is complete.
+    ``flip`` and ``truncate`` (only with ``op="put"`` or ``"upload_part"``) damage the body
+    on its way in: a whole object is refused (its ``Content-MD5`` does not match) and sent
+    again by the store's own retry; a part is stored as it arrived.
     """
 
     op: str | None = None
@@ -76,6 +87,11 @@ class Fault:
     def __post_init__(self) -> None:
         if self.effect == "cut" and self.op != "open":
             raise ValueError(f'a "cut" fault breaks a read stream: use op="open", not {self.op!r}')
+        if self.effect in DAMAGES and self.op not in ("put", "upload_part"):
+            raise ValueError(
+                f'a "{self.effect}" fault damages a body sent: use op="put" or '
+                f'op="upload_part", not {self.op!r}'
+            )
 
     def matches(self, op: str, key: str) -> bool:
         return (self.op is None or self.op == op) and (self.key is None or self.key in key)
@@ -151,13 +167,28 @@ def _quoted_md5(data: bytes) -> str:
     return f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
 
 
+def _arrived(data: bytes, effect: Effect | None) -> bytes:
+    """The body as it arrives under ``effect``: damaged, or as it was sent."""
+    if effect == "truncate":
+        return data[: len(data) // 2]
+    if effect == "flip" and data:
+        middle = len(data) // 2
+        return data[:middle] + bytes([data[middle] ^ 0x01]) + data[middle + 1 :]
+    return data
+
+
 def _read_body(body: bytes | BinaryIO | PartBody) -> bytes:
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body)
     length = getattr(body, "length", None)
     body.seek(0)
-    data = body.read() if length is None else body.read(length)
-    return bytes(data)
+    if length is None:
+        return bytes(body.read())
+    chunks: list[bytes] = []  # a file object may give fewer bytes than asked at a time
+    while length > 0 and (chunk := body.read(length)):
+        chunks.append(bytes(chunk))
+        length -= len(chunk)
+    return b"".join(chunks)
 
 
 class _CutStream:
@@ -299,7 +330,17 @@ class MemoryStore:
         content_type: str = "application/octet-stream",
     ) -> str:
         data = _read_body(body)
+        return send_whole(
+            lambda: self._put_once(key, data, mode, metadata), self.runtime, self.describe(key)
+        )
+
+    def _put_once(
+        self, key: str, data: bytes, mode: PutMode, metadata: dict[str, str] | None
+    ) -> str:
         effect = self._enter("put", key)
+        if effect in DAMAGES and _arrived(data, effect) != data:
+            # What S3 does when the body's MD5 is not its Content-MD5: nothing is stored.
+            raise BodyDamaged(f"{self.describe(key)}: BadDigest (injected)")
         full = self.full_key(key)
         with self._data.lock:
             self._check(full, key, mode)
@@ -374,8 +415,9 @@ class MemoryStore:
                 f"could not upload part {number} of {self.describe(key)}: part numbers are "
                 f"1 to {MAX_PART_NUMBER}"
             )
-        data = _read_body(body)
+        sent = _read_body(body)
         effect = self._enter("upload_part", key)
+        data = _arrived(sent, effect)
         etag = checksum.bare_etag(_quoted_md5(data))
         with self._data.lock:
             self._upload(key, upload_id).parts[number] = (etag, data)

@@ -4,7 +4,8 @@ No layer of the manifest above it sees botocore (only the local-server tooling, 
 and the tests make boto3 clients of their own). Every quirk of the stores
 tested (AWS, SeaweedFS, MinIO, LocalStack, moto) is normalised here: 409, 412 and a 404 on
 ``If-Match`` are all a lost race, a connection that drops after a write was sent is an
-unknown outcome, ``NoSuchUpload`` is a vanished upload, and every other error becomes a
+unknown outcome, a body refused as damaged (``BadDigest`` and its kin) is sent again,
+``NoSuchUpload`` is a vanished upload, and every other error becomes a
 ``StoreError`` that names the object and the fix. The store's clock is read from the
 ``Date`` header of every response, errors included.
 """
@@ -28,6 +29,7 @@ from botocore.config import Config
 from .. import checksum
 from ..errors import (
     AccessDenied,
+    BodyDamaged,
     InvalidInput,
     NotFound,
     OutcomeUnknown,
@@ -48,6 +50,7 @@ from .base import (
     PartsListed,
     PutMode,
     StoreClock,
+    send_whole,
 )
 
 if TYPE_CHECKING:
@@ -60,6 +63,16 @@ _CONNECTION_ERRORS = (
 )
 _READ_ERRORS = (botocore.exceptions.BotoCoreError, urllib3.exceptions.HTTPError, OSError)
 _RACE_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
+_DAMAGED_CODES = frozenset(
+    {
+        "BadDigest",  # Content-MD5 or x-amz-checksum-* does not match (AWS, SeaweedFS, LocalStack)
+        "InvalidDigest",
+        "XAmzContentChecksumMismatch",
+        "XAmzContentSHA256Mismatch",  # the signed payload hash (AWS over http)
+        "IncompleteBody",  # fewer bytes than Content-Length said
+    }
+)
+"""Refusals of a body that arrived other than it was sent: nothing was stored."""
 
 
 def _client_config(**overrides: Any) -> Config:
@@ -250,18 +263,22 @@ class S3Store:
         conditional: bool = False,
         upload: bool = False,
         write: bool = False,
+        resent: bool = False,
     ) -> Any:
         """Run one request and map its outcome.
 
         ``conditional``: a lost race is ``PreconditionFailed``; ``upload``: a vanished
         upload is ``UploadGone`` and a rejected part list ``PartsRejected``; ``write``: a
-        connection lost after sending is ``OutcomeUnknown``.
+        connection lost after sending is ``OutcomeUnknown``; ``resent``: a body refused as
+        damaged is ``BodyDamaged`` (the caller sends it again, ``send_whole``).
         """
         try:
             response = call()
         except botocore.exceptions.ClientError as e:
             self._observe(e.response)
             code, status = _error_code(e)
+            if resent and code in _DAMAGED_CODES:
+                raise BodyDamaged(f"{self.describe(key)}: {code}") from e
             if upload and code == "NoSuchUpload":
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
             if upload and code in ("InvalidPart", "InvalidPartOrder"):
@@ -353,7 +370,9 @@ class S3Store:
         """Write an object and return its ETag.
 
         With ``PutMode.update`` a missing object is a lost race too: AWS answers 404 there
-        and SeaweedFS 412, and both mean "not the version you read".
+        and SeaweedFS 412, and both mean "not the version you read". A body given as bytes
+        carries its ``Content-MD5``: a store that verifies it refuses the body if it was
+        damaged on its way, and it is sent again (``send_whole``).
         """
         kwargs: dict[str, Any] = {
             "Bucket": self.bucket,
@@ -361,6 +380,8 @@ class S3Store:
             "Body": body,
             "ContentType": content_type,
         }
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            kwargs["ContentMD5"] = checksum.content_md5(body)
         if mode.kind == "update":
             kwargs["IfMatch"] = mode.etag
         elif mode.kind == "create":
@@ -368,12 +389,17 @@ class S3Store:
         if metadata:
             kwargs["Metadata"] = metadata
         try:
-            response = self._call(
-                "write",
-                key,
-                lambda: self.client.put_object(**kwargs),
-                conditional=mode.kind != "overwrite",
-                write=True,
+            response = send_whole(
+                lambda: self._call(
+                    "write",
+                    key,
+                    lambda: self.client.put_object(**kwargs),
+                    conditional=mode.kind != "overwrite",
+                    write=True,
+                    resent=True,
+                ),
+                self.runtime,
+                self.describe(key),
             )
         except NotFound as e:
             if mode.kind == "update":
@@ -456,13 +482,19 @@ class S3Store:
     def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
         """Send one part; its bare ETag (the part's MD5 on S3 and the stores tested here).
 
+        A part streamed from a file carries no digest header (that would need a second read
+        of it): the caller compares the ETag with the MD5 of what it sent. A part the store
+        refuses as damaged anyway (a signed payload hash over http) is sent again.
+
         Bytes go as a file object too: given ``bytes``, botocore copies them into one buffer
         with the headers; ``BytesIO`` shares them and is rewound for a retry.
         """
         stream = io.BytesIO(body) if isinstance(body, bytes) else cast(IO[bytes], body)
         length = len(body) if isinstance(body, bytes) else body.length
-        try:
-            response = self._call(
+
+        def send() -> Any:
+            stream.seek(0)
+            return self._call(
                 f"upload part {number} of",
                 key,
                 lambda: self.client.upload_part(
@@ -474,7 +506,11 @@ class S3Store:
                     ContentLength=length,
                 ),
                 upload=True,
+                resent=True,
             )
+
+        try:
+            response = send_whole(send, self.runtime, f"part {number} of {self.describe(key)}")
         except (StoreError, NotFound) as e:
             if self._unclear_but_gone(e, key, upload_id):
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e

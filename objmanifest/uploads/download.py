@@ -1,9 +1,10 @@
 """Reading a chunked entry: parallel ranged GETs, each part verified as it streams.
 
 A consumer reads the part list from the upload state, checks it against the entry's
-composite checksum, then fetches parts in parallel, verifying each part's xxh3. With a
-destination the bytes go to a temporary file beside it that is moved into place only once
-every part matched.
+composite checksum, then fetches parts in parallel, verifying each part's xxh3, and hashes
+the whole object in order as the parts arrive (``transfer.InOrder``) to check the entry's
+``whole_checksum`` too. With a destination the bytes go to a temporary file beside it that
+is moved into place only once every part and the whole matched.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..errors import Cancelled, ChecksumMismatch, DataChanged, StoreError
 from ..model import Entry
 from ..runtime import Runtime
 from ..store import ObjectStore
-from ..transfer import Destination, Progress, TransferConfig
+from ..transfer import Destination, InOrder, Progress, TransferConfig
 from .scope import Scope
 from .state import Part, read_state
 
@@ -39,9 +40,16 @@ def load_parts(scope: Scope, entry: Entry) -> list[Part]:
     ``DataChanged`` if the entry was produced again meanwhile; ``ChecksumMismatch`` if the
     list does not match an unchanged entry.
     """
+    return _load(scope, entry)[0]
+
+
+def _load(scope: Scope, entry: Entry) -> tuple[list[Part], str | None]:
+    """The entry's part list (as ``load_parts``), and the whole object's checksum to verify:
+    the entry's ``whole_checksum`` when the upload state binds it to its upload, else None
+    (an entry produced by a release before 0.3.0, or produced again by one)."""
     assert entry.parts_key is not None and entry.part_size is not None
     problem = _parts_problem(scope, entry)
-    if isinstance(problem, list):
+    if not isinstance(problem, str):
         return problem
     fresh = scope.entry(entry.stage, entry.file_id)
     if fresh is None or (fresh.key, fresh.checksum) != (entry.key, entry.checksum):
@@ -52,7 +60,7 @@ def load_parts(scope: Scope, entry: Entry) -> list[Part]:
     )
 
 
-def _parts_problem(scope: Scope, entry: Entry) -> list[Part] | str:
+def _parts_problem(scope: Scope, entry: Entry) -> tuple[list[Part], str | None] | str:
     assert entry.parts_key is not None and entry.part_size is not None
     doc = read_state(scope.store, scope.layout, entry.parts_key)
     if doc is None:
@@ -66,7 +74,17 @@ def _parts_problem(scope: Scope, entry: Entry) -> list[Part] | str:
         return "its part sizes do not add up to the entry's size"
     if checksum.composite((p[2] for p in parts), entry.part_size) != entry.checksum:
         return "its part digests do not make the entry's checksum"
-    return parts
+    whole = entry.whole_checksum
+    if whole is not None and doc.whole != (doc.upload_id, whole):
+        log.info(
+            "%s: its whole_checksum is not the one sealed for upload %s (%s): produced by a "
+            "release before 0.3.0, only its parts are verified",
+            entry.file_id,
+            doc.upload_id,
+            doc.whole,
+        )
+        whole = None
+    return parts, whole
 
 
 def download(
@@ -85,7 +103,7 @@ def download(
     returned. A part is fetched in ranges of at most ``range_size`` bytes, resuming after a
     broken connection where it stopped; it is verified whole.
     """
-    parts = load_parts(scope, entry)
+    parts, whole = _load(scope, entry)
     assert entry.key is not None and entry.size is not None
     head = scope.store.head(entry.key)
     if head.size != entry.size:
@@ -97,10 +115,25 @@ def download(
     if dest is None:
         memory = _MemorySink(entry.size)
         fetch.run(memory)
+        _check_whole(scope.store, entry, fetch, whole)
         return bytes(memory.buffer)
     with transfer.writing(dest, entry.size) as fd:
         fetch.run(_FileSink(fd))
+        _check_whole(scope.store, entry, fetch, whole)
     return dest.target
+
+
+def _check_whole(store: ObjectStore, entry: Entry, fetch: _Fetch, expected: str | None) -> None:
+    """Every part matched; the whole object, hashed in order, must match as well."""
+    if expected is None:
+        return
+    assert entry.size is not None and entry.key is not None
+    got = fetch.whole.checksum(entry.size) if fetch.whole is not None else None
+    if got != expected:
+        raise ChecksumMismatch(
+            f"{entry.file_id!r}: {store.describe(entry.key)} has xxh3 {got} as a whole, but "
+            f"the manifest recorded {expected} (every part matched its own digest)"
+        )
 
 
 class _MemorySink:
@@ -112,6 +145,9 @@ class _MemorySink:
 
     def write(self, offset: int, data: bytes) -> None:
         self.view[offset : offset + len(data)] = data
+
+    def read(self, offset: int, length: int) -> memoryview:
+        return self.view[offset : offset + length]
 
     def part_done(self, size: int) -> None:
         pass
@@ -132,6 +168,9 @@ class _FileSink:
 
     def write(self, offset: int, data: bytes) -> None:
         transfer.write_all(self.fd, data, offset)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return os.pread(self.fd, length, offset)
 
     def part_done(self, size: int) -> None:
         with self.lock:
@@ -169,9 +208,11 @@ class _Fetch:
         self.concurrency = max(1, min(config.concurrency, store.connections, len(parts)))
         self.progress = progress
         self.cancelled = threading.Event()
+        self.whole: InOrder | None = None
 
     def run(self, sink: Sink) -> None:
         done = 0
+        self.whole = InOrder(sink.read)
         with self.runtime.pool(self.concurrency, "om-fetch") as pool:
             futures = [pool.submit(self._part, part, sink) for part in self.parts]
             try:
@@ -214,6 +255,8 @@ class _Fetch:
                 f"{cursor.start}-{cursor.end - 1}) of {self.store.describe(self.key)} has xxh3 "
                 f"{cursor.digest.hexdigest()}, but the manifest recorded {expected}"
             )
+        if self.whole is not None:
+            self.whole.done(cursor.start, size)
         sink.part_done(size)
         return size
 

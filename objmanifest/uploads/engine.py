@@ -12,6 +12,9 @@ progress is recorded in the upload state (``state.py``).
   the holder's own bytes part for part; otherwise the holder starts a new upload at a new
   key. So the object a ready entry points at holds the bytes of the holder that made it
   ready, and a fenced holder never makes it ready (``changes.finish`` checks the epoch).
+* The whole source is hashed in order while the parts go up (``transfer.InOrder``): the
+  entry records that xxh3-128 (``whole_checksum``) beside the composite of the parts, and
+  the seal binds it to the upload in the upload state.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from ..errors import (
 from ..model import Claim, Stored
 from ..sources import PartSource
 from ..store import Head, ObjectStore
-from ..transfer import Progress, TransferConfig
+from ..transfer import InOrder, Progress, TransferConfig
 from .pump import Pump, UploadStats
 from .scope import Scope
 from .state import Begin, Part, Seal, TakeOver, UploadCodec, UploadState
@@ -98,6 +101,8 @@ class Upload:
         self.docs = scope.docs.detached()
         self.concurrency = max(1, min(self.config.concurrency, self.store.connections))
         self.done_bytes = 0
+        self.whole = InOrder(self.source.read_at)
+        """The whole source's xxh3-128, hashed in order as parts finish (by every pump)."""
         self.working: tuple[str, str] | None = None
         """(key, upload id) of the upload this holder is sending, once the state records it."""
 
@@ -163,7 +168,16 @@ class Upload:
         assert doc.key is not None and doc.part_size is not None
         digest = checksum.composite((p[2] for p in parts), doc.part_size)
         size = sum(p[1] for p in parts)
-        return Stored(doc.key, digest, size, doc.part_size, self.state_key)
+        return Stored(doc.key, digest, size, doc.part_size, self.state_key, self._whole(size))
+
+    def _whole(self, size: int) -> str | None:
+        """The whole source's checksum: hashed as the parts finished, or (a part the pump
+        never saw, which should not happen) in one sequential pass now."""
+        whole = self.whole.checksum(size)
+        if whole is None and self.source.seekable:
+            self.whole.done(0, size)
+            whole = self.whole.checksum(size)
+        return whole
 
     def _adopt(self, doc: UploadState) -> list[Part] | None:
         """Finish the recorded upload; None if it cannot be (start anew instead)."""
@@ -272,9 +286,11 @@ class Upload:
         if [p[0] for p in parts] != list(range(1, len(parts) + 1)):
             raise StoreError(f"internal error: parts {sorted(results)} are not contiguous")
         assert doc.upload_id is not None
+        whole = self._whole(sum(p[1] for p in parts))
         for _ in range(COMPLETE_ROUNDS):
             self.stop()
-            doc = self.commit(Seal(self.claim, doc.upload_id, parts))  # fences older holders
+            # fences older holders
+            doc = self.commit(Seal(self.claim, doc.upload_id, parts, whole))
             if self._complete(doc, parts):
                 return parts
             self._resend_rejected(doc, parts)
@@ -322,7 +338,8 @@ class Upload:
         """Send again the parts whose ETag the store no longer has (a fenced holder replaced
         them on a store that keeps one upload per part number)."""
         assert doc.key is not None and doc.upload_id is not None
-        self.commit(Seal(self.claim, doc.upload_id, parts))  # a fenced holder stops here
+        whole = self._whole(sum(p[1] for p in parts))
+        self.commit(Seal(self.claim, doc.upload_id, parts, whole))  # a fenced holder stops here
         try:
             listed = self.store.list_parts(doc.key, doc.upload_id)
         except UploadGone:

@@ -4,13 +4,21 @@ At most ``concurrency`` parts are in flight, so at most that many in memory (a p
 streamed from a file is never held whole). Finished parts are recorded in the upload
 state in batches by the calling thread: about 1/64 of the upload at a time (at least
 ``concurrency``), or whatever finished once ``FLUSH_SECONDS`` passed.
+
+A part carries no digest header (streamed from a file, that would need a second read), so
+its MD5 is computed while it streams and compared with the ETag the store answers (the
+part's MD5 on S3 and the stores tested): a part damaged on its way is sent again. The
+calling thread also hashes the whole source in order as parts finish (``InOrder``), for
+the entry's ``whole_checksum``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import logging
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,12 +32,14 @@ from ..errors import (
     PartDiffers,
     RestartUpload,
     SourceChanged,
+    StoreError,
     UploadGone,
 )
 from ..model import Claim
 from ..runtime import Runtime
-from ..sources import PartSource
-from ..store import ObjectStore
+from ..sources import PartReader, PartSource
+from ..store import ObjectStore, PartBody
+from ..transfer import InOrder
 from .state import Part, Record, UploadState
 
 log = logging.getLogger(__name__)
@@ -39,6 +49,8 @@ FLUSH_SECONDS = 2.0
 BATCHES = 64
 """Parts are recorded in batches of about 1/64 of the upload (at least ``concurrency``), so
 the state object, which grows with the parts, is rewritten a bounded number of times."""
+PART_SENDS = 3
+"""How often, in all, a part whose ETag is not the MD5 of what was sent is sent."""
 
 
 @dataclass
@@ -50,6 +62,8 @@ class UploadStats:
     parts_sent: int = 0
     bytes_sent: int = 0
     uploads_started: int = 0
+    parts_resent: int = 0
+    """Parts sent again because the store's ETag was not the MD5 of what was sent."""
 
 
 class Sender(Protocol):
@@ -61,6 +75,7 @@ class Sender(Protocol):
     source: PartSource
     concurrency: int
     stats: UploadStats
+    whole: InOrder
 
     def stop(self) -> None:
         """Raise ``LeaseLost`` once the lease is known to be lost."""
@@ -89,6 +104,7 @@ class Pump:
         self.verify_only, self.record_parts = verify_only, record_parts
         self.results: dict[int, Part] = {}
         self.pending: list[Part] = []
+        self._stats_lock = threading.Lock()
         self.flushed_at = up.runtime.monotonic()
         size = up.source.size
         total = transfer.part_count(size, self.part_size) if size is not None else 0
@@ -147,6 +163,7 @@ class Pump:
                     f"the stream is longer than {transfer.MAX_PARTS} parts of {step} bytes; "
                     "pass a larger part_size (525 MiB reaches S3's 5 TiB limit)"
                 )
+            self.up.whole.feed(offset, body)
             yield number, offset, len(body), body
             if len(body) < step:
                 return
@@ -163,7 +180,7 @@ class Pump:
             reader = up.source.open_part(offset, length)
         if reader is not None:
             try:
-                etag = up.store.upload_part(self.key, self.upload_id, number, reader)
+                etag = self._send(number, reader)
             finally:
                 up.source.check_unchanged()  # else the passes may have read other bytes
             return (number, length, reader.digest(), etag), True
@@ -178,8 +195,38 @@ class Pump:
             return known, False
         if self.verify_only:
             raise PartDiffers(number)
-        etag = up.store.upload_part(self.key, self.upload_id, number, data)
+        etag = self._send(number, data)
         return (number, length, digest, etag), True
+
+    def _send(self, number: int, body: PartBody) -> str:
+        """Send a part until the store's ETag for it is the MD5 of what was sent (the part
+        arrived as it left); an ETag that is not an MD5 at all is taken as it is."""
+        etag = ""
+        sent = ""
+        for attempt in range(PART_SENDS):
+            etag = self.up.store.upload_part(self.key, self.upload_id, number, body)
+            if isinstance(body, PartReader):
+                sent = body.md5_hex()
+            elif isinstance(body, bytes) and not sent:
+                sent = hashlib.md5(body, usedforsecurity=False).hexdigest()
+            if etag == sent or not checksum.is_md5(etag):
+                return etag
+            log.warning(
+                "part %d of %s arrived damaged (ETag %s, sent MD5 %s); sending it again",
+                number,
+                self.up.store.describe(self.key),
+                etag,
+                sent,
+            )
+            if attempt + 1 < PART_SENDS:
+                with self._stats_lock:
+                    self.up.stats.parts_resent += 1
+        raise StoreError(
+            f"part {number} of {self.up.store.describe(self.key)} arrived other than it was sent "
+            f"{PART_SENDS} times (the store's ETag {etag} is not the MD5 {sent} of the part): "
+            "something between this machine and the store corrupts data, or the store's part "
+            "ETags are not MD5s (SSE-KMS), which chunked uploads need"
+        )
 
     def _drain(self, inflight: set[cf.Future[tuple[Part, bool]]]) -> set[cf.Future[Any]]:
         """Take in the parts that finished (all of them before raising the first error)."""
@@ -199,6 +246,8 @@ class Pump:
     def _finished(self, part: Part, sent: bool) -> None:
         stats = self.up.stats
         self.results[part[0]] = part
+        if self.up.source.seekable:
+            self.up.whole.done((part[0] - 1) * self.part_size, part[1])
         if sent:
             stats.parts_sent += 1
             stats.bytes_sent += part[1]

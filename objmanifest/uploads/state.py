@@ -1,7 +1,8 @@
 """A chunked entry's upload state: the model, its codec, and its pure, named changes.
 
 ``TASK/uploads/STAGE/FILE_ID.json`` records one entry's multipart upload (key, upload id,
-part size) and, for every finished part, its number, size, xxh3 and ETag. Holders change
+part size) and, for every finished part, its number, size, xxh3 and ETag; once sealed, the
+xxh3-128 of the whole source, for that upload. Holders change
 it only through the CAS loop, in batches, so the stage shard stays small however many
 parts there are.
 
@@ -52,6 +53,11 @@ class UploadState(Journaled):
     size: int | None = None
     """The source's size; None for a stream."""
     parts: tuple[Part, ...] = ()
+    whole: tuple[str, str] | None = None
+    """(upload id, xxh3-128 checksum of all the bytes in order), set by the seal of that
+    upload (by releases from 0.3.0 on). A consumer checks the entry's ``whole_checksum`` only
+    when this names the upload the state records: a release before 0.3.0 that produced the
+    entry again left the entry's value from an earlier upload, and this names that one."""
     updated_at: datetime | None = None
 
     def with_parts(self, parts: Iterable[Part]) -> tuple[Part, ...]:
@@ -158,6 +164,7 @@ def begin(
             "part_size": part_size,
             "size": size,
             "parts": (),
+            "whole": None,
             "updated_at": now,
         }
     )
@@ -185,14 +192,21 @@ def record(
 
 
 def seal(
-    doc: UploadState, now: datetime, claim: Claim, upload_id: str, parts: Sequence[Part]
+    doc: UploadState,
+    now: datetime,
+    claim: Claim,
+    upload_id: str,
+    parts: Sequence[Part],
+    whole: str | None = None,
 ) -> tuple[UploadState | None, UploadState]:
-    """The final part list, exactly the parts completion will name (nothing more)."""
+    """The final part list, exactly the parts completion will name (nothing more), and the
+    whole source's checksum for this upload."""
     _holds(doc, claim, upload_id)
     exact = tuple(sorted(parts))
-    if doc.parts == exact:
+    bound = (upload_id, whole) if whole is not None else None
+    if doc.parts == exact and doc.whole == bound:
         return None, doc
-    new = doc.model_copy(update={"parts": exact, "updated_at": now})
+    new = doc.model_copy(update={"parts": exact, "whole": bound, "updated_at": now})
     return new, new
 
 
@@ -278,13 +292,14 @@ class Seal:
     claim: Claim
     upload_id: str
     parts: Sequence[Part]
+    whole: str | None = None
 
     @property
     def actor(self) -> str:
         return self.claim.agent
 
     def apply(self, doc: UploadState, now: datetime) -> tuple[UploadState | None, UploadState]:
-        return seal(doc, now, self.claim, self.upload_id, self.parts)
+        return seal(doc, now, self.claim, self.upload_id, self.parts, self.whole)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ NOW = at(100)
 
 Change = Callable[[Shard], object]
 HolderChange = Callable[[Shard, Claim], object]
-Data = tuple[str, str, int, "int | None", "str | None"]
+Data = tuple[str, str, int, "int | None", "str | None", "str | None"]
 
 
 def updated(e: Entry, **fields: object) -> Entry:
@@ -531,15 +531,24 @@ def test_finish_makes_the_entry_ready_with_its_data() -> None:
 def test_finish_records_a_chunked_entry_parts() -> None:
     e = held("a")
     _, result = changes.finish(
-        shard(e), claim_on(e), "k", "c", 50, NOW, part_size=16, parts_key="up/a.json"
+        shard(e),
+        claim_on(e),
+        "k",
+        "c",
+        50,
+        NOW,
+        part_size=16,
+        parts_key="up/a.json",
+        whole_checksum="w",
     )
     assert (result.part_size, result.parts_key, result.is_chunked) == (16, "up/a.json", True)
+    assert result.whole_checksum == "w"
 
 
 def test_finish_as_one_object_clears_the_parts_of_an_earlier_chunked_attempt() -> None:
-    e = held("a", part_size=16, parts_key="up/a.json")
+    e = held("a", part_size=16, parts_key="up/a.json", whole_checksum="w")
     _, result = changes.finish(shard(e), claim_on(e), "k", "c", 5, NOW)
-    assert (result.part_size, result.parts_key) == (None, None)
+    assert (result.part_size, result.parts_key, result.whole_checksum) == (None, None, None)
 
 
 @pytest.mark.parametrize("state", [State.ready, State.consumed])
@@ -553,11 +562,12 @@ def test_finishing_again_with_the_same_data_is_a_no_op(state: State) -> None:
             "size": 50,
             "part_size": 16,
             "parts_key": "p",
+            "whole_checksum": "w",
             "lease_expires_at": None,
         }
     )
     new, result = changes.finish(
-        shard(done), claim_on(e), "k", "c", 50, NOW, part_size=16, parts_key="p"
+        shard(done), claim_on(e), "k", "c", 50, NOW, part_size=16, parts_key="p", whole_checksum="w"
     )
     assert new is None
     assert result is done
@@ -566,18 +576,20 @@ def test_finishing_again_with_the_same_data_is_a_no_op(state: State) -> None:
 @pytest.mark.parametrize(
     "data",
     [
-        ("k2", "c", 50, 16, "p"),
-        ("k", "c2", 50, 16, "p"),
-        ("k", "c", 51, 16, "p"),
-        ("k", "c", 50, 17, "p"),
-        ("k", "c", 50, 16, "p2"),
-        ("k", "c", 50, None, None),
+        ("k2", "c", 50, 16, "p", "w"),
+        ("k", "c2", 50, 16, "p", "w"),
+        ("k", "c", 51, 16, "p", "w"),
+        ("k", "c", 50, 17, "p", "w"),
+        ("k", "c", 50, 16, "p2", "w"),
+        ("k", "c", 50, 16, "p", "w2"),
+        ("k", "c", 50, 16, "p", None),
+        ("k", "c", 50, None, None, None),
     ],
 )
 def test_finishing_a_ready_entry_with_other_data_is_fenced(data: Data) -> None:
     e = ready("a", key="k", checksum="c", epoch=3, owner="bob")
-    e = e.model_copy(update={"size": 50, "part_size": 16, "parts_key": "p"})
-    key, checksum, size, part_size, parts_key = data
+    e = e.model_copy(update={"size": 50, "part_size": 16, "parts_key": "p", "whole_checksum": "w"})
+    key, checksum, size, part_size, parts_key, whole = data
     with pytest.raises(LeaseLost, match=lost("a", 3, "bob", "ready at epoch 3")):
         changes.finish(
             shard(e),
@@ -588,6 +600,7 @@ def test_finishing_a_ready_entry_with_other_data_is_fenced(data: Data) -> None:
             NOW,
             part_size=part_size,
             parts_key=parts_key,
+            whole_checksum=whole,
         )
 
 

@@ -60,9 +60,14 @@ def test_claim_any() -> None:
     new, claims = command.apply(before, NOW)
     same((new, claims), changes.claim_any(before, "ann", 2, NOW, RULES, before.entries.get))
     assert [c.file_id for c in claims] == ["a", "b"]
-    mixed = shard(entry("a", state=State.ready), entry("w", stage="write", depends_on=("a",)))
+    mixed = shard(
+        entry("a", state=State.ready), entry("c"), entry("w", stage="write", depends_on=("a",))
+    )
     only = changes.ClaimAny("ann", 2, RULES, lambda doc: doc.entries.get, "write")
     assert [c.file_id for c in only.apply(mixed, NOW)[1]] == ["w"]  # its dependency, looked up
+    waiting = shard(ready("r"), entry("d", depends_on=("r",)), entry("e", depends_on=("x",)))
+    checked = changes.ClaimAny("ann", 5, RULES, lambda doc: doc.entries.get)
+    assert [c.file_id for c in checked.apply(waiting, NOW)[1]] == ["d"]  # its lookup decides
 
 
 def test_renew() -> None:
@@ -79,7 +84,14 @@ def test_renew() -> None:
 def test_finish(chunked: bool) -> None:
     e = held("a", owner="bob", epoch=3)
     claim = claim_on(e)
-    stored = Stored("k@3", "xxh3-128:00", 5, 16 if chunked else None, "p" if chunked else None)
+    stored = Stored(
+        "k@3",
+        "xxh3-128:00",
+        5,
+        16 if chunked else None,
+        "p" if chunked else None,
+        "xxh3-128:11" if chunked else None,
+    )
     command = changes.Finish(claim, stored)
     assert (command.name, command.actor) == ("finish", "bob")
     new, done = command.apply(shard(e), NOW)
@@ -92,6 +104,7 @@ def test_finish(chunked: bool) -> None:
         NOW,
         part_size=stored.part_size,
         parts_key=stored.parts_key,
+        whole_checksum=stored.whole_checksum,
     )
     same((new, done), want)
     assert (done.state, done.key, done.part_size, done.parts_key, done.updated_at) == (
@@ -101,6 +114,7 @@ def test_finish(chunked: bool) -> None:
         stored.parts_key,
         NOW,
     )
+    assert done.whole_checksum == stored.whole_checksum
 
 
 def test_fail() -> None:

@@ -4,6 +4,7 @@ meanwhile left alone."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -105,3 +106,34 @@ def test_a_deleted_shard_without_blocks_comes_back_from_the_index_fenced() -> No
     store.put(aside, b"first", mode=CREATE)
     with pytest.raises(om.errors.PreconditionFailed):
         store.put(aside, b"second", mode=CREATE)
+
+
+def test_a_chunked_entry_keeps_its_whole_checksum_through_the_journal_and_a_repair() -> None:
+    store = fresh_store()
+    task = om.Task.create(
+        store,
+        "job",
+        stages=["collect"],
+        lease_seconds=30,
+        transfer=om.TransferConfig(threshold=5 << 20, part_size=5 << 20),
+    )
+    task.declare("big", "collect")
+    agent = task.agent("p")
+    claim = agent.claim("big")
+    assert claim is not None
+    body = bytes(range(256)) * (45 << 12)  # 11.25 MiB: three parts
+    made = agent.put(claim, body)
+    assert made.is_chunked and made.whole_checksum == om.checksum.of_bytes(body)
+    task.agent("x").consume("big")
+    key = task.shard_key("collect")
+    seen = replay(task.journal.records(key, task.codec("collect")))
+    assert seen["big"].whole_checksum == made.whole_checksum
+    blob = store.get(key)
+    assert blob is not None
+    damaged = json.loads(blob.body)
+    damaged["entries"] = 7  # its records can be read, its entries not
+    store.put(key, json.dumps(damaged).encode())
+    report = task.repair()
+    assert [o.action for o in report.objects] == ["rebuilt"]
+    restored = task.entry("big")
+    assert (restored.state, restored.whole_checksum) == (om.State.consumed, made.whole_checksum)
