@@ -4,10 +4,16 @@
 #
 #   bash scripts/test.sh                 # everything
 #   bash scripts/test.sh -m behaviour    # the backend behaviour suite only
+#   bash scripts/test.sh -n 0 tests/test_cli.py   # in one process
 #   PYTHON=python3.13 bash scripts/test.sh
 #
+# The tests run in parallel (pytest-xdist, OBJMANIFEST_TEST_WORKERS workers, default 4: the
+# suite mostly waits on servers, child processes and leases, so more workers than cores
+# pay); an -n of your own, or -p no:xdist, replaces that.
+#
 # Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv),
-# OBJMANIFEST_TEST_BACKENDS (default moto,seaweedfs), OBJMANIFEST_TEST_ENDPOINT (any S3).
+# OBJMANIFEST_TEST_BACKENDS (default memory,moto,seaweedfs), OBJMANIFEST_TEST_ENDPOINT (any
+# S3), OBJMANIFEST_TEST_WORKERS (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,4 +35,10 @@ if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
     fi
 fi
 
-exec "$venv/bin/python" -m pytest "$@"
+parallel=(-n "${OBJMANIFEST_TEST_WORKERS:-4}" --dist loadgroup)
+for arg in "$@"; do
+    case $arg in
+        -n | -n* | --numprocesses | --numprocesses=* | no:xdist | -pno:xdist) parallel=() ;;
+    esac
+done
+exec "$venv/bin/python" -m pytest "${parallel[@]}" "$@"
