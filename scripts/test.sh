@@ -28,10 +28,20 @@ locked() { if command -v flock >/dev/null; then flock pyproject.toml "$@"; else 
 locked "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]' \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 
+# Debian packages the tests need, installed when run as root: one apt at a time (CI makes
+# several venvs at once, each through this script).
+debian_package() {
+    local lock=()
+    if command -v flock >/dev/null; then lock=(flock /tmp/objmanifest-apt.lock); fi
+    "${lock[@]}" bash -c \
+        'dpkg -s "$1" >/dev/null 2>&1 || { apt-get update -qq >/dev/null &&
+            apt-get install -y -qq "$1" >/dev/null; }' apt "$1"
+}
+
 # The clock-skew tests run agents under libfaketime (Debian package `faketime`).
 if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq >/dev/null && apt-get install -y -qq faketime >/dev/null
+        debian_package faketime
     else
         echo "scripts/test.sh: libfaketime is missing; install it: sudo apt-get install faketime" >&2
         exit 1
@@ -42,7 +52,7 @@ fi
 # download: it is given /usr/bin/chromium).
 if [ ! -x /usr/bin/chromium ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null
+        debian_package chromium
     else
         echo "scripts/test.sh: Chromium is missing; install it: sudo apt-get install chromium" >&2
         exit 1
@@ -52,7 +62,7 @@ fi
 # tests/test_integrity.py checks a downloaded file with xxhsum (Debian package `xxhash`).
 if ! command -v xxhsum >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq >/dev/null && apt-get install -y -qq xxhash >/dev/null
+        debian_package xxhash
     else
         echo "scripts/test.sh: xxhsum is missing; install it: sudo apt-get install xxhash" >&2
         exit 1
