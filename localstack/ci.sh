@@ -6,7 +6,9 @@
 #
 # PYTHON is the interpreter with objmanifest and its test dependencies installed (default:
 # python3). The pytest arguments default to `-m behaviour`; given ones replace them (for
-# example `tests/test_chunked.py` runs the chunked-entry tests against LocalStack).
+# example `tests/test_chunked.py` runs the chunked-entry tests against LocalStack). The
+# tests run on OBJMANIFEST_TEST_WORKERS pytest-xdist workers (default 4) unless the
+# arguments give -n.
 # LOCALSTACK_PORT picks the port (default: a free one). Exits non-zero if LocalStack does
 # not start, a test fails, or the demo finds an inconsistency.
 set -euo pipefail
@@ -44,7 +46,13 @@ t=$SECONDS
 if (($# == 0)); then
     set -- -m behaviour
 fi
-"$PYTHON" -m pytest -q -p no:cacheprovider "$@"
+parallel=(-n "${OBJMANIFEST_TEST_WORKERS:-4}" --dist loadgroup)
+for arg in "$@"; do
+    case $arg in
+        -n | -n* | --numprocesses | --numprocesses=* | no:xdist | -pno:xdist) parallel=() ;;
+    esac
+done
+"$PYTHON" -m pytest -q -p no:cacheprovider "${parallel[@]}" "$@"
 echo "localstack ci: tests passed in $((SECONDS - t))s"
 
 t=$SECONDS

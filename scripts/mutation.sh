@@ -18,7 +18,10 @@ venv=${VENV:-.venv}
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[mutation]' \
+# One install at a time in this tree (CI makes venvs side by side, and the editable build
+# writes objmanifest.egg-info here): flock on pyproject.toml, where flock exists.
+locked() { if command -v flock >/dev/null; then flock pyproject.toml "$@"; else "$@"; fi; }
+locked "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[mutation]' \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 
 rm -rf mutants

@@ -4,10 +4,16 @@
 #
 #   bash scripts/test.sh                 # everything
 #   bash scripts/test.sh -m behaviour    # the backend behaviour suite only
+#   bash scripts/test.sh -n 0 tests/test_cli.py   # in one process
 #   PYTHON=python3.13 bash scripts/test.sh
 #
+# The tests run in parallel (pytest-xdist, OBJMANIFEST_TEST_WORKERS workers, default 4: the
+# suite mostly waits on servers, child processes and leases, so more workers than cores
+# pay); an -n of your own, or -p no:xdist, replaces that.
+#
 # Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv),
-# OBJMANIFEST_TEST_BACKENDS (default moto,seaweedfs), OBJMANIFEST_TEST_ENDPOINT (any S3).
+# OBJMANIFEST_TEST_BACKENDS (default memory,moto,seaweedfs), OBJMANIFEST_TEST_ENDPOINT (any
+# S3), OBJMANIFEST_TEST_WORKERS (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,13 +22,26 @@ venv=${VENV:-.venv}
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]' \
+# One install at a time in this tree (CI makes venvs side by side, and the editable build
+# writes objmanifest.egg-info here): flock on pyproject.toml, where flock exists.
+locked() { if command -v flock >/dev/null; then flock pyproject.toml "$@"; else "$@"; fi; }
+locked "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]' \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+
+# Debian packages the tests need, installed when run as root: one apt at a time (CI makes
+# several venvs at once, each through this script).
+debian_package() {
+    local lock=()
+    if command -v flock >/dev/null; then lock=(flock /tmp/objmanifest-apt.lock); fi
+    "${lock[@]}" bash -c \
+        'dpkg -s "$1" >/dev/null 2>&1 || { apt-get update -qq >/dev/null &&
+            apt-get install -y -qq "$1" >/dev/null; }' apt "$1"
+}
 
 # The clock-skew tests run agents under libfaketime (Debian package `faketime`).
 if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq >/dev/null && apt-get install -y -qq faketime >/dev/null
+        debian_package faketime
     else
         echo "scripts/test.sh: libfaketime is missing; install it: sudo apt-get install faketime" >&2
         exit 1
@@ -33,7 +52,7 @@ fi
 # download: it is given /usr/bin/chromium).
 if [ ! -x /usr/bin/chromium ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null
+        debian_package chromium
     else
         echo "scripts/test.sh: Chromium is missing; install it: sudo apt-get install chromium" >&2
         exit 1
@@ -43,11 +62,17 @@ fi
 # tests/test_integrity.py checks a downloaded file with xxhsum (Debian package `xxhash`).
 if ! command -v xxhsum >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq >/dev/null && apt-get install -y -qq xxhash >/dev/null
+        debian_package xxhash
     else
         echo "scripts/test.sh: xxhsum is missing; install it: sudo apt-get install xxhash" >&2
         exit 1
     fi
 fi
 
-exec "$venv/bin/python" -m pytest "$@"
+parallel=(-n "${OBJMANIFEST_TEST_WORKERS:-4}" --dist loadgroup)
+for arg in "$@"; do
+    case $arg in
+        -n | -n* | --numprocesses | --numprocesses=* | no:xdist | -pno:xdist) parallel=() ;;
+    esac
+done
+exec "$venv/bin/python" -m pytest "${parallel[@]}" "$@"

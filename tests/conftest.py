@@ -11,20 +11,33 @@ run the suite against any other S3 (LocalStack, MinIO, AWS), set
 ``behaviour`` or ``conformance``) only: the other tests drive other processes (the CLI,
 agents in subprocesses) or the network (fault-injecting proxies), which an in-process store
 cannot serve, so they are deselected there, as are behaviour tests marked ``s3_only``.
+
+Under pytest-xdist (``-n N``, what ``scripts/test.sh`` runs) every worker runs its own moto
+server (it lives in the worker's process, next to the tests that call it) but all of them
+share one SeaweedFS: the controller starts it when the first worker asks for it, hands its
+endpoint over through a directory of its own (``OBJMANIFEST_TEST_SHARED``), and stops it
+when the run ends. Tests never share a prefix, so sharing a server shares nothing else.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
+import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 import rawstore
+from hypothesis import settings
 
 import objmanifest as om
 from objmanifest import servers
@@ -33,6 +46,13 @@ from objmanifest.model import check_name
 from objmanifest.runtime import DEFAULT as DEFAULT_RUNTIME
 
 BUCKET = os.environ.get("OBJMANIFEST_TEST_BUCKET", "objmanifest-test")
+
+# Hypothesis's per-example deadline (200 ms) is a timed assertion: a busy machine or a run
+# beside other workers fails it. Its "ci" profile (loaded when CI is set) has none; outside
+# CI the default profile loses it too. --hypothesis-profile still picks any other.
+if settings.get_current_profile_name() == "default":
+    settings.register_profile("objmanifest", deadline=None)
+    settings.load_profile("objmanifest")
 
 
 class Warp:
@@ -173,11 +193,89 @@ class Server:
 
 _running: dict[str, Server] = {}
 
+SHARED = ("seaweedfs",)
+"""Servers the xdist workers of one run share (see the module's docstring)."""
+SHARED_DIR = "OBJMANIFEST_TEST_SHARED"
+_SHARED_WAIT = 180.0
+
+
+class SharedServers:
+    """The controller's side: a thread that starts a shared server once a worker asks for
+    it (``NAME.want`` appears in the directory) and publishes ``NAME.json`` (its endpoint
+    and environment) or ``NAME.error``; ``stop`` ends the thread and the servers."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="objmanifest-tests-"))
+        self.started: list[servers.LocalS3] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="shared-servers", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        waiting = list(SHARED)
+        while waiting and not self._done.wait(0.05):
+            for name in [n for n in waiting if (self.dir / f"{n}.want").exists()]:
+                waiting.remove(name)
+                try:
+                    local = servers.start(name)
+                except Exception as e:
+                    (self.dir / f"{name}.error").write_text(f"{type(e).__name__}: {e}")
+                    continue
+                self.started.append(local)
+                ready = {"endpoint_url": local.endpoint_url, "env": local.env()}
+                (self.dir / f"{name}.tmp").write_text(json.dumps(ready))
+                (self.dir / f"{name}.tmp").rename(self.dir / f"{name}.json")
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+        for local in self.started:
+            local.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _shared(name: str, directory: Path) -> Server:
+    """A worker's side: ask the controller for ``name`` and wait until it runs."""
+    with contextlib.suppress(FileExistsError):
+        (directory / f"{name}.want").touch(exist_ok=False)
+    deadline = time.monotonic() + _SHARED_WAIT
+    while not (directory / f"{name}.json").exists():
+        error = directory / f"{name}.error"
+        if error.exists():
+            raise servers.LocalServerError(f"the shared {name} did not start: {error.read_text()}")
+        if time.monotonic() > deadline:
+            raise servers.LocalServerError(f"the shared {name} did not start in {_SHARED_WAIT}s")
+        time.sleep(0.05)
+    ready = json.loads((directory / f"{name}.json").read_text())
+    return Server(name, ready["endpoint_url"], ready["env"])
+
+
+_SHARED_KEY = pytest.StashKey[SharedServers]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The xdist controller (``-n N``) serves the shared servers to its workers."""
+    xdist_controller = not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no"
+    if xdist_controller and not os.environ.get("OBJMANIFEST_TEST_ENDPOINT"):
+        shared = SharedServers()
+        os.environ[SHARED_DIR] = str(shared.dir)  # the workers, spawned next, inherit it
+        config.stash[_SHARED_KEY] = shared
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shared = config.stash.get(_SHARED_KEY, None)
+    if shared is not None:
+        shared.stop()
+        os.environ.pop(SHARED_DIR, None)
+
 
 def _start(name: str) -> Server:
     if name == "memory":
         return Server(name, "")
-    if name == "endpoint":
+    shared_dir = os.environ.get(SHARED_DIR)
+    if name in SHARED and shared_dir:
+        server = _shared(name, Path(shared_dir))
+    elif name == "endpoint":
         endpoint = os.environ["OBJMANIFEST_TEST_ENDPOINT"]
         env = {
             "AWS_ENDPOINT_URL": endpoint,

@@ -435,14 +435,16 @@ def test_put_renews_lease_while_writing(store: om.Store) -> None:
             return True
 
         def read(self, size: int = -1) -> bytes:
-            deadline = time.monotonic() + 6  # four times the lease
-            while time.monotonic() < deadline:
+            # Four times the lease, on the store's runtime (ten times faster on memory).
+            clock = store.runtime
+            deadline = clock.monotonic() + 6
+            while clock.monotonic() < deadline:
                 try:
                     task.agent("rival").claim("big")
                     rivals.append("took it")
                 except om.NotClaimable:
                     rivals.append("refused")
-                time.sleep(1)
+                clock.sleep(1)
             return b"slow bytes"
 
     entry = agent.put(claim, SlowFile())  # type: ignore[arg-type]

@@ -22,6 +22,10 @@ from faults import FaultProxy
 from objmanifest import servers
 from objmanifest.servers import LocalS3
 
+pytestmark = pytest.mark.xdist_group("faults")
+"""Under xdist (``--dist loadgroup``) this module's tests run on one worker, so its own
+module-scoped servers start once."""
+
 # --------------------------------------------------------------------- a plain echo upstream
 
 

@@ -18,6 +18,10 @@ from botocore.exceptions import ClientError
 from objmanifest import servers
 from objmanifest.servers import LocalS3
 
+pytestmark = pytest.mark.xdist_group("servers")
+"""Under xdist (``--dist loadgroup``) this module's tests run on one worker, so its own
+module-scoped servers start once."""
+
 
 def _bucket() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
