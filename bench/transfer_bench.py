@@ -18,6 +18,7 @@ transfer).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -140,23 +141,65 @@ def run_child(args: argparse.Namespace, env: dict[str, str], **fields: Any) -> d
 
 
 def bench(args: argparse.Namespace) -> None:
-    import objmanifest as om
+    """Start a SeaweedFS (or use ``--endpoint-url``), run the rounds, print the table."""
     from objmanifest import servers
+
+    if args.endpoint_url:
+        result = measure(args, args.endpoint_url, dict(os.environ))
+    else:
+        server = servers.start("seaweedfs")
+        try:
+            result = measure(args, server.endpoint_url, {**os.environ, **server.env()})
+        finally:
+            server.stop()
+    print(header(args))
+    print(table(result))
+
+
+def run(
+    endpoint: str,
+    env: dict[str, str],
+    size_mib: int,
+    rounds: int,
+    settle_s: float,
+    part_size_mib: int = 16,
+    concurrency: int = 8,
+    tmp: str | None = None,
+) -> dict[str, Any]:
+    """The suite's entry: measure against a running server, return the summary."""
+    args = argparse.Namespace(
+        size_mib=size_mib,
+        part_size_mib=part_size_mib,
+        concurrency=concurrency,
+        rounds=rounds,
+        settle=settle_s,
+        tmp=tmp,
+    )
+    result = measure(args, endpoint, env)
+    result["header"] = header(args)
+    return result
+
+
+def measure(args: argparse.Namespace, endpoint: str, env: dict[str, str]) -> dict[str, Any]:
+    import objmanifest as om
     from objmanifest.store import make_client
 
     size = args.size_mib * MiB
     work = Path(tempfile.mkdtemp(prefix="objmanifest-bench-", dir=args.tmp))
-    server = servers.start("seaweedfs")
+    saved = dict(os.environ)
     try:
-        server.create_bucket(BUCKET)
-        args.endpoint = server.endpoint_url
-        env = {**os.environ, **server.env()}
-        os.environ.update(server.env())
+        os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
+        client = make_client(endpoint)
+        with contextlib.suppress(
+            client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists
+        ):
+            client.create_bucket(Bucket=BUCKET)
+        args.endpoint = endpoint
         src = work / "source.bin"
         make_file(src, size)
         expected = digest_of(src)
         prefix = f"run-{uuid.uuid4().hex[:8]}"
-        store = om.connect(f"s3://{BUCKET}/{prefix}", client=make_client(server.endpoint_url))
+        store = om.connect(f"s3://{BUCKET}/{prefix}", client=client)
         task = om.Task.create(store, TASK, stages=["data"], lease_seconds=60)
         rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for round_no in range(args.rounds):
@@ -187,15 +230,16 @@ def bench(args: argparse.Namespace) -> None:
             for key in list(store.list_keys("")):  # free the server's disk for the next round
                 if "/data/" in key or "/boto3/" in key:
                     store.delete(key)
-        report(args, rows, size)
+        return summarize(args, rows, size)
     finally:
-        server.stop()
+        os.environ.clear()
+        os.environ.update(saved)
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(
+def summarize(
     args: argparse.Namespace, rows: dict[tuple[str, str], list[dict[str, Any]]], size: int
-) -> None:
+) -> dict[str, Any]:
     """Each side's median speed, and per round the ratio of the two sides' mean speeds: a
     round runs them A B B A, so neither gains from going first or last."""
 
@@ -209,32 +253,54 @@ def report(
     def most(op: str, side: str, field: str) -> float:
         return max(r[field] for r in rows[(op, side)])
 
-    print(
-        f"SeaweedFS (local, one `weed server`), {args.size_mib} MiB file, part size "
-        f"{args.part_size_mib} MiB, concurrency {args.concurrency}, {args.rounds} rounds of "
-        f"A B B A; {os.cpu_count()} CPUs, Python {platform.python_version()}\n"
-    )
-    print(
-        "| transfer | boto3 MiB/s | objmanifest MiB/s | ratio | ratio per round | "
-        "client CPU s (boto3 / objmanifest) | peak RSS MiB (boto3 / objmanifest) |"
-    )
-    print("|---|---:|---:|---:|---|---:|---:|")
+    out: dict[str, Any] = {
+        "size_mib": args.size_mib,
+        "part_size_mib": args.part_size_mib,
+        "concurrency": args.concurrency,
+        "rounds": args.rounds,
+    }
     for op in ("upload", "download"):
         ratios = [
             statistics.mean(speeds(op, "objmanifest", n)) / statistics.mean(speeds(op, "boto3", n))
             for n in range(args.rounds)
         ]
-        cpu = f"{most(op, 'boto3', 'cpu'):.1f} / {most(op, 'objmanifest', 'cpu'):.1f}"
-        rss = (
-            f"{most(op, 'boto3', 'peak_rss_kib') / 1024:.0f} / "
-            f"{most(op, 'objmanifest', 'peak_rss_kib') / 1024:.0f}"
+        out[op] = {
+            "boto3_mib_s": round(statistics.median(speeds(op, "boto3")), 1),
+            "objmanifest_mib_s": round(statistics.median(speeds(op, "objmanifest")), 1),
+            "ratio": round(statistics.median(ratios), 2),
+            "ratios": [round(r, 2) for r in ratios],
+            "cpu_s": [round(most(op, "boto3", "cpu"), 1), round(most(op, "objmanifest", "cpu"), 1)],
+            "peak_rss_mib": [
+                round(most(op, "boto3", "peak_rss_kib") / 1024),
+                round(most(op, "objmanifest", "peak_rss_kib") / 1024),
+            ],
+        }
+    return out
+
+
+def header(args: argparse.Namespace) -> str:
+    return (
+        f"{args.size_mib} MiB file, part size {args.part_size_mib} MiB, concurrency "
+        f"{args.concurrency}, {args.rounds} rounds of A B B A; {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        "| transfer | boto3 MiB/s | objmanifest MiB/s | ratio | ratio per round | "
+        "client CPU s (boto3 / objmanifest) | peak RSS MiB (boto3 / objmanifest) |",
+        "|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for op in ("upload", "download"):
+        r = result[op]
+        lines.append(
+            f"| {op} | {r['boto3_mib_s']:.1f} | {r['objmanifest_mib_s']:.1f} | "
+            f"{r['ratio']:.2f} | {', '.join(f'{x:.2f}' for x in r['ratios'])} | "
+            f"{r['cpu_s'][0]:.1f} / {r['cpu_s'][1]:.1f} | "
+            f"{r['peak_rss_mib'][0]} / {r['peak_rss_mib'][1]} |"
         )
-        print(
-            f"| {op} | {statistics.median(speeds(op, 'boto3')):.1f} | "
-            f"{statistics.median(speeds(op, 'objmanifest')):.1f} | "
-            f"{statistics.median(ratios):.2f} | {', '.join(f'{r:.2f}' for r in ratios)} | "
-            f"{cpu} | {rss} |"
-        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -245,6 +311,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="each runs the sides A B B A")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds of quiet before each")
     parser.add_argument("--tmp", default=None, help="where the source and downloads go")
+    parser.add_argument("--endpoint-url", default=None, help="any S3 (default: start SeaweedFS)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("endpoint", "side", "op", "path", "prefix", "file-id"):
         parser.add_argument(f"--{name}", help=argparse.SUPPRESS)

@@ -6,13 +6,17 @@ it failed), a response whose body breaks off part-way (the reader must see a bro
 not a short object), a request body damaged on its way (one byte flipped, or the body cut
 short with a Content-Length to match: the store must refuse it, not store it), a store that
 silently ignores conditional-write headers (the client must detect it, not corrupt data),
-a store whose clock is far from the client's (the
-``Date`` of every response shifted), and a client that stalls (its requests held until it
-resumes, as if its process had been stopped).
+a store whose clock is far from the client's (the ``Date`` of every response shifted), a
+client that stalls (its requests held until it resumes, as if its process had been
+stopped), and a store far away (``delay``: every request waits that long before it is
+forwarded, each in its own thread, so concurrent requests are delayed side by side, not one
+after another; the benchmarks use it as S3's round trip).
 
 Requests are forwarded byte for byte (method, target, headers in order, body); only the
 hop-by-hop headers of each leg are replaced. Each request uses a fresh upstream connection,
-so a dropped response never leaves a half-read upstream connection behind.
+so a dropped response never leaves a half-read upstream connection behind; with
+``keep_upstream`` (the benchmarks' latency proxy, thousands of requests a second) each client
+connection keeps one upstream connection instead.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -102,6 +107,9 @@ class _ProxyServer(ThreadingHTTPServer):
 class _ProxyHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 120  # an idle keep-alive client connection is closed after this many seconds
+    # The headers and the body of an answer go out in two writes: with Nagle's algorithm the
+    # body would wait for the client's delayed ACK of the headers (40 ms on Linux).
+    disable_nagle_algorithm = True
     server: _ProxyServer
 
     def setup(self) -> None:
@@ -161,6 +169,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if proxy.strip_conditional_headers and method in ("PUT", "POST"):
             headers = [(n, v) for n, v in headers if n.lower() not in _CONDITIONAL_HEADERS]
         proxy._hold_while_paused()
+        if proxy.delay > 0:
+            time.sleep(proxy.delay)
         kill = proxy._take_kill(method, self.path)
         if kill is not None and kill.phase == "before":
             proxy._kill(kill)  # the request never reaches the store
@@ -248,9 +258,16 @@ class FaultProxy:
 
     ``date_offset`` (seconds, or a timedelta) is added to the ``Date`` header of every
     response: to a client behind this proxy the store's clock runs that far from its own.
+    ``delay`` (seconds) is added to every request before it is forwarded.
     """
 
-    def __init__(self, upstream_url: str, date_offset: float | timedelta = 0.0) -> None:
+    def __init__(
+        self,
+        upstream_url: str,
+        date_offset: float | timedelta = 0.0,
+        delay: float = 0.0,
+        keep_upstream: bool = False,
+    ) -> None:
         parsed = urllib.parse.urlsplit(upstream_url)
         if parsed.scheme != "http" or not parsed.hostname:
             raise ValueError(f"FaultProxy needs an http:// upstream URL, got {upstream_url!r}")
@@ -258,6 +275,11 @@ class FaultProxy:
         self._upstream_host = parsed.hostname
         self._upstream_port = parsed.port or 80
         self.strip_conditional_headers = False
+        if delay < 0:
+            raise ValueError("delay must not be negative")
+        self.delay = delay
+        self.keep_upstream = keep_upstream
+        self._upstream = threading.local()
         self.date_offset = (
             date_offset if isinstance(date_offset, timedelta) else timedelta(seconds=date_offset)
         )
@@ -482,6 +504,8 @@ class FaultProxy:
 
     def _damage(self, method: str, path: str, body: bytes) -> bytes:
         """``body`` as a damage rule leaves it (the same object if none applies)."""
+        if not self._damages:
+            return body  # no hashing on the benchmarks' path
         with self._lock:
             identity = (method, path, hashlib.sha256(body).digest())
             if self._damage_once and identity in self._damaged_bodies:
@@ -522,25 +546,68 @@ class FaultProxy:
     def _forward(
         self, method: str, target: str, headers: list[tuple[str, str]], body: bytes
     ) -> tuple[int, str, list[tuple[str, str]], bytes]:
-        """Send one request upstream on a fresh connection and read the whole response."""
-        conn = http.client.HTTPConnection(
+        """Send one request upstream and read the whole response: on a fresh connection, or
+        with ``keep_upstream`` on this handler thread's own (opened again, and the request
+        sent once more, only if the upstream had closed it while idle)."""
+        if not self.keep_upstream:
+            conn = self._connect()
+            try:
+                return self._exchange(conn, method, target, headers, body, close=True)
+            finally:
+                conn.close()
+        conn = getattr(self._upstream, "conn", None)
+        if conn is not None:
+            try:
+                answer = self._exchange(conn, method, target, headers, body, close=False)
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                conn.close()  # closed by the upstream while idle: it never saw this request
+            else:
+                self._keep_or_close(conn, answer[2])
+                return answer
+        conn = self._upstream.conn = self._connect()
+        try:
+            answer = self._exchange(conn, method, target, headers, body, close=False)
+        except BaseException:
+            conn.close()
+            self._upstream.conn = None
+            raise
+        self._keep_or_close(conn, answer[2])
+        return answer
+
+    def _connect(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(
             self._upstream_host, self._upstream_port, timeout=_UPSTREAM_TIMEOUT
         )
-        try:
-            # Host and Accept-Encoding come from the client's headers, untouched: SigV4 signs
-            # Host, so it must stay the proxy's address the client signed.
-            conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
-            for name, value in headers:
-                conn.putheader(name, value)
-            conn.putheader("Connection", "close")
-            conn.endheaders()
-            if body:
-                conn.send(body)
-            resp = conn.getresponse()
-            data = resp.read()
-            return resp.status, resp.reason, resp.getheaders(), data
-        finally:
+
+    def _keep_or_close(
+        self, conn: http.client.HTTPConnection, headers: list[tuple[str, str]]
+    ) -> None:
+        if any(n.lower() == "connection" and "close" in v.lower() for n, v in headers):
             conn.close()
+            self._upstream.conn = None
+
+    @staticmethod
+    def _exchange(
+        conn: http.client.HTTPConnection,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        close: bool,
+    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        # Host and Accept-Encoding come from the client's headers, untouched: SigV4 signs
+        # Host, so it must stay the proxy's address the client signed.
+        conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers:
+            conn.putheader(name, value)
+        if close:
+            conn.putheader("Connection", "close")
+        conn.endheaders()
+        if body:
+            conn.send(body)
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, resp.reason, resp.getheaders(), data
 
 
 @contextlib.contextmanager
