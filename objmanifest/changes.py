@@ -58,6 +58,10 @@ class Rules:
     task_id: str
     lease_seconds: float
     max_retries: int
+    retry_backoff: float = 0.0
+    """Seconds a failed entry waits before its next claim, doubling per retry."""
+    retry_backoff_max: float = 0.0
+    """The longest such wait."""
 
 
 def _update(entry: Entry, now: datetime, **fields: Any) -> Entry:
@@ -71,17 +75,22 @@ def _entry(shard: Shard, file_id: str) -> Entry:
     return entry
 
 
-def _failure(entry: Entry, event: Event, error: str, rules: Rules) -> dict[str, Any]:
+def _failure(entry: Entry, event: Event, error: str, rules: Rules, now: datetime) -> dict[str, Any]:
     """What one failure (``fail``, a takeover, an expired lease, bad data) changes: one
-    retry more, the holder released, and the state the table gives: alive again, or dead
-    once the retries are spent."""
+    retry more, the holder released, and the state the table gives: alive again (claimable
+    once its backoff, if the task has one, has passed), or dead once the retries are spent."""
     retries = entry.retry_count + 1
+    state = next_state(entry.state, event, retry_count=retries, max_retries=rules.max_retries)
+    retry = None
+    if state is State.failed:
+        retry = leases.retry_at(now, retries, rules.retry_backoff, rules.retry_backoff_max)
     return {
-        "state": next_state(entry.state, event, retry_count=retries, max_retries=rules.max_retries),
+        "state": state,
         "retry_count": retries,
         "error": error,
         "owner": None,
         "lease_expires_at": None,
+        "retry_at": retry,
     }
 
 
@@ -181,6 +190,12 @@ def why_not_claimable(entry: Entry, now: datetime, lookup: Lookup) -> str | None
         return f"state dead after {entry.retry_count} failures; last error: {entry.error}"
     if entry.state in (State.ready, State.consumed):
         return f"state {entry.state.value}: already produced"
+    if leases.backing_off(entry, now):
+        assert entry.retry_at is not None
+        return (
+            f"backing off until {entry.retry_at.isoformat()} after {entry.retry_count} "
+            f"failures; last error: {entry.error}"
+        )
     waiting, dead = blockers(entry, lookup)
     if dead:
         return f"depends on dead entries: {', '.join(dead)}"
@@ -192,7 +207,7 @@ def why_not_claimable(entry: Entry, now: datetime, lookup: Lookup) -> str | None
 def _take(entry: Entry, agent: str, now: datetime, rules: Rules) -> Entry:
     """Claim a claimable entry; a takeover of an expired lease counts one failure."""
     if entry.state is State.writing:
-        fields = _failure(entry, Event.takeover, _expired_error(entry), rules)
+        fields = _failure(entry, Event.takeover, _expired_error(entry), rules, now)
         if fields["state"] is State.dead:
             return _update(entry, now, **fields)
     else:
@@ -201,7 +216,14 @@ def _take(entry: Entry, agent: str, now: datetime, rules: Rules) -> Entry:
     return _update(
         entry,
         now,
-        **{**fields, "owner": agent, "epoch": entry.epoch + 1, "lease_expires_at": lease},
+        **{
+            **fields,
+            "owner": agent,
+            "epoch": entry.epoch + 1,
+            "lease_expires_at": lease,
+            "retry_at": None,
+            "claimed_at": now,
+        },
     )
 
 
@@ -334,6 +356,7 @@ def _made_ready(shard: Shard, claim: Claim, data: Stored, now: datetime) -> tupl
         parts_key=data.parts_key,
         lease_expires_at=None,
         error=None,
+        ready_at=now,
     )
     return ready, True
 
@@ -370,7 +393,7 @@ def fail(
     shard: Shard, claim: Claim, reason: str, now: datetime, rules: Rules
 ) -> tuple[Shard, Entry]:
     entry = _held(shard, claim)
-    failed = _update(entry, now, **_failure(entry, Event.fail, reason, rules))
+    failed = _update(entry, now, **_failure(entry, Event.fail, reason, rules, now))
     return shard.with_entries({claim.file_id: failed}), failed
 
 
@@ -434,7 +457,7 @@ def mismatch(
     entry = _entry(shard, file_id)
     if entry.state is not State.ready or (entry.key, entry.checksum) != (key, checksum):
         return None, entry  # already handled, or produced again meanwhile
-    fields = _failure(entry, Event.mismatch, detail, rules)
+    fields = _failure(entry, Event.mismatch, detail, rules, now)
     # The producer's name stays: it says whose data was bad.
     failed = _update(entry, now, **{**fields, "owner": entry.owner, **_NO_DATA})
     return shard.with_entries({file_id: failed}), failed
@@ -447,7 +470,7 @@ def reap(shard: Shard, now: datetime, rules: Rules) -> tuple[Shard | None, list[
     """Release every expired lease of the shard: failed, or dead once retries are spent."""
     changed = {
         entry.file_id: _update(
-            entry, now, **_failure(entry, Event.expire, _expired_error(entry), rules)
+            entry, now, **_failure(entry, Event.expire, _expired_error(entry), rules, now)
         )
         for entry in shard.entries.values()
         if leases.expired(entry, now)
