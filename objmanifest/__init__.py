@@ -13,6 +13,7 @@ from .errors import (  # lifecycle verbs
     ConflictRetriesExhausted,
     CorruptShard,
     DataRemoved,
+    DeadWaitedFor,
     DeclarationConflict,
     DependencyCycle,
     HasDependents,
@@ -30,6 +31,7 @@ from .errors import (  # lifecycle verbs
     StoreError,
     UnsupportedSchema,
     UnsupportedStore,
+    WaitTimeout,
     WrongState,
 )
 from .events import Change, CommitEvent
@@ -57,6 +59,7 @@ __all__ = [
     "ConflictRetriesExhausted",
     "CorruptShard",
     "DataRemoved",
+    "DeadWaitedFor",
     "Declaration",
     "DeclarationConflict",
     "DependencyCycle",
@@ -96,6 +99,7 @@ __all__ = [
     "Transition",
     "UnsupportedSchema",
     "UnsupportedStore",
+    "WaitTimeout",
     "WrongState",
     "connect",
     "set_defaults",

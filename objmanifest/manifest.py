@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 import shard_index
 
-from . import changes, deletion, leases, transfer, verbs
+from . import changes, deletion, leases, states, transfer, verbs
 from .archive import Archives, check_age
 from .cas import CasPolicy, Codec, Documents
 from .codecs import (
@@ -37,6 +37,7 @@ from .effects import TransitionEffects
 from .errors import (
     AlreadyExists,
     CorruptShard,
+    DeadWaitedFor,
     DeclarationConflict,
     InvalidInput,
     LeaseLost,
@@ -46,6 +47,7 @@ from .errors import (
     TaskBeingDeleted,
     UnsupportedSchema,
     UnsupportedStore,
+    WaitTimeout,
 )
 from .events import Observer, Observers
 from .gc import Collector, GcReport
@@ -149,6 +151,17 @@ def check_retention(keep_seconds: object, keep_versions: object) -> tuple[float 
         )
     seconds = float(keep_seconds) if keep_seconds is not None else None  # type: ignore[arg-type]
     return seconds, keep_versions
+
+
+WAIT_FIRST_DELAY, WAIT_GROWTH, WAIT_MAX_DELAY = 0.2, 1.5, 2.0
+"""``wait`` polls 0.2 s apart at first, each delay 1.5 times the last, up to 2 s (as the
+command line's ``--wait``)."""
+
+
+def _some(file_ids: list[str], shown: int = 10) -> str:
+    """Up to ``shown`` file ids, and how many more."""
+    more = len(file_ids) - shown
+    return ", ".join(file_ids[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 MAX_BACKOFF_SECONDS = 30 * 24 * 3600.0
@@ -798,6 +811,69 @@ class Manifest:
             archived=archived,
             **notes,
         )
+
+    def wait(
+        self,
+        stages: Iterable[str] | None = None,
+        until: str = "ready",
+        timeout: float | None = None,
+        *,
+        on_wait: Callable[[list[str]], None] | None = None,
+    ) -> dict[str, State]:
+        """Return once every entry of ``stages`` (default: all) is at least ``until``:
+        ``"ready"`` (ready or consumed) or ``"consumed"``, counting entries declared while
+        waiting; the state of each as it was then (file id -> state).
+
+        Raises ``DeadWaitedFor`` at once when an entry waited for is dead, naming it, and
+        ``WaitTimeout`` (naming those not there yet) after ``timeout`` seconds (None: wait
+        for ever). Polls the stages' shards with conditional GETs (a 304 while nothing
+        changed), 0.2 s apart at first, growing to 2 s. ``on_wait`` is called with the ids
+        still outstanding before the first sleep.
+        """
+        if isinstance(stages, str):
+            raise InvalidInput(f"stages must be a list of stage names, not the string {stages!r}")
+        wanted = list(self.stages if stages is None else dict.fromkeys(stages))
+        for stage in wanted:
+            self._check_stage(stage)
+        if until not in states.UNTIL:
+            raise InvalidInput(f"until must be 'ready' or 'consumed', not {until!r}")
+        if timeout is not None and not (
+            isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout >= 0
+        ):
+            raise InvalidInput(
+                f"timeout must be a number of seconds from 0, or None, not {timeout!r}"
+            )
+        runtime = self.store.runtime
+        start = runtime.monotonic()
+        delay = WAIT_FIRST_DELAY
+        while True:
+            found: dict[str, State] = {}
+            for stage in wanted:
+                shard = self.shard(stage)
+                found.update({fid: ref.state for fid, ref in (shard.archived or {}).items()})
+                found.update({fid: e.state for fid, e in shard.entries.items()})
+            waiting, dead = states.outstanding(found, until)
+            if dead:
+                raise DeadWaitedFor(
+                    f"{_some(dead)} of {', '.join(wanted)} {'is' if len(dead) == 1 else 'are'} "
+                    f"dead, so waiting for them to be {until} would never end: revive "
+                    "(`objmanifest revive`) or undeclare them, or stop waiting for them",
+                    tuple(dead),
+                )
+            if not waiting:
+                return found
+            remaining = math.inf if timeout is None else start + timeout - runtime.monotonic()
+            if remaining <= 0:
+                raise WaitTimeout(
+                    f"timed out after {timeout:g}s waiting for {len(waiting)} entries of "
+                    f"{', '.join(wanted)} to be {until}: {_some(waiting)}",
+                    tuple(waiting),
+                )
+            if on_wait is not None:
+                on_wait(waiting)
+                on_wait = None
+            runtime.sleep(min(delay, remaining))
+            delay = min(delay * WAIT_GROWTH, WAIT_MAX_DELAY)
 
     def reap(self) -> list[Entry]:
         """Release every expired lease of the task; returns the entries released.
