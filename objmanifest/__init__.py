@@ -4,6 +4,7 @@ A manifest beside the data says, for every file, its stage, state, holder, lease
 and dependencies; it is split into per-stage shards changed only by conditional writes.
 """
 
+from . import metrics
 from .agent import Agent
 from .cas import CasPolicy
 from .errors import (  # lifecycle verbs
@@ -102,5 +103,6 @@ __all__ = [
     "WaitTimeout",
     "WrongState",
     "connect",
+    "metrics",
     "set_defaults",
 ]
