@@ -75,14 +75,17 @@ def _entry(shard: Shard, file_id: str) -> Entry:
     return entry
 
 
-def _failure(entry: Entry, event: Event, error: str, rules: Rules, now: datetime) -> dict[str, Any]:
+def _failure(
+    entry: Entry, event: Event, error: str, rules: Rules, now: datetime | None = None
+) -> dict[str, Any]:
     """What one failure (``fail``, a takeover, an expired lease, bad data) changes: one
     retry more, the holder released, and the state the table gives: alive again (claimable
-    once its backoff, if the task has one, has passed), or dead once the retries are spent."""
+    once its backoff, if the task has one, has passed, counted from ``now``), or dead once
+    the retries are spent. A takeover gives no ``now``: its taker claims the entry at once."""
     retries = entry.retry_count + 1
     state = next_state(entry.state, event, retry_count=retries, max_retries=rules.max_retries)
     retry = None
-    if state is State.failed:
+    if state is State.failed and now is not None:
         retry = leases.retry_at(now, retries, rules.retry_backoff, rules.retry_backoff_max)
     return {
         "state": state,
@@ -207,7 +210,7 @@ def why_not_claimable(entry: Entry, now: datetime, lookup: Lookup) -> str | None
 def _take(entry: Entry, agent: str, now: datetime, rules: Rules) -> Entry:
     """Claim a claimable entry; a takeover of an expired lease counts one failure."""
     if entry.state is State.writing:
-        fields = _failure(entry, Event.takeover, _expired_error(entry), rules, now)
+        fields = _failure(entry, Event.takeover, _expired_error(entry), rules)
         if fields["state"] is State.dead:
             return _update(entry, now, **fields)
     else:

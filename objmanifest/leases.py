@@ -28,7 +28,7 @@ def backoff_seconds(retry_count: int, base: float, cap: float) -> float:
     """How long a failed entry waits before it may be claimed again after its
     ``retry_count``-th failure: ``base``, doubled per retry after the first, at most ``cap``
     (0 when ``base`` is 0: no backoff)."""
-    if base <= 0 or retry_count < 1:
+    if retry_count < 1:
         return 0.0
     return min(cap, base * 2.0 ** (retry_count - 1))
 

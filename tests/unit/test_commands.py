@@ -63,6 +63,8 @@ def test_claim_any() -> None:
     mixed = shard(entry("a", state=State.ready), entry("w", stage="write", depends_on=("a",)))
     only = changes.ClaimAny("ann", 2, RULES, lambda doc: doc.entries.get, "write")
     assert [c.file_id for c in only.apply(mixed, NOW)[1]] == ["w"]  # its dependency, looked up
+    both = shard(entry("p"), entry("w", stage="write"))
+    assert [c.file_id for c in only.apply(both, NOW)[1]] == ["w"]  # the other stage's left
 
 
 def test_renew() -> None:

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from objmanifest import changes, leases
+from objmanifest import changes, leases, states
 from objmanifest.errors import NotClaimable
 from objmanifest.model import State
 
@@ -41,12 +41,15 @@ def test_no_base_or_no_failure_means_no_backoff() -> None:
     assert leases.backoff_seconds(3, 0.0, 35.0) == 0.0
     assert leases.backoff_seconds(0, 10.0, 35.0) == 0.0
     assert leases.backoff_seconds(1, 10.0, 35.0) == 10.0
+    assert leases.backoff_seconds(1, 1.0, 35.0) == 1.0
+    assert leases.backoff_seconds(2, 0.5, 35.0) == 1.0
 
 
 def test_the_retry_time_is_the_backoff_after_now() -> None:
     assert leases.retry_at(at(5), 2, 10.0, 35.0) == at(25)
     assert leases.retry_at(at(5), 1, 0.0, 35.0) is None
     assert leases.retry_at(at(5), 0, 10.0, 35.0) is None
+    assert leases.retry_at(at(5), 1, 0.5, 35.0) == at(5.5)
 
 
 def test_a_failed_entry_backs_off_until_its_retry_time_only() -> None:
@@ -190,3 +193,23 @@ def test_other_states_are_never_late(state: State) -> None:
 
 def test_time_zero_is_the_test_clock() -> None:
     assert at(0) == T0
+
+
+# -- what wait() still waits for ------------------------------------------------------------
+
+
+def test_outstanding_entries_until_ready_count_consumed_ones_as_done() -> None:
+    found = {
+        "p": State.pending,
+        "w": State.writing,
+        "r": State.ready,
+        "c": State.consumed,
+        "f": State.failed,
+        "d": State.dead,
+        "e": State.dead,
+        "a": State.pending,
+    }
+    assert states.outstanding(found, "ready") == (["a", "f", "p", "w"], ["d", "e"])
+    assert states.outstanding(found, "consumed") == (["a", "f", "p", "r", "w"], ["d", "e"])
+    assert states.outstanding({}, "ready") == ([], [])
+    assert states.outstanding({"c": State.consumed, "r": State.ready}, "ready") == ([], [])
