@@ -4,6 +4,7 @@ A manifest beside the data says, for every file, its stage, state, holder, lease
 and dependencies; it is split into per-stage shards changed only by conditional writes.
 """
 
+from . import metrics
 from .agent import Agent
 from .cas import CasPolicy
 from .errors import (  # lifecycle verbs
@@ -14,6 +15,7 @@ from .errors import (  # lifecycle verbs
     ConflictRetriesExhausted,
     CorruptShard,
     DataRemoved,
+    DeadWaitedFor,
     DeclarationConflict,
     DependencyCycle,
     HasDependents,
@@ -31,6 +33,7 @@ from .errors import (  # lifecycle verbs
     StoreError,
     UnsupportedSchema,
     UnsupportedStore,
+    WaitTimeout,
     WrongState,
 )
 from .events import Change, CommitEvent
@@ -59,6 +62,7 @@ __all__ = [
     "ConflictRetriesExhausted",
     "CorruptShard",
     "DataRemoved",
+    "DeadWaitedFor",
     "Declaration",
     "DeclarationConflict",
     "DependencyCycle",
@@ -98,7 +102,9 @@ __all__ = [
     "Transition",
     "UnsupportedSchema",
     "UnsupportedStore",
+    "WaitTimeout",
     "WrongState",
     "connect",
+    "metrics",
     "set_defaults",
 ]

@@ -58,6 +58,10 @@ class Rules:
     task_id: str
     lease_seconds: float
     max_retries: int
+    retry_backoff: float = 0.0
+    """Seconds a failed entry waits before its next claim, doubling per retry."""
+    retry_backoff_max: float = 0.0
+    """The longest such wait."""
 
 
 def _update(entry: Entry, now: datetime, **fields: Any) -> Entry:
@@ -71,17 +75,25 @@ def _entry(shard: Shard, file_id: str) -> Entry:
     return entry
 
 
-def _failure(entry: Entry, event: Event, error: str, rules: Rules) -> dict[str, Any]:
+def _failure(
+    entry: Entry, event: Event, error: str, rules: Rules, now: datetime | None = None
+) -> dict[str, Any]:
     """What one failure (``fail``, a takeover, an expired lease, bad data) changes: one
-    retry more, the holder released, and the state the table gives: alive again, or dead
-    once the retries are spent."""
+    retry more, the holder released, and the state the table gives: alive again (claimable
+    once its backoff, if the task has one, has passed, counted from ``now``), or dead once
+    the retries are spent. A takeover gives no ``now``: its taker claims the entry at once."""
     retries = entry.retry_count + 1
+    state = next_state(entry.state, event, retry_count=retries, max_retries=rules.max_retries)
+    retry = None
+    if state is State.failed and now is not None:
+        retry = leases.retry_at(now, retries, rules.retry_backoff, rules.retry_backoff_max)
     return {
-        "state": next_state(entry.state, event, retry_count=retries, max_retries=rules.max_retries),
+        "state": state,
         "retry_count": retries,
         "error": error,
         "owner": None,
         "lease_expires_at": None,
+        "retry_at": retry,
     }
 
 
@@ -181,6 +193,12 @@ def why_not_claimable(entry: Entry, now: datetime, lookup: Lookup) -> str | None
         return f"state dead after {entry.retry_count} failures; last error: {entry.error}"
     if entry.state in (State.ready, State.consumed):
         return f"state {entry.state.value}: already produced"
+    if leases.backing_off(entry, now):
+        assert entry.retry_at is not None
+        return (
+            f"backing off until {entry.retry_at.isoformat()} after {entry.retry_count} "
+            f"failures; last error: {entry.error}"
+        )
     waiting, dead = blockers(entry, lookup)
     if dead:
         return f"depends on dead entries: {', '.join(dead)}"
@@ -201,7 +219,14 @@ def _take(entry: Entry, agent: str, now: datetime, rules: Rules) -> Entry:
     return _update(
         entry,
         now,
-        **{**fields, "owner": agent, "epoch": entry.epoch + 1, "lease_expires_at": lease},
+        **{
+            **fields,
+            "owner": agent,
+            "epoch": entry.epoch + 1,
+            "lease_expires_at": lease,
+            "retry_at": None,
+            "claimed_at": now,
+        },
     )
 
 
@@ -352,6 +377,7 @@ def _made_ready(shard: Shard, claim: Claim, data: Stored, now: datetime) -> tupl
         whole_checksum=data.whole_checksum,
         lease_expires_at=None,
         error=None,
+        ready_at=now,
     )
     return ready, True
 
@@ -388,7 +414,7 @@ def fail(
     shard: Shard, claim: Claim, reason: str, now: datetime, rules: Rules
 ) -> tuple[Shard, Entry]:
     entry = _held(shard, claim)
-    failed = _update(entry, now, **_failure(entry, Event.fail, reason, rules))
+    failed = _update(entry, now, **_failure(entry, Event.fail, reason, rules, now))
     return shard.with_entries({claim.file_id: failed}), failed
 
 
@@ -452,7 +478,7 @@ def mismatch(
     entry = _entry(shard, file_id)
     if entry.state is not State.ready or (entry.key, entry.checksum) != (key, checksum):
         return None, entry  # already handled, or produced again meanwhile
-    fields = _failure(entry, Event.mismatch, detail, rules)
+    fields = _failure(entry, Event.mismatch, detail, rules, now)
     # The producer's name stays: it says whose data was bad.
     failed = _update(entry, now, **{**fields, "owner": entry.owner, **_NO_DATA})
     return shard.with_entries({file_id: failed}), failed
@@ -465,7 +491,7 @@ def reap(shard: Shard, now: datetime, rules: Rules) -> tuple[Shard | None, list[
     """Release every expired lease of the shard: failed, or dead once retries are spent."""
     changed = {
         entry.file_id: _update(
-            entry, now, **_failure(entry, Event.expire, _expired_error(entry), rules)
+            entry, now, **_failure(entry, Event.expire, _expired_error(entry), rules, now)
         )
         for entry in shard.entries.values()
         if leases.expired(entry, now)

@@ -214,6 +214,24 @@ class NothingClaimable(ObjManifestError):
     """``claim --stage`` found no entry it could take (possibly after ``--wait``)."""
 
 
+class WaitTimeout(ObjManifestError):
+    """``wait`` gave up: some entries waited for had not reached the state asked for when
+    its timeout ran out. ``file_ids`` names them."""
+
+    def __init__(self, message: str, file_ids: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.file_ids = file_ids
+
+
+class DeadWaitedFor(ObjManifestError):
+    """``wait`` stopped at once: an entry it waits for is dead, so it can never be ready
+    (revive it, or stop waiting). ``file_ids`` names them."""
+
+    def __init__(self, message: str, file_ids: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.file_ids = file_ids
+
+
 class NotAllReady(ObjManifestError):
     """``put-many`` made some files ready and not others, which failed in different ways
     (each failure is reported with its file)."""

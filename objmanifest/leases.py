@@ -24,6 +24,42 @@ def expires_at(now: datetime, lease_seconds: float) -> datetime:
     return now + timedelta(seconds=lease_seconds)
 
 
+def backoff_seconds(retry_count: int, base: float, cap: float) -> float:
+    """How long a failed entry waits before it may be claimed again after its
+    ``retry_count``-th failure: ``base``, doubled per retry after the first, at most ``cap``
+    (0 when ``base`` is 0: no backoff)."""
+    if retry_count < 1:
+        return 0.0
+    return min(cap, base * 2.0 ** (retry_count - 1))
+
+
+def retry_at(now: datetime, retry_count: int, base: float, cap: float) -> datetime | None:
+    """When an entry that failed for the ``retry_count``-th time at ``now`` (store time)
+    may be claimed again; None when it may be claimed at once."""
+    seconds = backoff_seconds(retry_count, base, cap)
+    return now + timedelta(seconds=seconds) if seconds > 0 else None
+
+
+def backing_off(entry: Entry, now: datetime) -> bool:
+    """Is this failed entry still waiting out its retry backoff?"""
+    return entry.state is State.failed and entry.retry_at is not None and now < entry.retry_at
+
+
+def due_at(entry: Entry, deadline: float | None) -> datetime | None:
+    """When a writing entry must be ready (``deadline`` seconds after its claim) or a ready
+    one consumed (after ``ready_at``); None for other states or without a deadline."""
+    if deadline is None:
+        return None
+    start = {State.writing: entry.claimed_at, State.ready: entry.ready_at}.get(entry.state)
+    return start + timedelta(seconds=deadline) if start is not None else None
+
+
+def late(entry: Entry, now: datetime, deadline: float | None) -> bool:
+    """Has the entry outstayed its stage's deadline in its state?"""
+    due = due_at(entry, deadline)
+    return due is not None and now > due
+
+
 def expired(entry: Entry, now: datetime) -> bool:
     """May someone other than the holder take this entry over?"""
     return (

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 import shard_index
 
-from . import changes, deletion, leases, transfer, verbs
+from . import changes, deletion, leases, states, transfer, verbs
 from .archive import Archives, check_age
 from .cas import CasPolicy, Codec, Documents
 from .codecs import (
@@ -37,6 +37,7 @@ from .effects import TransitionEffects
 from .errors import (
     AlreadyExists,
     CorruptShard,
+    DeadWaitedFor,
     DeclarationConflict,
     InvalidInput,
     LeaseLost,
@@ -46,6 +47,7 @@ from .errors import (
     TaskBeingDeleted,
     UnsupportedSchema,
     UnsupportedStore,
+    WaitTimeout,
 )
 from .events import Observer, Observers
 from .gc import Collector, GcReport
@@ -151,6 +153,71 @@ def check_retention(keep_seconds: object, keep_versions: object) -> tuple[float 
     return seconds, keep_versions
 
 
+WAIT_FIRST_DELAY, WAIT_GROWTH, WAIT_MAX_DELAY = 0.2, 1.5, 2.0
+"""``wait`` polls 0.2 s apart at first, each delay 1.5 times the last, up to 2 s (as the
+command line's ``--wait``)."""
+
+
+def _some(file_ids: list[str], shown: int = 10) -> str:
+    """Up to ``shown`` file ids, and how many more."""
+    more = len(file_ids) - shown
+    return ", ".join(file_ids[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+MAX_BACKOFF_SECONDS = 30 * 24 * 3600.0
+"""The longest retry backoff or stage deadline a task may set (30 days)."""
+
+
+def _seconds(name: str, value: object) -> float:
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 <= value <= MAX_BACKOFF_SECONDS
+    )
+    if not ok:
+        raise InvalidInput(
+            f"{name} must be a number of seconds from 0 to {MAX_BACKOFF_SECONDS:.0f} "
+            f"(30 days), not {value!r}"
+        )
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_timing(
+    retry_backoff: object, retry_backoff_max: object, deadlines: object, stages: Iterable[str]
+) -> tuple[float | None, float | None, dict[str, float] | None]:
+    """A task's retry backoff and stage deadlines (None: unset), or ``InvalidInput``."""
+    base = _seconds("retry_backoff", retry_backoff) or None
+    cap = None
+    if retry_backoff_max is not None:
+        cap = _seconds("retry_backoff_max", retry_backoff_max)
+        if base is None or cap < base:
+            raise InvalidInput(
+                f"retry_backoff_max ({retry_backoff_max!r}) needs a retry_backoff of at most "
+                f"it (retry_backoff is {retry_backoff!r})"
+            )
+    if deadlines is None:
+        return base, cap, None
+    if not isinstance(deadlines, Mapping):
+        raise InvalidInput(
+            f"deadlines must map stage names to seconds, like {{'collect': 600}}, not the "
+            f"{type(deadlines).__name__} {deadlines!r}"
+        )
+    known = list(stages)
+    out: dict[str, float] = {}
+    for stage, seconds in deadlines.items():
+        if stage not in known:
+            raise InvalidInput(
+                f"deadlines name {stage!r}, which is not a stage of the task "
+                f"(its stages are {', '.join(known)})"
+            )
+        value = _seconds(f"the deadline of stage {stage!r}", seconds)
+        if value <= 0:
+            raise InvalidInput(f"the deadline of stage {stage!r} must be above 0 seconds")
+        out[stage] = value
+    return base, cap, out or None
+
+
 class Manifest:
     """The manifest of one job, and the reads and commits on it. Safe to share between
     threads."""
@@ -175,7 +242,13 @@ class Manifest:
             observers=self.observers,
             block_key=self.layout.journal_block,
         )
-        self.rules = changes.Rules(header.task_id, header.lease_seconds, header.max_retries)
+        self.rules = changes.Rules(
+            header.task_id,
+            header.lease_seconds,
+            header.max_retries,
+            header.retry_backoff or 0.0,
+            header.backoff_cap,
+        )
         self._transfer = transfer
         self._configure(header)
         self.journal = History(store, self.docs, self.layout, self.journaled_objects)
@@ -220,6 +293,9 @@ class Manifest:
         journal_keep_versions: int | None = None,
         partitions: Mapping[str, int] | None = None,
         layout: str | None = None,
+        retry_backoff: float = 0,
+        retry_backoff_max: float | None = None,
+        deadlines: Mapping[str, float] | None = None,
     ) -> M:
         """Create a task (``AlreadyExists`` if it is there) after checking the store is safe.
 
@@ -229,6 +305,12 @@ class Manifest:
         one stage do not all commit to one object; ``layout="task"`` keeps every entry in
         one shard (only as a baseline to compare against). Both are fixed for the life of
         the task.
+
+        ``retry_backoff`` (seconds, default 0: none) makes a failed entry claimable again
+        only that long after its failure, doubling per retry up to ``retry_backoff_max``
+        (default 64 times ``retry_backoff``), on the store's clock. ``deadlines`` gives
+        stages the seconds an entry may stay writing (from its claim) or ready without
+        being consumed (from ``ready_at``) before ``status`` lists it as ``late``.
         """
         keys = TaskLayout(task_id)
         lease, retries = check_settings(lease_seconds, max_retries)
@@ -245,8 +327,15 @@ class Manifest:
                 f"partitions must map stage names to partition counts, like "
                 f'{{"collect": 16}}, not the {type(partitions).__name__} {partitions!r}'
             )
+        stages = tuple(stages)
+        backoff, backoff_max, stage_deadlines = check_timing(
+            retry_backoff, retry_backoff_max, deadlines, stages
+        )
         layered = bool(layout is not None or any(n != 1 for n in (partitions or {}).values()))
-        schema = HEADER_SCHEMA if layered else SCHEMA_VERSION
+        # A backoff or deadlines need header schema 3 too: 0.2.0 would claim a failed entry
+        # at once, blind to its retry_at.
+        timed = backoff is not None or stage_deadlines is not None
+        schema = HEADER_SCHEMA if layered or timed else SCHEMA_VERSION
         runtime = store.runtime
         problems = probe_conditional_writes(store, PROBE_PREFIX + runtime.new_id())
         if problems:
@@ -271,6 +360,9 @@ class Manifest:
             journal_keep_versions=keep_versions,
             layout=layout,
             partitions=dict(partitions) if partitions is not None else None,
+            retry_backoff=backoff,
+            retry_backoff_max=backoff_max,
+            deadlines=stage_deadlines,
         )
         key = keys.header
         body = header.model_dump_json(exclude_none=True).encode()
@@ -665,7 +757,14 @@ class Manifest:
         now = self.store.now()
         counts: dict[str, dict[str, int]] = {}
         archived: dict[str, int] = {}
-        notes: dict[str, list[EntryNote]] = {"blocked": [], "overdue": [], "dead": []}
+        notes: dict[str, list[EntryNote]] = {
+            "blocked": [],
+            "overdue": [],
+            "dead": [],
+            "late": [],
+            "backing_off": [],
+        }
+        deadlines = self.header.deadlines or {}
         unindexed: list[IndexNote] = []
         for stage, shard in shards.items():
             counts[stage] = {s.value: 0 for s in State}
@@ -674,9 +773,9 @@ class Manifest:
                 counts[stage][ref.state.value] += 1
             for entry in shard.entries.values():
                 counts[stage][entry.state.value] += 1
-                found = attention(entry, now, everything.get)
-                if found is not None:
-                    kind, reason = found
+                found = [attention(entry, now, everything.get)]
+                found.append(timing(entry, now, deadlines.get(entry.stage)))
+                for kind, reason in filter(None, found):
                     notes[kind].append(
                         EntryNote(
                             file_id=entry.file_id, stage=stage, state=entry.state, reason=reason
@@ -713,6 +812,69 @@ class Manifest:
             archived=archived,
             **notes,
         )
+
+    def wait(
+        self,
+        stages: Iterable[str] | None = None,
+        until: str = "ready",
+        timeout: float | None = None,
+        *,
+        on_wait: Callable[[list[str]], None] | None = None,
+    ) -> dict[str, State]:
+        """Return once every entry of ``stages`` (default: all) is at least ``until``:
+        ``"ready"`` (ready or consumed) or ``"consumed"``, counting entries declared while
+        waiting; the state of each as it was then (file id -> state).
+
+        Raises ``DeadWaitedFor`` at once when an entry waited for is dead, naming it, and
+        ``WaitTimeout`` (naming those not there yet) after ``timeout`` seconds (None: wait
+        for ever). Polls the stages' shards with conditional GETs (a 304 while nothing
+        changed), 0.2 s apart at first, growing to 2 s. ``on_wait`` is called with the ids
+        still outstanding before the first sleep.
+        """
+        if isinstance(stages, str):
+            raise InvalidInput(f"stages must be a list of stage names, not the string {stages!r}")
+        wanted = list(self.stages if stages is None else dict.fromkeys(stages))
+        for stage in wanted:
+            self._check_stage(stage)
+        if until not in states.UNTIL:
+            raise InvalidInput(f"until must be 'ready' or 'consumed', not {until!r}")
+        if timeout is not None and not (
+            isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout >= 0
+        ):
+            raise InvalidInput(
+                f"timeout must be a number of seconds from 0, or None, not {timeout!r}"
+            )
+        runtime = self.store.runtime
+        start = runtime.monotonic()
+        delay = WAIT_FIRST_DELAY
+        while True:
+            found: dict[str, State] = {}
+            for stage in wanted:
+                shard = self.shard(stage)
+                found.update({fid: ref.state for fid, ref in (shard.archived or {}).items()})
+                found.update({fid: e.state for fid, e in shard.entries.items()})
+            waiting, dead = states.outstanding(found, until)
+            if dead:
+                raise DeadWaitedFor(
+                    f"{_some(dead)} of {', '.join(wanted)} {'is' if len(dead) == 1 else 'are'} "
+                    f"dead, so waiting for them to be {until} would never end: revive "
+                    "(`objmanifest revive`) or undeclare them, or stop waiting for them",
+                    tuple(dead),
+                )
+            if not waiting:
+                return found
+            remaining = math.inf if timeout is None else start + timeout - runtime.monotonic()
+            if remaining <= 0:
+                raise WaitTimeout(
+                    f"timed out after {timeout:g}s waiting for {len(waiting)} entries of "
+                    f"{', '.join(wanted)} to be {until}: {_some(waiting)}",
+                    tuple(waiting),
+                )
+            if on_wait is not None:
+                on_wait(waiting)
+                on_wait = None
+            runtime.sleep(min(delay, remaining))
+            delay = min(delay * WAIT_GROWTH, WAIT_MAX_DELAY)
 
     def reap(self) -> list[Entry]:
         """Release every expired lease of the task; returns the entries released.
@@ -1135,4 +1297,21 @@ def attention(entry: Entry, now: datetime, lookup: changes.Lookup) -> tuple[str,
     return None
 
 
-__all__ = ["Manifest", "attention", "check_retention", "check_settings"]
+def timing(entry: Entry, now: datetime, deadline: float | None) -> tuple[str, str] | None:
+    """Whether a status report should name this entry for its timing: ("late", why) past
+    its stage's deadline, ("backing_off", until when) waiting out a retry backoff."""
+    if leases.late(entry, now, deadline):
+        due = leases.due_at(entry, deadline)
+        assert due is not None
+        what = "ready" if entry.state is State.writing else "consumed"
+        return (
+            "late",
+            f"{entry.state.value} past its stage's deadline: due {what} by {due.isoformat()}",
+        )
+    if leases.backing_off(entry, now):
+        assert entry.retry_at is not None
+        return "backing_off", f"may be retried from {entry.retry_at.isoformat()}"
+    return None
+
+
+__all__ = ["Manifest", "attention", "check_retention", "check_settings", "timing"]

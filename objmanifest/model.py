@@ -42,6 +42,8 @@ a header at 3, which 0.2.0 refuses (it would look for each stage's own shard). M
 objects are at ``SCHEMA_VERSION`` in both."""
 READERS = {1: "0.1.0", 2: "0.2.0", 3: "0.3.0"}
 """The first objmanifest release that reads each schema version."""
+BACKOFF_CAP_FACTOR = 64
+"""Without ``retry_backoff_max``, a retry's backoff doubles up to this many times the first."""
 MAX_PARTITIONS = 1024
 """The most shards one stage may be split into."""
 TASK_SHARD = "_task"
@@ -280,6 +282,14 @@ class Entry(_Model):
     data_removed_at: datetime | None = None
     """Set (by gc's ``drop-data`` command) on a consumed entry whose data was removed after
     its retention: reading it again raises ``DataRemoved``."""
+    retry_at: datetime | None = None
+    """Set on a failed entry of a task with a retry backoff: it may be claimed again only
+    from this store time on."""
+    claimed_at: datetime | None = None
+    """When its current holder claimed it (store time); kept by renewals."""
+    ready_at: datetime | None = None
+    """When it last became ready (store time): a stage's deadline for being consumed counts
+    from here."""
 
     @property
     def is_chunked(self) -> bool:
@@ -375,6 +385,22 @@ class TaskHeader(_Model):
     partitions: dict[str, int] | None = None
     """Stages split into this many hash partitions, each a shard of its own (from header
     schema 3 on). Fixed for the life of the task."""
+    retry_backoff: float | None = None
+    """Seconds a failed entry waits before it may be claimed again, doubling per retry up
+    to ``retry_backoff_max`` (from header schema 3 on); None: no wait."""
+    retry_backoff_max: float | None = None
+    """The longest retry backoff; None: 64 times ``retry_backoff``."""
+    deadlines: dict[str, float] | None = None
+    """Per stage, seconds an entry may stay writing (from its claim) or ready without being
+    consumed (from ``ready_at``) before ``status`` lists it as late (header schema 3)."""
+
+    @property
+    def backoff_cap(self) -> float:
+        """The longest backoff a retry waits, in seconds (0 without backoff)."""
+        base = self.retry_backoff or 0.0
+        if self.retry_backoff_max is not None:
+            return self.retry_backoff_max
+        return base * BACKOFF_CAP_FACTOR
 
     @property
     def objects_schema(self) -> int:
@@ -573,6 +599,11 @@ class TaskStatus(BaseModel):
     blocked: list[EntryNote] = Field(default_factory=list)
     overdue: list[EntryNote] = Field(default_factory=list)
     dead: list[EntryNote] = Field(default_factory=list)
+    late: list[EntryNote] = Field(default_factory=list)
+    """Writing or ready for longer than their stage's deadline (``overdue`` is an expired
+    lease)."""
+    backing_off: list[EntryNote] = Field(default_factory=list)
+    """Failed entries waiting out their retry backoff; the reason says until when."""
     unfinished: list[IndexNote] = Field(default_factory=list)
     """In the index, in no shard: a declaration that was interrupted (rerun it)."""
     unindexed: list[IndexNote] = Field(default_factory=list)

@@ -117,3 +117,18 @@ def verb_state(state: State, verb: Verb, *, retry_count: int = 0) -> State:
     if verb is Verb.release:
         return State.failed if retry_count else State.pending
     return State.failed
+
+
+UNTIL = {"ready": (State.ready, State.consumed), "consumed": (State.consumed,)}
+"""What ``wait(until=...)`` accepts as done: ``ready`` counts consumed entries too."""
+
+
+def outstanding(states: dict[str, State], until: str) -> tuple[list[str], list[str]]:
+    """Of these entries (file id -> state), those not yet at least ``until`` and those
+    dead (never will be), each sorted."""
+    done = UNTIL[until]
+    dead = sorted(fid for fid, state in states.items() if state is State.dead)
+    waiting = sorted(
+        fid for fid, state in states.items() if state not in done and state is not State.dead
+    )
+    return waiting, dead

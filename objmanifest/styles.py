@@ -18,6 +18,8 @@ ATTENTION_STYLES = {
     "dead": "bold red",
     "overdue": "bold yellow",
     "blocked": "cyan",
+    "late": "yellow",
+    "backing off": "dim red",
     "damaged": "bold magenta",
     "unfinished": "magenta",
 }

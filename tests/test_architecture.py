@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("states", "leases", "changes", "verbs"),
     ("transfer", "uploads", "deletion"),
     ("effects", "history", "archive", "retention", "gc", "manifest", "repair"),
-    ("agent", "task", "chunks"),
+    ("agent", "task", "chunks", "metrics"),
     ("__init__", "servers", "styles"),
     ("cli", "demo", "web", "__main__"),
 ]

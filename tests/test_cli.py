@@ -51,6 +51,8 @@ STATUS_KEYS = {
     "blocked",
     "overdue",
     "dead",
+    "late",
+    "backing_off",
     "unfinished",
     "unindexed",
 }

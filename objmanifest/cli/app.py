@@ -30,6 +30,7 @@ HANDLERS: dict[str, Handler] = {
     "consume": commands.cmd_consume,
     "status": commands.cmd_status,
     "show": commands.cmd_show,
+    "wait": commands.cmd_wait,
     "reap": commands.cmd_reap,
     "repair": commands.cmd_repair,
     "log": commands.cmd_log,

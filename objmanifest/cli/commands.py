@@ -133,6 +133,9 @@ def cmd_init(ctx: Context) -> int:
             journal_keep_versions=keep[1],
             partitions=_partitions(args),
             layout="task" if args.layout == "task" else None,
+            retry_backoff=args.retry_backoff,
+            retry_backoff_max=args.retry_backoff_max,
+            deadlines=_stage_values("--deadline", args.deadline),
         )
     except om.AlreadyExists:
         if not args.exist_ok:
@@ -172,6 +175,16 @@ def _partitions(args: argparse.Namespace) -> dict[str, int] | None:
         if stage in found and found[stage] != count:
             raise UsageError(f"--partitions gives stage {stage!r} twice: {found[stage]}, {count}")
         found[stage] = count
+    return found or None
+
+
+def _stage_values(option: str, given: list[tuple[str, float]] | None) -> dict[str, float] | None:
+    """``STAGE=SECONDS`` options as a mapping (each stage once)."""
+    found: dict[str, float] = {}
+    for stage, value in given or []:
+        if stage in found and found[stage] != value:
+            raise UsageError(f"{option} gives stage {stage!r} twice: {found[stage]:g}, {value:g}")
+        found[stage] = value
     return found or None
 
 
@@ -490,6 +503,24 @@ def _copy_to_stdout(data: BinaryIO) -> None:
 def cmd_status(ctx: Context) -> int:
     status = ctx.task().status()
     ctx.out.result(status_json(status), status_view(status))
+    return 0
+
+
+def cmd_wait(ctx: Context) -> int:
+    stages = list(ctx.args.stage) or None
+    until = ctx.args.until
+    timeout = ctx.args.timeout
+
+    def note(waiting: list[str]) -> None:
+        limit = f"up to {timeout:g}s" if timeout is not None else "without a timeout"
+        ctx.out.note(f"objmanifest: {len(waiting)} entries are not {until} yet; waiting {limit}")
+
+    found = ctx.task().wait(stages, until=until, timeout=timeout, on_wait=note)
+    where = ", ".join(stages or ctx.task().stages)
+    ctx.out.result(
+        {"until": until, "stages": stages or list(ctx.task().stages), "entries": len(found)},
+        f"all {len(found)} entries of {where} are {until}",
+    )
     return 0
 
 

@@ -33,6 +33,8 @@ class ExitCode(IntEnum):
     UNSUPPORTED = 12
     STORE_ERROR = 13
     REFUSED = 14
+    WAIT_TIMEOUT = 15
+    WAITED_FOR_DEAD = 16
     INTERRUPTED = 130
 
 
@@ -66,6 +68,8 @@ _TABLE: tuple[tuple[type[BaseException], ExitCode, str], ...] = (
     (ExtraMissing, ExitCode.UNSUPPORTED, "not installed"),
     (om.StoreError, ExitCode.STORE_ERROR, "store error"),
     (om.Refused, ExitCode.REFUSED, "refused"),
+    (om.WaitTimeout, ExitCode.WAIT_TIMEOUT, "timed out"),
+    (om.DeadWaitedFor, ExitCode.WAITED_FOR_DEAD, "dead entries"),
     (om.errors.LocalServerError, ExitCode.ERROR, "server error"),
     (om.ObjManifestError, ExitCode.ERROR, "error"),
     (OSError, ExitCode.ERROR, "i/o error"),
@@ -97,6 +101,8 @@ def _fields(error: BaseException) -> dict[str, Any]:
         fields["address"] = error.address
     if isinstance(error, om.HasDependents):
         fields["dependents"] = list(error.dependents)
+    if isinstance(error, (om.WaitTimeout, om.DeadWaitedFor)):
+        fields["file_ids"] = list(error.file_ids)
     if isinstance(error, om.LeasesLive):
         fields["holders"] = list(error.holders)
     return fields

@@ -96,6 +96,14 @@ def partition_count(text: str) -> tuple[str, int]:
     return stage, _int(count)
 
 
+def stage_seconds(text: str) -> tuple[str, float]:
+    """``STAGE=SECONDS`` of ``init --deadline``; the API checks the stage and the range."""
+    stage, eq, seconds = text.partition("=")
+    if not eq or not stage:
+        raise argparse.ArgumentTypeError(f"write STAGE=SECONDS (like collect=600), not {text!r}")
+    return stage, number(seconds)
+
+
 def whole(text: str) -> int:
     """Any whole number; the command checks its range (``init --retries``)."""
     return _int(text)
@@ -282,6 +290,28 @@ def _init(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="'stage': one shard per stage, split by --partitions (default); 'task': one "
         "shard for the whole task (a baseline to compare against)",
     )
+    p.add_argument(
+        "--retry-backoff",
+        type=number,
+        default=0.0,
+        metavar="SECONDS",
+        help="a failed entry may be claimed again only this long after its failure, doubling "
+        "per retry (default 0: at once)",
+    )
+    p.add_argument(
+        "--retry-backoff-max",
+        type=number,
+        metavar="SECONDS",
+        help="the longest retry backoff (default 64 times --retry-backoff)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=stage_seconds,
+        action="append",
+        metavar="STAGE=SECONDS",
+        help="seconds an entry of STAGE may stay writing (from its claim) or ready (until "
+        "consumed) before status lists it as late (repeat for several stages)",
+    )
 
 
 def _declare(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -420,6 +450,22 @@ def _views(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "status",
         parents=parents,
         help="entries per stage and state; blocked, overdue and dead entries",
+    )
+    p = sub.add_parser(
+        "wait",
+        parents=parents,
+        help="wait until every entry of some stages is ready (or consumed)",
+        description="Return once every entry of the stages (default: all), including entries "
+        "declared meanwhile, is at least --until: ready (ready or consumed) or consumed. "
+        "Exits 15 on --timeout, naming the entries not there yet, and 16 at once when an "
+        "entry waited for is dead.",
+    )
+    p.add_argument(
+        "--stage", action="append", default=[], metavar="STAGE", help="a stage (repeatable)"
+    )
+    p.add_argument("--until", choices=["ready", "consumed"], default="ready")
+    p.add_argument(
+        "--timeout", type=number, metavar="SECONDS", help="give up after this long (default: never)"
     )
     p = sub.add_parser("show", parents=parents, help="one entry, every field")
     p.add_argument("file_id", metavar="FILE_ID")

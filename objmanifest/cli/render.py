@@ -48,6 +48,13 @@ def entry_view(entry: om.Entry) -> RenderableType:
         ("epoch", str(entry.epoch)),
         ("lease_expires_at", iso(entry.lease_expires_at)),
         ("retry_count", str(entry.retry_count)),
+        *(
+            (("retry_at", f"{iso(entry.retry_at)} (backing off until then)"),)
+            if entry.retry_at
+            else ()
+        ),
+        *((("claimed_at", iso(entry.claimed_at)),) if entry.claimed_at else ()),
+        *((("ready_at", iso(entry.ready_at)),) if entry.ready_at else ()),
         ("depends_on", ", ".join(entry.depends_on) or "-"),
         ("consumers", ", ".join(entry.consumers) or "(queue: first consumer takes it)"),
         ("consumed_by", ", ".join(entry.consumed_by) or "-"),
@@ -94,6 +101,8 @@ def attention_table(status: om.TaskStatus) -> Table | None:
         *(("dead", n) for n in status.dead),
         *(("overdue", n) for n in status.overdue),
         *(("blocked", n) for n in status.blocked),
+        *(("late", n) for n in status.late),
+        *(("backing off", n) for n in status.backing_off),
     ]
     table = Table(box=box.SIMPLE_HEAD, title="needs attention", title_justify="left")
     for name in ("", "file id", "stage", "state", "why"):

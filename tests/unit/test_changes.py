@@ -278,7 +278,9 @@ def test_claim_takes_the_entry_and_raises_its_epoch(state: State) -> None:
     other = entry("b")
     e = entry("a", state=state, epoch=4, retry_count=1, error="earlier")
     new, result = changes.claim(shard(e, other), "a", "ann", NOW, RULES, nothing)
-    taken = updated(e, state=State.writing, owner="ann", epoch=5, lease_expires_at=at(130))
+    taken = updated(
+        e, state=State.writing, owner="ann", epoch=5, lease_expires_at=at(130), claimed_at=NOW
+    )
     assert new is not None
     assert new.entries == {"a": taken, "b": other}
     assert new.entries["b"] is other
@@ -300,6 +302,7 @@ def test_claim_takes_over_an_expired_lease_counting_one_failure() -> None:
             "retry_count": 2,
             "error": "lease of bob (epoch 3) expired",
             "updated_at": at(33),
+            "claimed_at": at(33),
         }
     )
     assert result == Claim("job", "a", STAGE, "ann", 4, at(63))
@@ -520,6 +523,7 @@ def test_finish_makes_the_entry_ready_with_its_data() -> None:
         size=5,
         lease_expires_at=None,
         error=None,
+        ready_at=NOW,
     )
     assert result == expected
     assert new is not None

@@ -68,6 +68,8 @@ def test_claim_any() -> None:
     waiting = shard(ready("r"), entry("d", depends_on=("r",)), entry("e", depends_on=("x",)))
     checked = changes.ClaimAny("ann", 5, RULES, lambda doc: doc.entries.get)
     assert [c.file_id for c in checked.apply(waiting, NOW)[1]] == ["d"]  # its lookup decides
+    both = shard(entry("p"), entry("w", stage="write"))
+    assert [c.file_id for c in only.apply(both, NOW)[1]] == ["w"]  # the other stage's left
 
 
 def test_renew() -> None:

@@ -37,6 +37,7 @@ def made_ready(e: Entry, stored: Stored) -> Entry:
             "lease_expires_at": None,
             "error": None,
             "updated_at": NOW,
+            "ready_at": NOW,
         }
     )
 

@@ -1,0 +1,217 @@
+"""Prometheus metrics of a task, fed by its commit events and read from its shards.
+
+``register(task)`` subscribes a ``TaskMetrics`` to the task's commit events and adds it to
+a registry (a new one by default; ``prometheus_client.REGISTRY`` for a process that already
+runs an exporter). ``asgi_app(registry)`` serves a registry at ``/metrics`` (the web status
+page mounts it). Every name starts with ``objmanifest_``; the README lists them.
+
+* Counters from commit events (only commits made through this process's ``Task`` object):
+  commits by command, entry retries by command (``fail``, a takeover, a reaped lease, bad
+  data), takeovers, reaps, deaths, data bytes made ready (``up``) and consumed (``down``).
+* Counters from the CAS loop's own counts (``Documents.stats``): lost races (conflicts),
+  lost answers, writes, grouped commits, reads and 304s.
+* Gauges read from the shards by ``task.status()`` when scraped, cached for
+  ``cache_seconds``: entries per stage and state, and the entries late, overdue, blocked,
+  dead and backing off per stage.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, make_asgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .events import CommitEvent
+from .model import State, TaskStatus
+from .task import Task
+
+PREFIX = "objmanifest_"
+
+RETRIED = {State.failed.value, State.dead.value}
+"""States a failure leaves an entry in (a takeover leaves it writing, at a higher count)."""
+CLAIMS = {"claim", "claim_many"}
+"""Commands whose change of a writing entry is a takeover (one retry spent)."""
+FAILURES = {"fail", "reap", "mismatch"}
+"""Other commands that spend a retry (``release`` and ``revive`` do not)."""
+FINISHES = {"finish", "finish_many"}
+"""Commands that make data ready: its bytes went up."""
+
+STATS = (
+    ("conflicts", "lost races of the CAS loop (a 412 on a conditional write)"),
+    ("lost_responses", "writes whose answer was lost (the re-read decided the outcome)"),
+    ("writes", "writes of manifest objects that landed (one per PUT)"),
+    ("grouped", "commits that landed in another commit's write (group commits)"),
+    ("reads", "reads of manifest objects"),
+    ("not_modified", "reads answered 304 Not Modified"),
+)
+"""The CAS loop's counts exposed as ``objmanifest_cas_NAME_total``."""
+
+NOTES = ("late", "overdue", "blocked", "dead", "backing_off")
+"""The status lists exposed as ``objmanifest_attention_entries{kind=...}``."""
+
+
+class TaskMetrics(Collector):
+    """The metrics of one task, as a prometheus collector; ``observe`` is its commit
+    observer. Safe to call from any thread."""
+
+    def __init__(
+        self,
+        task: Task,
+        cache_seconds: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.task = task
+        self.cache_seconds = cache_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._status: TaskStatus | None = None
+        self._status_at = 0.0
+        self.registry: CollectorRegistry | None = None
+        """The registry ``register`` added these metrics to."""
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def stop(self) -> None:
+        """Stop counting commits and leave the registry."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self.registry is not None:
+            self.registry.unregister(self)
+            self.registry = None
+
+    # -- from commit events ---------------------------------------------------------------
+
+    def _add(self, name: str, labels: tuple[str, ...], n: float = 1) -> None:
+        key = (name, labels)
+        self._counts[key] = self._counts.get(key, 0) + n
+
+    def observe(self, event: CommitEvent) -> None:
+        """Count one landed commit and what it changed."""
+        command = event.command
+        with self._lock:
+            self._add("commits", (command,))
+            for change in event.transitions:
+                before, after = change.before, change.after
+                if command in CLAIMS and before == State.writing.value:
+                    self._add("takeovers", ())
+                    self._add("retries", (command,))
+                elif command in FAILURES and after in RETRIED and before != after:
+                    self._add("retries", (command,))
+                if command == "reap" and before == State.writing.value:
+                    self._add("reaps", ())
+                if after == State.dead.value and before != after:
+                    self._add("deaths", (command,))
+                if change.size is not None:
+                    if command in FINISHES and after == State.ready.value:
+                        self._add("bytes", ("up",), change.size)
+                    elif command == "consume":
+                        self._add("bytes", ("down",), change.size)
+
+    def count(self, name: str, *labels: str) -> float:
+        """The value of one event counter (for tests and the demo)."""
+        with self._lock:
+            return self._counts.get((name, labels), 0)
+
+    # -- the collector ------------------------------------------------------------------
+
+    def status(self) -> TaskStatus:
+        """The task's status, read at most every ``cache_seconds``."""
+        with self._lock:
+            fresh = self._status is not None and (
+                self._clock() - self._status_at < self.cache_seconds
+            )
+            if fresh:
+                assert self._status is not None
+                return self._status
+        status = self.task.status()
+        with self._lock:
+            self._status, self._status_at = status, self._clock()
+        return status
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # collected lazily: registering must not read the store
+
+    def collect(self) -> Iterator[Metric]:
+        task_id = self.task.task_id
+        with self._lock:
+            counts = dict(self._counts)
+        families: dict[str, tuple[str, list[str]]] = {
+            "commits": ("commits that landed, by command", ["command"]),
+            "retries": (
+                "entry retries spent (failures), by the command that spent them",
+                ["command"],
+            ),
+            "takeovers": ("expired leases taken over by a claim", []),
+            "reaps": ("expired leases released by reap", []),
+            "deaths": ("entries that became dead, by command", ["command"]),
+            "bytes": ("data bytes made ready (up) and consumed (down)", ["direction"]),
+        }
+        for name, (doc, labels) in families.items():
+            family = CounterMetricFamily(f"{PREFIX}{name}", doc, labels=["task", *labels])
+            for (counted, values), value in sorted(counts.items()):
+                if counted == name:
+                    family.add_metric([task_id, *values], value)
+            yield family
+        stats = self.task.docs.stats
+        for name, doc in STATS:
+            family = CounterMetricFamily(f"{PREFIX}cas_{name}", doc, labels=["task"])
+            family.add_metric([task_id], float(getattr(stats, name)))
+            yield family
+        yield from self._gauges(task_id, self.status())
+
+    def _gauges(self, task_id: str, status: TaskStatus) -> Iterator[Metric]:
+        entries = GaugeMetricFamily(
+            f"{PREFIX}entries",
+            "entries per stage and state (read from the shards, cached)",
+            labels=["task", "stage", "state"],
+        )
+        for stage, counts in status.stages.items():
+            for state, n in counts.items():
+                entries.add_metric([task_id, stage, state], n)
+        yield entries
+        attention = GaugeMetricFamily(
+            f"{PREFIX}attention_entries",
+            "entries a status report names, per stage and kind (late: past the stage's "
+            "deadline; overdue: an expired lease)",
+            labels=["task", "stage", "kind"],
+        )
+        for kind in NOTES:
+            per_stage = dict.fromkeys(status.stages, 0)
+            for note in getattr(status, kind):
+                per_stage[note.stage] = per_stage.get(note.stage, 0) + 1
+            for stage, n in per_stage.items():
+                attention.add_metric([task_id, stage, kind], n)
+        yield attention
+
+
+def register(
+    task: Task,
+    registry: CollectorRegistry | None = None,
+    *,
+    cache_seconds: float = 15.0,
+) -> TaskMetrics:
+    """Count ``task``'s commits and expose its metrics in ``registry`` (a new
+    ``CollectorRegistry`` when None; pass ``prometheus_client.REGISTRY`` to add them to the
+    default one an exporter already serves). ``metrics.registry`` is where they went;
+    ``metrics.stop()`` unsubscribes and unregisters them."""
+    metrics = TaskMetrics(task, cache_seconds)
+    target = registry if registry is not None else CollectorRegistry()
+    target.register(metrics)
+    metrics.registry = target
+    metrics._unsubscribe = task.subscribe(metrics.observe)
+    return metrics
+
+
+def asgi_app(registry: CollectorRegistry) -> Any:
+    """An ASGI app that serves ``registry`` in the Prometheus text format (mount it at
+    ``/metrics``)."""
+    return make_asgi_app(registry)
+
+
+__all__ = ["PREFIX", "TaskMetrics", "asgi_app", "register"]
