@@ -87,6 +87,8 @@ class _MemoryDamage:
 
         def hook(op: str, key: str) -> None:
             with self.lock:
+                if not any(op in rule.ops for rule in self.rules):
+                    return  # a read, or a write no rule damages, leaves the immunity alone
                 if key in self.immune:
                     self.immune.discard(key)
                     return
