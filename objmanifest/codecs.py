@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from itertools import compress
+from operator import is_not
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+import pydantic_core
 from pydantic import BaseModel, ValidationError
 
 import shard_index
@@ -169,6 +172,93 @@ class VersionedCodec(Generic[D]):
         return doc.model_copy(update={"schema_version": schema_version})
 
 
+def _piece(key: str | None, item: BaseModel) -> bytes:
+    """One item's JSON as it sits in its shard: ``"key":value`` for an item of a mapping."""
+    body = item.model_dump_json(exclude_none=True).encode()
+    return body if key is None else pydantic_core.to_json(key) + b":" + body
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The items of one field of the last shard encoded, their pieces and those joined."""
+
+    keys: list[str] | None
+    values: list[BaseModel]
+    pieces: list[bytes]
+    joined: bytes
+
+
+class Fragments:
+    """The encoded JSON of each item (entry, journal record, archived id) of the last shard
+    a codec encoded, known by the identity of the item's object.
+
+    Items are frozen models, and a commit carries every item it did not change over as the
+    same object (and a mapping's keys in the same order, new ones last), so a commit encodes
+    only the items it changed: the others are found by comparing the new version's objects
+    with the last one's, at C speed, and their pieces are joined again. Any other change
+    (items removed or reordered) takes each piece it can by key and identity. Only the last
+    encoding is kept (about the size of the shard's body), each field's as one immutable
+    ``_Run``: two threads encoding at once only lose some reuse, never correctness (a piece
+    is reused only for the very object, under the very key, it was made from)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, _Run] = {}
+
+    def join(self, name: str, keys: list[str] | None, values: list[BaseModel]) -> bytes:
+        """The items of field ``name`` (a mapping's ``keys``, or None for a sequence) as
+        JSON, joined by commas, and kept for the next encoding."""
+        old = self._runs.get(name)
+        run = self._unchanged(old, keys, values) if old is not None else None
+        if run is None:
+            run = self._rebuilt(old, keys, values)
+        self._runs[name] = run
+        return run.joined
+
+    @staticmethod
+    def _unchanged(old: _Run, keys: list[str] | None, values: list[BaseModel]) -> _Run | None:
+        """The run when ``keys`` start with the old keys: the old pieces, those of items
+        that are other objects encoded again, new items appended; None otherwise."""
+        n = len(old.values)
+        if keys is None or old.keys is None or len(keys) < n:
+            return None
+        if (keys if len(keys) == n else keys[:n]) != old.keys:
+            return None
+        changed = list(compress(range(n), map(is_not, values, old.values)))
+        if not changed and len(keys) == n:
+            return _Run(keys, values, old.pieces, old.joined)
+        pieces = old.pieces.copy()
+        for i in changed:
+            pieces[i] = _piece(keys[i], values[i])
+        pieces += [_piece(k, v) for k, v in zip(keys[n:], values[n:], strict=True)]
+        return _Run(keys, values, pieces, b",".join(pieces))
+
+    @staticmethod
+    def _rebuilt(old: _Run | None, keys: list[str] | None, values: list[BaseModel]) -> _Run:
+        """The run made piece by piece, taking an old piece wherever the same object sits
+        under the same key (the old run holds its objects, so no other has their ids)."""
+        known: dict[tuple[str | None, int], bytes] = {}
+        if old is not None:
+            old_keys = old.keys if old.keys is not None else [None] * len(old.values)
+            known = {
+                (k, id(v)): p for k, v, p in zip(old_keys, old.values, old.pieces, strict=True)
+            }
+        pieces = []
+        for k, v in zip(keys if keys is not None else [None] * len(values), values, strict=True):
+            found = known.get((k, id(v)))
+            pieces.append(found if found is not None else _piece(k, v))
+        return _Run(keys, values, pieces, b",".join(pieces))
+
+
+_HOLES: tuple[tuple[str, bytes], ...] = (
+    ("journal", b'"journal":[]'),
+    ("entries", b'"entries":{}'),
+    ("archived", b'"archived":{}'),
+)
+"""The shard's fields that grow with it, in the order pydantic writes them (the fields
+before each are numbers and strings, so the first such text after the one before is the
+field itself: a string's quotes are escaped, so no string can hold it)."""
+
+
 @dataclass(frozen=True)
 class ShardCodec(VersionedCodec[Shard]):
     """A stage's shard; its transitions are the entries a commit changed."""
@@ -181,6 +271,28 @@ class ShardCodec(VersionedCodec[Shard]):
     task_id: str
     stage: str
     writes: int = SCHEMA_VERSION
+    fragments: Fragments = field(default_factory=Fragments, compare=False, repr=False)
+
+    def encode(self, doc: Shard) -> bytes:
+        """Byte for byte ``model_dump_json(exclude_none=True)``, but each entry, journal
+        record and archived id is encoded once in this codec's life (``Fragments``), not
+        once per commit: the shard's small fields are encoded with its big ones left empty,
+        and the cached pieces are put into those holes."""
+        present = [(name, hole) for name, hole in _HOLES if getattr(doc, name) is not None]
+        empty: dict[str, Any] = {n: () if n == "journal" else {} for n, _ in present}
+        skeleton = doc.model_copy(update=empty).model_dump_json(exclude_none=True).encode()
+        out, pos = [], 0
+        for name, hole in present:
+            value = getattr(doc, name)
+            inside = skeleton.index(hole, pos) + len(hole) - 1  # at its closing bracket
+            out.append(skeleton[pos:inside])
+            if isinstance(value, dict):
+                out.append(self.fragments.join(name, list(value), list(value.values())))
+            else:
+                out.append(self.fragments.join(name, None, list(value)))
+            pos = inside
+        out.append(skeleton[pos:])
+        return b"".join(out)
 
     def check(self, key: str, doc: Shard) -> None:
         if doc.stage != self.stage or doc.task_id != self.task_id:
