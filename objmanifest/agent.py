@@ -68,7 +68,7 @@ class Agent:
         if stage is not None and stage != stage_of:
             raise NotClaimable(file_id, f"it belongs to stage {stage_of!r}, not {stage!r}")
         shard = task.layout.shard_of(stage_of, file_id)
-        current = task.read_shard(shard)
+        current = task.claim_base(shard)
         wanted = [current.entries[file_id]] if file_id in current.entries else []
         result = task.docs.commit(
             task.layout.shard(shard),
@@ -92,7 +92,7 @@ class Agent:
         only = stage if task.layout.single else None
         claims: list[Claim] = []
         for shard in shards[start:] + shards[:start]:
-            current = task.read_shard(shard)
+            current = task.claim_base(shard)
             lookups = task.lookup_for(shard, current.entries.values())
             claims += task.docs.commit(
                 task.layout.shard(shard),

@@ -129,6 +129,10 @@ class CasPolicy:
     base_delay: float = 0.01
     max_delay: float = 1.0
     max_group: int = GROUP_MAX
+    fresh_seconds: float = 1.0
+    """How long a cached version confirmed current (read, or written here) counts as likely
+    still current (``Documents.likely_current``), unless a write of the object lost a race
+    as recently; 0: never."""
 
     def backoff(self, attempt: int, rand: float) -> float:
         """The pause after lost race number ``attempt``; ``rand`` is uniform in [0, 1)."""
@@ -170,6 +174,9 @@ class Stats:
 class _Version(Generic[T]):
     doc: T
     etag: str | None  # None: the object does not exist yet
+    confirmed: float = float("-inf")
+    """When (the runtime's monotonic clock) this process last knew it was the object's
+    current version: read (200 or 304), or written by a write that landed."""
 
 
 @dataclass(eq=False)
@@ -375,6 +382,8 @@ class Documents:
 
     def __post_init__(self) -> None:
         self._cache: dict[str, _Version[Any]] = {}
+        self._lost: dict[str, float] = {}
+        """When a write of each object last lost a race (the runtime's monotonic clock)."""
         self._lanes: dict[str, _Lane] = {}
         self._guard = threading.Lock()  # the lanes and every change of the cache
         self._blocks = BlockWriter(self.store, self.stats, self.block_key)
@@ -412,6 +421,7 @@ class Documents:
         if blob is None:
             assert cached is not None
             self.stats.count("not_modified")
+            cached.confirmed = self.store.runtime.monotonic()
             return cached
         try:
             doc = codec.decode(key, blob.body)
@@ -423,7 +433,7 @@ class Documents:
             raise e.at(self.store.describe(key), codec.repair) from None
         except UnsupportedSchema as e:
             raise e.at(self.store.describe(key), codec.repair) from None
-        version = _Version(doc, blob.etag)
+        version = _Version(doc, blob.etag, self.store.runtime.monotonic())
         self._cache_from(key, cached, version)
         return version
 
@@ -436,6 +446,23 @@ class Documents:
         """The cached version if there is one, else a read."""
         cached = self._cache.get(key)
         return cached.doc if cached is not None else self._refresh(key, codec).doc
+
+    def likely_current(self, key: str) -> bool:
+        """Whether the cached version of ``key`` was confirmed current less than
+        ``policy.fresh_seconds`` ago and no write of it lost a race for as long.
+
+        A caller may then choose on the cached version without reading first, as long as
+        what it chose is a commit: the commit's write is conditional on that version, so a
+        stale one costs a 412, a re-read and the command applied again on the fresh version
+        (and a refusal or no-op decided on it is checked by a read anyway). Saves the read
+        of an object this process alone is writing; where others write too, a lost race
+        turns it off for a while, so a busy object is read first as before."""
+        cached = self._cache.get(key)
+        if cached is None:
+            return False
+        now, fresh = self.store.runtime.monotonic(), self.policy.fresh_seconds
+        lost = self._lost.get(key, float("-inf"))
+        return now - cached.confirmed < fresh and now - lost >= fresh
 
     def forget(self, key: str) -> None:
         """Drop the cached version of ``key`` (after the write in flight, if any)."""
@@ -537,6 +564,7 @@ class Documents:
                 )
             except PreconditionFailed:
                 self.stats.count("conflicts")
+                self._lost[key] = runtime.monotonic()
                 sent[commit_id] = _Attempt(commit_id, now, tried)
                 if validated:
                     runtime.sleep(self.policy.backoff(attempt, runtime.random()))
@@ -547,7 +575,7 @@ class Documents:
                 sent[commit_id] = _Attempt(commit_id, now, tried)
                 current, validated = self._refresh(key, codec, over), True
                 continue
-            written_version = _Version(stamped, etag)
+            written_version = _Version(stamped, etag, runtime.monotonic())
             with self._guard:
                 self._cache[key] = written_version
             self._landed(key, _Attempt(commit_id, now, tried))

@@ -711,35 +711,47 @@ class Manifest:
 
     # -- dependencies, status, reaping, cleaning up --------------------------------------
 
-    def lookup_for(self, shard: str, candidates: Iterable[Entry]) -> changes.Lookups:
-        """Build dependency look-ups for entries of ``shard``: foreign shards are read once
-        here, the shard's own entries are taken from the version the CAS loop hands over.
+    def claim_base(self, shard: str) -> Shard:
+        """The version of ``shard`` a claim chooses from: the cached one while it is likely
+        current (``Documents.likely_current``: the claim's write is conditional on it, so a
+        stale one costs a 412 and the claim chooses again on the version read then), else a
+        fresh read (a 304 when nothing changed)."""
+        if self.docs.likely_current(self.layout.shard(shard)):
+            return self.docs.cached(self.layout.shard(shard), self.codec(shard))
+        return self.read_shard(shard)
 
-        ``candidates`` must come from a fresh read of the shard (a 304 when nothing
-        changed): an entry missing from it would find its foreign dependencies "not
-        declared".
+    def lookup_for(self, shard: str, candidates: Iterable[Entry]) -> changes.Lookups:
+        """Build dependency look-ups for entries of ``shard``: the shard's own entries are
+        taken from the version the CAS loop hands over, foreign ones from fresh reads of
+        the index and their shards, never from a cache.
+
+        ``candidates`` come from ``claim_base`` (the cached version, or a fresh read), and
+        the foreign dependencies they name are read here. Entries the CAS loop's version
+        has that the base lacked (declared since; the loop re-read after a 412) have theirs
+        read when that version is handed over, so no entry finds a dependency "not
+        declared" for want of a read.
         """
-        here = self.docs.cached(self.layout.shard(shard), self.codec(shard))
+        key, codec = self.layout.shard(shard), self.codec(shard)
+        here = self.docs.cached(key, codec)
         known_here = {*here.entries, *(here.archived or {})}
-        foreign = {d for e in candidates for d in e.depends_on if d not in known_here}
-        if not foreign:
-            return lambda doc: lambda dep: _live_or_archived(doc, dep)
-        index = self.index()
-        wanted = {
-            self.layout.shard_of(stage, dep)
-            for dep in foreign
-            if (stage := index.stage_of(dep)) is not None
-        } - {shard}
-        shards = {s: self.read_shard(s) for s in wanted}
+        found = _Foreign(self, shard)
+        found.read({d for e in candidates for d in e.depends_on if d not in known_here})
 
         def make(doc: Shard) -> changes.Lookup:
+            if doc is not here:
+                new = [doc.entries[f] for f in doc.entries.keys() - here.entries.keys()]
+                found.read(
+                    {
+                        d
+                        for e in new
+                        for d in e.depends_on
+                        if d not in found.asked and _live_or_archived(doc, d) is None
+                    }
+                )
+
             def lookup(dep: str) -> Entry | None:
-                found = _live_or_archived(doc, dep)
-                if found is not None:
-                    return found
-                stage = index.stage_of(dep)
-                other = shards.get(self.layout.shard_of(stage, dep)) if stage else None
-                return _live_or_archived(other, dep) if other is not None else None
+                mine = _live_or_archived(doc, dep)
+                return mine if mine is not None else found.entry(dep)
 
             return lookup
 
@@ -1191,6 +1203,36 @@ class Manifest:
             objects=written,
             adopted=adopted,
         )
+
+
+class _Foreign:
+    """The entries of other shards a claim's dependencies name, from fresh reads of the
+    index and those shards (each shard read once per claim, the index once per batch)."""
+
+    def __init__(self, task: Manifest, shard: str) -> None:
+        self.task = task
+        self.shard = shard
+        self.asked: set[str] = set()
+        self.index: shard_index.ShardIndex | None = None
+        self.shards: dict[str, Shard] = {}
+
+    def read(self, deps: set[str]) -> None:
+        if not deps:
+            return
+        self.asked |= deps
+        task = self.task
+        self.index = index = task.index()
+        wanted = {
+            task.layout.shard_of(stage, dep)
+            for dep in deps
+            if (stage := index.stage_of(dep)) is not None
+        } - {self.shard, *self.shards}
+        self.shards.update((s, task.read_shard(s)) for s in sorted(wanted))
+
+    def entry(self, dep: str) -> Entry | None:
+        stage = self.index.stage_of(dep) if self.index is not None else None
+        other = self.shards.get(self.task.layout.shard_of(stage, dep)) if stage else None
+        return _live_or_archived(other, dep) if other is not None else None
 
 
 def _live_or_archived(doc: Shard, file_id: str) -> Entry | None:

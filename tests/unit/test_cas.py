@@ -251,6 +251,16 @@ class Runaway(Exception):
     """A loop that would never end; raised from the store after too many calls."""
 
 
+class Monotonic:
+    """The runtime's monotonic clock: it stands still until a test moves it (``t``)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 @dataclass
 class Rig:
     """Our ``Documents`` on a recording store, what its runtime slept, what it published."""
@@ -261,6 +271,7 @@ class Rig:
     """Another writer of the same objects, with its own store object and cache."""
     sleeps: list[float]
     events: list[CommitEvent]
+    monotonic: Monotonic
 
     @property
     def calls(self) -> dict[str, int]:
@@ -303,8 +314,12 @@ def make_rig(policy: CasPolicy | None = None) -> Rig:
     bucket = f"cas-unit-{uuid.uuid4().hex}"
     ids = itertools.count(1)
     sleeps: list[float] = []
+    monotonic = Monotonic()
     runtime = Runtime(
-        sleep=sleeps.append, random=lambda: RAND, new_id=lambda: f"{op(next(ids))}{'f' * 16}"
+        monotonic=monotonic,
+        sleep=sleeps.append,
+        random=lambda: RAND,
+        new_id=lambda: f"{op(next(ids))}{'f' * 16}",
     )
     store = Store(bucket, clock=Clock(), runtime=runtime)
     total = itertools.count(1)
@@ -324,7 +339,7 @@ def make_rig(policy: CasPolicy | None = None) -> Rig:
     docs = Documents(store, policy or CasPolicy())
     events: list[CommitEvent] = []
     docs.observers.subscribe(events.append)
-    return Rig(store, docs, rival, sleeps, events)
+    return Rig(store, docs, rival, sleeps, events, monotonic)
 
 
 @pytest.fixture
@@ -409,6 +424,88 @@ def test_the_commit_id_is_the_first_16_characters_of_a_new_id_and_the_attempt(ri
     assert stored is not None
     assert stored.commits == (cid(1, 1), rival_id(1), cid(2, 2))
     assert cid(2, 2) == "0000000000000002.2"
+
+
+# -- how likely the cached version is current -----------------------------------------------
+
+FRESH = CasPolicy().fresh_seconds
+
+
+def test_a_cached_version_counts_as_current_for_one_second_by_default() -> None:
+    assert FRESH == 1.0
+
+
+def test_nothing_cached_is_not_likely_current(rig: Rig) -> None:
+    assert not rig.docs.likely_current(KEY)
+    rig.rival.commit(KEY, CODEC, Add("x"))  # stored, but never read by us
+    assert not rig.docs.likely_current(KEY)
+    assert rig.calls == {}
+
+
+def test_a_read_is_likely_current_for_fresh_seconds_and_a_304_confirms_it_again(
+    rig: Rig,
+) -> None:
+    rig.rival.commit(KEY, CODEC, Add("x"))
+    rig.docs.read(KEY, CODEC)
+    rig.monotonic.t += FRESH - 0.25
+    assert rig.docs.likely_current(KEY)
+    rig.monotonic.t += 0.25  # exactly fresh_seconds after the read
+    assert not rig.docs.likely_current(KEY)
+
+    rig.docs.read(KEY, CODEC)  # a 304
+    assert rig.docs.stats.not_modified == 1
+    assert rig.docs.likely_current(KEY)
+    rig.monotonic.t += FRESH - 0.25
+    assert rig.docs.likely_current(KEY)
+    rig.monotonic.t += 0.25
+    assert not rig.docs.likely_current(KEY)
+    assert rig.calls == {"get": 2}
+
+
+def test_a_write_that_landed_is_likely_current(rig: Rig) -> None:
+    rig.docs.commit(KEY, CODEC, Add("x"))  # created: nothing was cached before
+    assert rig.docs.likely_current(KEY)
+    rig.monotonic.t += FRESH
+    assert not rig.docs.likely_current(KEY)
+    rig.docs.commit(KEY, CODEC, Add("x"))  # one PUT on the cached version, no read
+    assert rig.calls == {"get": 1, "put": 2}
+    assert rig.docs.likely_current(KEY)
+
+
+def test_a_lost_race_keeps_the_cache_unlikely_current_for_fresh_seconds(rig: Rig) -> None:
+    """The object has another writer: for a while it is read first, though the version
+    this process then wrote is confirmed current."""
+    rig.docs.commit(KEY, CODEC, Add("x"))
+    rig.monotonic.t += 10
+    rig.rival.commit(KEY, CODEC, Add("y"))
+    lost_at = rig.monotonic.t
+
+    def later() -> None:  # the 412 comes back half a second after the commit began
+        rig.monotonic.t += 0.5
+
+    rig.before("put", later)
+    rig.forget_calls()
+    rig.docs.commit(KEY, CODEC, Add("x"))  # a 412 on the cache, a re-read, then it lands
+    assert rig.calls == {"put": 2, "get": 1}
+    assert rig.docs.stats.conflicts == 1
+    assert not rig.docs.likely_current(KEY)
+    rig.monotonic.t = lost_at + 0.5 + FRESH - 0.25
+    rig.docs.read(KEY, CODEC)  # confirmed again, but the lost race is recent
+    assert not rig.docs.likely_current(KEY)
+    rig.monotonic.t = lost_at + 0.5 + FRESH  # fresh_seconds after the 412
+    assert rig.docs.likely_current(KEY)
+
+
+def test_a_forgotten_version_is_not_likely_current(rig: Rig) -> None:
+    rig.docs.commit(KEY, CODEC, Add("x"))
+    rig.docs.forget(KEY)
+    assert not rig.docs.likely_current(KEY)
+
+
+def test_with_fresh_seconds_0_nothing_is_likely_current() -> None:
+    rig = make_rig(CasPolicy(fresh_seconds=0.0))
+    rig.docs.commit(KEY, CODEC, Add("x"))
+    assert not rig.docs.likely_current(KEY)
 
 
 # -- lost races -----------------------------------------------------------------------------
