@@ -25,9 +25,9 @@ from bench.common import ROOT, fmt
 BEGIN = "<!-- suite:begin -->"
 END = "<!-- suite:end -->"
 CHARTS = {
-    "speedup": "bench/results/speedup_25ms.png",
-    "size": "bench/results/commit_vs_size.png",
-    "rates": "bench/results/contention_rates.png",
+    "speedup": "docs/bench_speedup_25ms.png",
+    "size": "docs/bench_commit_vs_size.png",
+    "rates": "docs/bench_contention_rates.png",
 }
 SERIES_NAMES = {
     ("hot", "stage"): "one hot stage, one shard (the ceiling)",
@@ -300,8 +300,9 @@ def size_table(results: dict[str, Any]) -> str:
     lines = [
         "| layout | entries in the stage | shards | the committed shard: live entries, archived "
         "| shard KB | warm commit median ms | p90 ms | vs 1k in one shard | declare_many s "
-        "| first commit after it, ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| first commit after it, ms | encode after one change, ms | whole shard by pydantic, "
+        "ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = size_point(results, "stage", 1_000)
     for p in section["points"]:
@@ -310,7 +311,8 @@ def size_table(results: dict[str, Any]) -> str:
             f"| {p['layout']} | {p['entries']} | {p['shards']} | {p['live']}, "
             f"{p.get('archived', 0)} | {fmt(p['shard_bytes'] / 1024, 0)} | "
             f"{fmt(p['commit_median_ms'])} | {fmt(p['commit_p90_ms'])} | {fmt(vs)} | "
-            f"{fmt(p.get('declare_s'))} | {fmt(p.get('first_commit_ms'), 1)} |"
+            f"{fmt(p.get('declare_s'))} | {fmt(p.get('first_commit_ms'), 1)} | "
+            f"{fmt(p.get('encode_ms'))} | {fmt(p.get('encode_whole_ms'))} |"
         )
     return "\n".join(lines)
 
@@ -403,6 +405,16 @@ def render(results: dict[str, Any]) -> str:
 # -- charts ------------------------------------------------------------------------------------
 
 
+def machine_note(results: dict[str, Any]) -> str:
+    """What a chart was measured on, printed under it: the machine is shared."""
+    m = results.get("machine", {})
+    load = ", ".join(f"{x:.1f}" for x in m.get("load_average", []))
+    return (
+        f"{m.get('cpus', '?')} CPUs shared by the server, the proxy, the agents and other "
+        f"sessions' tests (load average {load} at the start); {m.get('date', '')}"
+    )
+
+
 def charts(results: dict[str, Any], root: Path) -> list[Path]:
     try:
         import matplotlib
@@ -437,7 +449,8 @@ def charts(results: dict[str, Any], root: Path) -> list[Path]:
         ax.set_title("Speed-up per layout, 25 ms added to every request")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        fig.text(0.01, 0.01, machine_note(results), fontsize=6.5, color="grey")
         path = root / CHARTS["speedup"]
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path)
@@ -461,7 +474,8 @@ def charts(results: dict[str, Any], root: Path) -> list[Path]:
         ax.set_title("Commit latency vs task size")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        fig.text(0.01, 0.01, machine_note(results), fontsize=6.5, color="grey")
         path = root / CHARTS["size"]
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path)

@@ -1,7 +1,10 @@
 """Size: a warm commit (``agent.renew``: build and encode the shard, one conditional PUT)
 in a stage of 1k, 10k and 100k entries, held in one shard, split into partitions of 1k
 entries each, and with all but 1k of them archived (``task.archive``); and how long
-``declare_many`` of the stage took.
+``declare_many`` of the stage took. Beside each, what encoding the committed shard costs
+after one entry changed: the task's codec (which reuses the JSON of the entries it encoded
+before) next to pydantic's ``model_dump_json`` of the whole shard, the encoding every
+commit paid before it.
 
     python -m bench --only size
 """
@@ -16,6 +19,7 @@ from typing import Any
 import objmanifest as om
 from bench.common import Bench, create_task, fmt, layout_support, ms, new_prefix, pct, say
 from objmanifest import cas
+from objmanifest.model import Shard
 from tests.faults import FaultProxy
 
 PER_PARTITION = 1_000
@@ -81,6 +85,27 @@ def setup(b: Bench, layout: str, n: int) -> _Setup:
     return s
 
 
+def encode_times(codec: Any, doc: Shard, rounds: int = 5) -> tuple[float, float]:
+    """Median seconds to encode ``doc`` after one entry changed: by ``codec`` (warm: it
+    encoded the version before), and whole by pydantic; in turns, a new change each."""
+    live = [e for e in doc.entries.values() if e.state is om.State.pending] or list(
+        doc.entries.values()
+    )
+    codec.encode(doc)
+    warm, whole = [], []
+    for i in range(rounds):
+        one = live[i % len(live)]
+        doc = doc.with_entries({one.file_id: one.model_copy(update={"retry_count": i + 1})})
+        t0 = time.perf_counter()
+        codec.encode(doc)
+        t1 = time.perf_counter()
+        doc.model_dump_json(exclude_none=True).encode()
+        t2 = time.perf_counter()
+        warm.append(t1 - t0)
+        whole.append(t2 - t1)
+    return statistics.median(warm), statistics.median(whole)
+
+
 def run(b: Bench, sizes: list[int], rounds: int = 20) -> dict[str, Any]:
     """Set every task up first, then time their commits in turns (one commit of each per
     round), so that a change in the machine's load falls on all of them alike."""
@@ -100,6 +125,7 @@ def run(b: Bench, sizes: list[int], rounds: int = 20) -> dict[str, Any]:
     for s in setups:
         shard = s.claim.shard
         current = s.task.read_shard(shard)
+        encode_s, whole_s = encode_times(s.task.codec(shard), current)
         point = {
             "layout": s.layout,
             "entries": s.entries,
@@ -112,12 +138,16 @@ def run(b: Bench, sizes: list[int], rounds: int = 20) -> dict[str, Any]:
             "archived": len(current.archived or {}),
             "declare_s": round(s.declare_s, 2),
             "first_commit_ms": ms(s.first_s),
+            "encode_ms": ms(encode_s),
+            "encode_whole_ms": ms(whole_s),
         }
         points.append(point)
         say(
             f"size {s.layout:11} {s.entries:>6} entries, {point['shards']:>3} shards, "
             f"{point['live']:>6} live in the committed shard "
             f"({point['shard_bytes'] / 1024:.0f} KB): commit {fmt(point['commit_median_ms'])} "
-            f"ms (p90 {fmt(point['commit_p90_ms'])}); declare_many {s.declare_s:.2f} s"
+            f"ms (p90 {fmt(point['commit_p90_ms'])}); declare_many {s.declare_s:.2f} s; "
+            f"encode after one change {fmt(point['encode_ms'])} ms "
+            f"(whole, pydantic: {fmt(point['encode_whole_ms'])} ms)"
         )
     return {"points": points, "per_partition": PER_PARTITION, "live_after_archive": LIVE}

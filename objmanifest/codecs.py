@@ -302,13 +302,18 @@ class ShardCodec(VersionedCodec[Shard]):
         return Shard(task_id=self.task_id, stage=self.stage, schema_version=self.writes)
 
     def transitions(self, before: Shard, after: Shard) -> list[Change]:
+        """The entries removed (in the order ``before`` had them), then those changed or
+        added (in ``after``'s order). Found at C speed when ``after`` keeps ``before``'s
+        ids in order (a commit's usual change: entries replaced, new ones last), so a warm
+        commit's cost does not grow with the entries it left alone."""
+        old, new = before.entries, after.entries
+        gone, candidates = _differences(old, new)
         changed = [
             Change(item=file_id, before=was.state.value, after=REMOVED, epoch=was.epoch)
-            for file_id, was in before.entries.items()
-            if file_id not in after.entries
+            for file_id, was in (old.items() if gone else ())
+            if file_id in gone
         ]
-        old = before.entries
-        for file_id, entry in after.entries.items():
+        for file_id, entry in candidates:
             was = old.get(file_id)
             if was is entry or was == entry:
                 continue
@@ -325,6 +330,21 @@ class ShardCodec(VersionedCodec[Shard]):
                 )
             )
         return changed
+
+
+def _differences(
+    old: dict[str, Entry], new: dict[str, Entry]
+) -> tuple[set[str], list[tuple[str, Entry]]]:
+    """The ids ``new`` lost, and its items that may differ from ``old``, in its order: when
+    ``new`` starts with ``old``'s ids in order, none lost, and only the items that are other
+    objects than before and the ones after; otherwise every item."""
+    n = len(old)
+    keys = list(new)
+    if len(keys) < n or (keys if len(keys) == n else keys[:n]) != list(old):
+        return set(old.keys() - new.keys()), list(new.items())
+    values = list(new.values())
+    moved = [(keys[i], values[i]) for i in compress(range(n), map(is_not, values, old.values()))]
+    return set(), moved + list(zip(keys[n:], values[n:], strict=True))
 
 
 def _rebuild_fields(was: Entry | None, entry: Entry) -> dict[str, Any]:

@@ -76,6 +76,8 @@ def test_the_quick_suite_runs_every_benchmark_and_renders_its_report(tmp_path: P
     assert (batches[0]["batch"], batches[0]["vs_per_entry"]) == (1, 1.0)
     assert {p["batch"] for p in batches} == {1, 10, 100}
     assert {p["entries"] for p in results["size"]["points"]} == {1000, 2000}
+    for p in results["size"]["points"]:  # the codec's encoding beside pydantic's whole one
+        assert p["encode_ms"] > 0 and p["encode_whole_ms"] > 0, p
     assert set(results["checksums"]["gib_per_s"]) == {"memory read", "xxh3-128", "SHA-256"}
     assert results["transfer"]["upload"]["ratio"] > 0
 

@@ -1,8 +1,9 @@
-"""A shard's incremental encoding (``ShardCodec.encode`` reusing the pieces of the items
-it encoded before) is byte for byte pydantic's ``model_dump_json(exclude_none=True)``,
-over random sequences of versions as commits make them (items changed, added, removed,
-reordered, journal records appended and dropped, archived ids, extra fields), every
-version encoded by one codec in turn."""
+"""A shard's incremental work in a commit: its encoding (``ShardCodec.encode`` reusing the
+pieces of the items it encoded before) is byte for byte pydantic's
+``model_dump_json(exclude_none=True)``, and its transitions (found by comparing objects at
+C speed) are those of the plain loop over every entry, over random sequences of versions as
+commits make them (items changed, added, removed, reordered, journal records appended and
+dropped, archived ids, extra fields), every version encoded by one codec in turn."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from objmanifest.codecs import ShardCodec
+from objmanifest.codecs import REMOVED, ShardCodec, _rebuild_fields
+from objmanifest.events import Change
 from objmanifest.model import Archived, Entry, JournalRecord, Shard, State
 
 from .make import T0, at, entry
@@ -21,6 +23,31 @@ IDS = st.text(alphabet=st.sampled_from('ab\u00e9"\\/\n\t\u2603~'), min_size=1, m
 
 def plain(doc: Shard) -> bytes:
     return doc.model_dump_json(exclude_none=True).encode()
+
+
+def plain_transitions(before: Shard, after: Shard) -> list[Change]:
+    """Every entry looked at: the removed ones in ``before``'s order, then the others."""
+    out = [
+        Change(item=f, before=was.state.value, after=REMOVED, epoch=was.epoch)
+        for f, was in before.entries.items()
+        if f not in after.entries
+    ]
+    for f, e in after.entries.items():
+        was = before.entries.get(f)
+        if was != e:
+            out.append(
+                Change(
+                    item=f,
+                    before=was.state.value if was is not None else None,
+                    after=e.state.value,
+                    epoch=e.epoch,
+                    retry_count=e.retry_count,
+                    error=e.error,
+                    checksum=e.checksum,
+                    **_rebuild_fields(was, e),
+                )
+            )
+    return out
 
 
 @st.composite
@@ -90,8 +117,9 @@ def test_every_version_encodes_exactly_as_pydantic_does(
             update["archived"] = {**(doc.archived or {}), fid: archived}
         elif step == "no journal":
             update["journal"] = None
-        doc = doc.model_copy(update={"entries": items, **update})
+        before, doc = doc, doc.model_copy(update={"entries": items, **update})
         assert codec.encode(doc) == plain(doc)
+        assert codec.transitions(before, doc) == plain_transitions(before, doc)
 
 
 def test_an_unchanged_item_is_not_encoded_again() -> None:
