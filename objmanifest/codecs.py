@@ -217,8 +217,17 @@ class Fragments:
     @staticmethod
     def _unchanged(old: _Run, keys: list[str] | None, values: list[BaseModel]) -> _Run | None:
         """The run when ``keys`` start with the old keys: the old pieces, those of items
-        that are other objects encoded again, new items appended; None otherwise."""
+        that are other objects encoded again, new items appended; for a sequence, when it
+        is the old one less some first items, more some new ones (a journal: records
+        appended, a flushed block dropped); None otherwise."""
         n = len(old.values)
+        if keys is None and old.keys is None:
+            first = next((i for i, v in enumerate(old.values) if values and v is values[0]), None)
+            kept = n - first if first is not None else 0
+            if first is None or len(values) < kept or any(map(is_not, values, old.values[first:])):
+                return None
+            pieces = old.pieces[first:] + [_piece(None, v) for v in values[kept:]]
+            return _Run(None, values, pieces, b",".join(pieces))
         if keys is None or old.keys is None or len(keys) < n:
             return None
         if (keys if len(keys) == n else keys[:n]) != old.keys:

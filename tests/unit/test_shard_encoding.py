@@ -74,7 +74,7 @@ def record(version: int) -> JournalRecord:
 
 STEPS = st.sampled_from(
     ["change", "same value, new object", "add", "remove", "reorder", "journal", "flush",
-     "archive", "no journal", "nothing"]
+     "journal rewritten", "archive", "no journal", "nothing"]
 )  # fmt: skip
 
 
@@ -110,6 +110,9 @@ def test_every_version_encodes_exactly_as_pydantic_does(
             update["journal"] = (*(doc.journal or ()), record(version))
         elif step == "flush":
             update["journal"] = (doc.journal or ())[1:]
+        elif step == "journal rewritten":  # the same first record, another last one
+            version += 1
+            update["journal"] = (*(doc.journal or ())[:-1], record(version))
         elif step == "archive" and ids:
             fid = data.draw(st.sampled_from(ids))
             del items[fid]
