@@ -9,14 +9,14 @@ wrote (``UnsupportedSchema``), so neither is ever overwritten.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress
 from operator import is_not
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import pydantic_core
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 import shard_index
 
@@ -33,6 +33,7 @@ from .model import (
     HEADER_SCHEMA,
     JOURNAL_SCHEMA,
     SCHEMA_VERSION,
+    Archived,
     Entry,
     JournalRecord,
     Shard,
@@ -172,6 +173,12 @@ class VersionedCodec(Generic[D]):
         return doc.model_copy(update={"schema_version": schema_version})
 
 
+def _starts_with(keys: list[str], first: list[str]) -> bool:
+    """Whether ``keys`` are ``first`` and maybe more after (compared at C speed)."""
+    n = len(first)
+    return len(keys) >= n and (keys if len(keys) == n else keys[:n]) == first
+
+
 def _piece(key: str | None, item: BaseModel) -> bytes:
     """One item's JSON as it sits in its shard: ``"key":value`` for an item of a mapping."""
     body = item.model_dump_json(exclude_none=True).encode()
@@ -180,12 +187,15 @@ def _piece(key: str | None, item: BaseModel) -> bytes:
 
 @dataclass(frozen=True)
 class _Run:
-    """The items of one field of the last shard encoded, their pieces and those joined."""
+    """The items of one field of the last shard encoded, their JSON joined, and each item's
+    piece once the field is being written warm (None before: it was encoded whole)."""
 
     keys: list[str] | None
     values: list[BaseModel]
-    pieces: list[bytes]
+    pieces: list[bytes] | None
     joined: bytes
+    warm: int = 0
+    """How many encodings in a row found most items the same objects as the one before."""
 
 
 class Fragments:
@@ -195,67 +205,99 @@ class Fragments:
     Items are frozen models, and a commit carries every item it did not change over as the
     same object (and a mapping's keys in the same order, new ones last), so a commit encodes
     only the items it changed: the others are found by comparing the new version's objects
-    with the last one's, at C speed, and their pieces are joined again. Any other change
-    (items removed or reordered) takes each piece it can by key and identity. Only the last
-    encoding is kept (about the size of the shard's body), each field's as one immutable
-    ``_Run``: two threads encoding at once only lose some reuse, never correctness (a piece
-    is reused only for the very object, under the very key, it was made from)."""
+    with the last one's, at C speed, and their pieces are joined again. Pieces cost about
+    twice pydantic's one pass over the whole field to make, so they are made only once the
+    field was encoded twice in a row with most of its items unchanged; before that (a fresh
+    read, where every item is a new object, as after each lost race on a busy shard), and
+    after any other change (items removed or reordered), the field is encoded whole. Only
+    the last encoding is kept (about the size of the shard's body), each field's as one
+    immutable ``_Run``: two threads encoding at once only lose some reuse, never correctness
+    (a piece is reused only for the very object, under the very key, it was made from)."""
+
+    WARM = 2
+    """Encodings in a row with most items unchanged after which pieces are made."""
 
     def __init__(self) -> None:
         self._runs: dict[str, _Run] = {}
 
-    def join(self, name: str, keys: list[str] | None, values: list[BaseModel]) -> bytes:
-        """The items of field ``name`` (a mapping's ``keys``, or None for a sequence) as
-        JSON, joined by commas, and kept for the next encoding."""
+    def join(
+        self,
+        name: str,
+        keys: list[str] | None,
+        values: list[BaseModel],
+        whole: Callable[[], bytes] | None = None,
+    ) -> bytes:
+        """The items of field ``name`` (a mapping's ``keys`` and ``whole``, which encodes
+        them in one pass; or None for a sequence) as JSON, joined by commas, and kept for
+        the next encoding."""
         old = self._runs.get(name)
-        run = self._unchanged(old, keys, values) if old is not None else None
-        if run is None:
-            run = self._rebuilt(old, keys, values)
+        if keys is None or whole is None:
+            run = self._sequence(old, values) if old is not None else None
+            run = run or self._rebuilt(old, values)
+        else:
+            run = self._mapping(old, keys, values, whole)
         self._runs[name] = run
         return run.joined
 
-    @staticmethod
-    def _unchanged(old: _Run, keys: list[str] | None, values: list[BaseModel]) -> _Run | None:
-        """The run when ``keys`` start with the old keys: the old pieces, those of items
-        that are other objects encoded again, new items appended; for a sequence, when it
-        is the old one less some first items, more some new ones (a journal: records
-        appended, a flushed block dropped); None otherwise."""
-        n = len(old.values)
-        if keys is None and old.keys is None:
-            first = next((i for i, v in enumerate(old.values) if values and v is values[0]), None)
-            kept = n - first if first is not None else 0
-            if first is None or len(values) < kept or any(map(is_not, values, old.values[first:])):
-                return None
-            pieces = old.pieces[first:] + [_piece(None, v) for v in values[kept:]]
-            return _Run(None, values, pieces, b",".join(pieces))
-        if keys is None or old.keys is None or len(keys) < n:
-            return None
-        if (keys if len(keys) == n else keys[:n]) != old.keys:
-            return None
-        changed = list(compress(range(n), map(is_not, values, old.values)))
+    def _mapping(
+        self,
+        old: _Run | None,
+        keys: list[str],
+        values: list[BaseModel],
+        whole: Callable[[], bytes],
+    ) -> _Run:
+        """A mapping's run: the old pieces and those of the items that are other objects
+        (or new, last), once warm; encoded whole otherwise."""
+        n = len(old.values) if old is not None else 0
+        changed: list[int] | None = None
+        if old is not None and old.keys is not None and _starts_with(keys, old.keys):
+            changed = list(compress(range(n), map(is_not, values, old.values)))
+        if old is None or changed is None or 2 * len(changed) > n:
+            return _Run(keys, values, None, whole())
+        warm = old.warm + 1
+        if old.pieces is None:
+            if warm < self.WARM:
+                return _Run(keys, values, None, whole(), warm)
+            pieces = [_piece(k, v) for k, v in zip(keys, values, strict=True)]
+            return _Run(keys, values, pieces, b",".join(pieces), warm)
         if not changed and len(keys) == n:
-            return _Run(keys, values, old.pieces, old.joined)
+            return _Run(keys, values, old.pieces, old.joined, warm)
         pieces = old.pieces.copy()
         for i in changed:
             pieces[i] = _piece(keys[i], values[i])
         pieces += [_piece(k, v) for k, v in zip(keys[n:], values[n:], strict=True)]
-        return _Run(keys, values, pieces, b",".join(pieces))
+        return _Run(keys, values, pieces, b",".join(pieces), warm)
 
     @staticmethod
-    def _rebuilt(old: _Run | None, keys: list[str] | None, values: list[BaseModel]) -> _Run:
-        """The run made piece by piece, taking an old piece wherever the same object sits
-        under the same key (the old run holds its objects, so no other has their ids)."""
-        known: dict[tuple[str | None, int], bytes] = {}
-        if old is not None:
-            old_keys = old.keys if old.keys is not None else [None] * len(old.values)
-            known = {
-                (k, id(v)): p for k, v, p in zip(old_keys, old.values, old.pieces, strict=True)
-            }
-        pieces = []
-        for k, v in zip(keys if keys is not None else [None] * len(values), values, strict=True):
-            found = known.get((k, id(v)))
-            pieces.append(found if found is not None else _piece(k, v))
-        return _Run(keys, values, pieces, b",".join(pieces))
+    def _sequence(old: _Run, values: list[BaseModel]) -> _Run | None:
+        """A sequence's run when it is the old one less some first items, more some new
+        ones (a journal: records appended, a flushed block dropped); None otherwise."""
+        n = len(old.values)
+        if old.keys is not None or old.pieces is None:
+            return None
+        first = next((i for i, v in enumerate(old.values) if values and v is values[0]), None)
+        kept = n - first if first is not None else 0
+        if first is None or len(values) < kept or any(map(is_not, values, old.values[first:])):
+            return None
+        pieces = old.pieces[first:] + [_piece(None, v) for v in values[kept:]]
+        return _Run(None, values, pieces, b",".join(pieces))
+
+    @staticmethod
+    def _rebuilt(old: _Run | None, values: list[BaseModel]) -> _Run:
+        """A sequence's run made piece by piece, taking an old piece wherever the same object
+        was (the old run holds its objects, so no other has their ids)."""
+        known: dict[int, bytes] = {}
+        if old is not None and old.pieces is not None:
+            known = {id(v): p for v, p in zip(old.values, old.pieces, strict=True)}
+        pieces = [known.get(id(v)) or _piece(None, v) for v in values]
+        return _Run(None, values, pieces, b",".join(pieces))
+
+
+_WHOLE: dict[str, TypeAdapter[Any]] = {
+    "entries": TypeAdapter(dict[str, Entry]),
+    "archived": TypeAdapter(dict[str, Archived]),
+}
+"""How a mapping field of a shard is encoded in one pass, as inside the shard."""
 
 
 _HOLES: tuple[tuple[str, bytes], ...] = (
@@ -296,7 +338,12 @@ class ShardCodec(VersionedCodec[Shard]):
             inside = skeleton.index(hole, pos) + len(hole) - 1  # at its closing bracket
             out.append(skeleton[pos:inside])
             if isinstance(value, dict):
-                out.append(self.fragments.join(name, list(value), list(value.values())))
+                adapter = _WHOLE[name]
+
+                def whole(value: Any = value, adapter: TypeAdapter[Any] = adapter) -> bytes:
+                    return adapter.dump_json(value, exclude_none=True)[1:-1]
+
+                out.append(self.fragments.join(name, list(value), list(value.values()), whole))
             else:
                 out.append(self.fragments.join(name, None, list(value)))
             pos = inside
@@ -349,7 +396,7 @@ def _differences(
     objects than before and the ones after; otherwise every item."""
     n = len(old)
     keys = list(new)
-    if len(keys) < n or (keys if len(keys) == n else keys[:n]) != list(old):
+    if not _starts_with(keys, list(old)):
         return set(old.keys() - new.keys()), list(new.items())
     values = list(new.values())
     moved = [(keys[i], values[i]) for i in compress(range(n), map(is_not, values, old.values()))]
