@@ -86,6 +86,12 @@ def test_values_after_a_scripted_run_match_what_happened(store: om.Store) -> Non
     assert (commits["finish"], commits["fail"], commits["consume"]) == (2, 2, 1)
     for command, n in commits.items():
         assert value(registry, "objmanifest_commits_total", command=command) == n
+        # Every commit in the latency histogram of its command, each having taken some time.
+        assert value(registry, "objmanifest_commit_seconds_count", command=command) == n
+        inf = value(registry, "objmanifest_commit_seconds_bucket", command=command, le="+Inf")
+        assert inf == n
+        assert (value(registry, "objmanifest_commit_seconds_sum", command=command) or 0) > 0
+    assert value(registry, "objmanifest_commit_seconds_count", command="revive") is None
     assert value(registry, "objmanifest_retries_total", command="fail") == 2
     assert value(registry, "objmanifest_retries_total", command="claim") == 1
     assert value(registry, "objmanifest_retries_total", command="reap") == 1
@@ -110,6 +116,7 @@ def test_values_after_a_scripted_run_match_what_happened(store: om.Store) -> Non
 
     text = asyncio.run(scrape(om.metrics.asgi_app(registry)))
     assert 'objmanifest_takeovers_total{task="job"} 1.0' in text
+    assert 'objmanifest_commit_seconds_count{command="fail",task="job"} 2.0' in text
     assert 'objmanifest_entries{stage="a",state="dead",task="job"} 1.0' in text
 
     metrics.stop()

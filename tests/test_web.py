@@ -15,6 +15,7 @@ from urllib.parse import quote
 import pytest
 import rawstore
 from conftest import requests
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 import objmanifest as om
@@ -441,12 +442,61 @@ def _attr(text: str) -> str:
     )
 
 
+# -- /metrics -------------------------------------------------------------------------------
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample of a Prometheus exposition; None if it has none."""
+    for family in text_string_to_metric_families(text):
+        for found in family.samples:
+            if found.name == name and found.labels == labels:
+                return float(found.value)
+    return None
+
+
+def test_metrics_give_the_served_tasks_entries_per_stage_and_state(job: om.Task) -> None:
+    answer = client_for(Site(job.store, "job", interval=0)).get("/metrics")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/plain")
+    assert answer.headers["cache-control"] == "no-store"
+    text = answer.text
+    status = job.status()
+    for stage, counts in status.stages.items():
+        for state, n in counts.items():
+            labels = {"task": "job", "stage": stage, "state": state}
+            assert sample(text, "objmanifest_entries", **labels) == n, (stage, state)
+    assert sample(text, "objmanifest_attention_entries", task="job", stage="collect", kind="dead")
+    assert sample(text, "objmanifest_cas_reads_total", task="job")  # what the server read
+    # The server commits nothing: its commit counters have no samples.
+    assert "# TYPE objmanifest_commits_total counter" in text
+    assert "objmanifest_commits_total{" not in text
+    assert "objmanifest_commit_seconds_count{" not in text
+
+
+def test_metrics_without_a_task_cover_every_task_each_family_once(job: om.Task) -> None:
+    other = om.Task.create(job.store, "other", stages=["only"])
+    other.declare("x", stage="only")
+    text = client_for(Site(job.store, None, interval=0)).get("/metrics").text
+    assert text.count("# TYPE objmanifest_entries gauge") == 1
+    assert sample(text, "objmanifest_entries", task="other", stage="only", state="pending") == 1
+    assert sample(text, "objmanifest_entries", task="job", stage="collect", state="ready") == 1
+
+
+def test_metrics_need_the_token_once_one_is_set(job: om.Task) -> None:
+    client = client_for(Site(job.store, "job", interval=0), token=TOKEN)
+    refused = client.get("/metrics")
+    assert refused.status_code == 401 and "objmanifest_" not in refused.text
+    assert client.get("/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
+    ok = client.get("/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+    assert ok.status_code == 200 and "objmanifest_entries{" in ok.text
+
+
 # -- who may look ----------------------------------------------------------------------------
 
 
 def test_every_request_needs_the_token_once_one_is_set(job: om.Task) -> None:
     client = client_for(Site(job.store, "job", interval=0), token=TOKEN)
-    for path in ("/", "/api/tasks/job", "/static/app.js", "/api", "/nope"):
+    for path in ("/", "/api/tasks/job", "/static/app.js", "/api", "/metrics", "/nope"):
         refused = client.get(path)
         assert refused.status_code == 401, path
         assert "?token=" in refused.text
@@ -532,6 +582,7 @@ def test_no_response_carries_a_credential(job: om.Task, secrets: list[str]) -> N
         api_path("job", "out/r.md"),
         "/static/app.js",
         "/static/style.css",
+        "/metrics",
         "/tasks/nothing",
         "/api/tasks/job/stages/nope",
     ]

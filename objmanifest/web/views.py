@@ -24,7 +24,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -260,6 +260,7 @@ class Site:
         self._tasks: dict[str, om.Task] = {}
         self._throughput: dict[str, Throughput] = {}
         self._entries: dict[tuple[str, str], _EntryCache] = {}
+        self._metrics: dict[str, om.metrics.TaskMetrics] = {}
         self._lock = threading.Lock()
 
     # -- the store and its tasks -------------------------------------------------------
@@ -280,6 +281,37 @@ class Site:
         opened = om.Task.open(self.store, task_id, policy=self.policy)
         with self._lock:
             return self._tasks.setdefault(task_id, opened)
+
+    def task_metrics(self, task_id: str) -> om.metrics.TaskMetrics:
+        """The metrics of a task's one ``Task`` here (registered on first use): this
+        process commits nothing, so its counters stay at zero; its gauges (entries per stage
+        and state, attention) are read from the shards, at most once per ``interval``."""
+        task = self.task(task_id)
+        with self._lock:
+            found = self._metrics.get(task_id)
+            if found is None:
+                found = self._metrics[task_id] = om.metrics.register(
+                    task, cache_seconds=self.interval
+                )
+            return found
+
+    def metrics(self) -> om.metrics.Combined:
+        """The metrics of the tasks served, as one collector: the task the site was started
+        on, else every task under the store's prefix (listed when scraped; a task that
+        cannot be opened is left out, the board's list says why)."""
+
+        def served() -> Iterator[om.metrics.TaskMetrics]:
+            if self.task_id is not None:
+                yield self.task_metrics(self.task_id)
+                return
+            for task_id in om.Task.list(self.store):
+                try:
+                    metrics = self.task_metrics(task_id)
+                except om.ObjManifestError:
+                    continue
+                yield metrics
+
+        return om.metrics.Combined(served)
 
     def _tracker(self, task: om.Task) -> Throughput:
         with self._lock:
