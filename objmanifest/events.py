@@ -43,6 +43,12 @@ class Change:
     consumed_by: tuple[str, ...] | None = None
     depends_on: tuple[str, ...] | None = None
     consumers: tuple[str, ...] | None = None
+    # The times a stage's deadline and a retry backoff count from (store time): each set
+    # when the commit set it (``retry_at`` whenever the entry has one), so a rebuilt entry
+    # keeps them.
+    claimed_at: datetime | None = None
+    ready_at: datetime | None = None
+    retry_at: datetime | None = None
 
 
 @dataclass(frozen=True)
