@@ -5,7 +5,9 @@ through the registry and its ASGI app."""
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -134,6 +136,31 @@ def test_the_status_gauges_are_cached(task: om.Task) -> None:
     assert value(registry, "objmanifest_entries", stage="collect", state="pending") == 1
     metrics.cache_seconds = 0
     assert value(registry, "objmanifest_entries", stage="collect", state="pending") == 2
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_the_readme_lists_every_metric_with_its_labels(task: om.Task) -> None:
+    registry = CollectorRegistry()
+    om.metrics.register(task, registry=registry, cache_seconds=0)
+    task.declare("a", stage="collect")
+    claim = task.agent("ann").claim("a")
+    assert claim is not None
+    task.agent("ann").put(claim, b"abc")
+    task.agent("bob").consume("a")
+    exposed: dict[str, set[str]] = {}
+    for family in registry.collect():
+        suffix = "_total" if family.type == "counter" else ""
+        labels = exposed.setdefault(family.name + suffix, set())
+        for found in family.samples:
+            labels.update(set(found.labels) - {"task"})
+    rows = re.findall(r"^\| `(objmanifest_\w+)` \|[^|]+\|([^|]*)\|", README.read_text(), re.M)
+    listed = {name: set(re.findall(r"`(\w+)`", labels)) for name, labels in rows}
+    assert set(listed) == set(exposed)
+    for name, labels in exposed.items():
+        assert labels <= listed[name], name  # those a sample had here, at least
+    assert listed["objmanifest_commit_seconds"] == {"command", "le"}
 
 
 async def scrape(app: Any) -> str:
