@@ -174,6 +174,38 @@ def test_the_board_counts_throughput_from_the_journal(job: om.Task) -> None:
 # -- a stage's entries ---------------------------------------------------------------------
 
 
+def test_backoff_and_deadline_times_are_shown_as_status_gives_them(store: om.Store) -> None:
+    task = om.Task.create(
+        store, "timed", stages=["collect"], retry_backoff=3600, deadlines={"collect": 3600}
+    )
+    task.declare_many([{"file_id": f, "stage": "collect"} for f in ("done", "broke")])
+    agent = task.agent("ann")
+    claim = agent.claim("done")
+    assert claim is not None
+    agent.put(claim, b"data")
+    claim = agent.claim("broke")
+    assert claim is not None
+    agent.fail(claim, "boom")
+    client = client_for(Site(store, "timed", interval=0))
+    board = client.get("/api/tasks/timed").json()
+    status = task.status()
+    assert board["attention"]["backing_off"] == [
+        n.model_dump(mode="json") for n in status.backing_off
+    ]
+    assert [n["file_id"] for n in board["attention"]["backing_off"]] == ["broke"]
+    rows = {
+        r["file_id"]: r for r in client.get("/api/tasks/timed/stages/collect").json()["entries"]
+    }
+    for fid, row in rows.items():
+        entry = task.entry(fid)
+        for name in ("claimed_at", "ready_at", "retry_at"):
+            value = getattr(entry, name)
+            assert row[name] == (value.isoformat() if value is not None else None), (fid, name)
+    assert rows["broke"]["retry_at"] is not None and rows["done"]["ready_at"] is not None
+    tasks = client_for(Site(store, None, interval=0)).get("/api/tasks").json()["tasks"]
+    assert [t["attention"] for t in tasks if t["task_id"] == "timed"] == [1]
+
+
 def test_a_stages_entries_show_holder_epoch_lease_retries_size_and_checksum(job: om.Task) -> None:
     client = client_for(Site(job.store, "job", interval=0))
     view = client.get("/api/tasks/job/stages/collect").json()

@@ -35,7 +35,7 @@ from objmanifest.model import EntryNote, Shard, State, check_name
 from .graph import layered
 from .security import shown_endpoint
 
-ATTENTION = ("dead", "overdue", "late", "blocked")
+ATTENTION = ("dead", "overdue", "late", "blocked", "backing_off")
 """The lists of ``TaskStatus`` a board shows as needing attention, in this order (those the
 installed release has)."""
 
@@ -80,6 +80,9 @@ def entry_row(entry: om.Entry, partition: str | None = None) -> dict[str, Any]:
         "error": entry.error,
         "declared_at": iso(entry.declared_at),
         "updated_at": iso(entry.updated_at),
+        "claimed_at": iso(entry.claimed_at),
+        "ready_at": iso(entry.ready_at),
+        "retry_at": iso(entry.retry_at),
         "depends_on": list(entry.depends_on),
         "consumers": list(entry.consumers),
         "consumed_by": list(entry.consumed_by),
