@@ -32,6 +32,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from .events import CommitEvent
 from .model import State, TaskStatus
@@ -257,7 +258,7 @@ def _histogram(task_id: str, latency: dict[str, tuple[list[int], float]]) -> Met
         labels=["task", "command"],
     )
     for command, (counts, total) in sorted(latency.items()):
-        bounds = [*(f"{b:g}" for b in COMMIT_BUCKETS), "+Inf"]
+        bounds = [*map(floatToGoString, COMMIT_BUCKETS), "+Inf"]
         cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
         family.add_metric(
             [task_id, command], list(zip(bounds, map(float, cumulative), strict=True)), total

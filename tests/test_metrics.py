@@ -138,6 +138,23 @@ def test_the_status_gauges_are_cached(task: om.Task) -> None:
     assert value(registry, "objmanifest_entries", stage="collect", state="pending") == 2
 
 
+def test_commit_latency_falls_in_the_first_bucket_that_holds_it(task: om.Task) -> None:
+    registry = CollectorRegistry()
+    metrics = om.metrics.register(task, registry=registry, cache_seconds=3600)
+    at = task.store.now()
+    for seconds in (0.0005, 0.001, 0.0011, 30.0, 31.0):
+        metrics.observe(om.CommitEvent("k", 1, "claim", "ann", "c", at, (), seconds))
+
+    def bucket(le: str) -> float | None:
+        return value(registry, "objmanifest_commit_seconds_bucket", command="claim", le=le)
+
+    assert om.metrics.COMMIT_BUCKETS[0] == 0.001 and om.metrics.COMMIT_BUCKETS[-1] == 30.0
+    assert (bucket("0.001"), bucket("0.0025"), bucket("10.0"), bucket("30.0")) == (2, 3, 3, 4)
+    assert bucket("+Inf") == 5
+    total = value(registry, "objmanifest_commit_seconds_sum", command="claim")
+    assert total == pytest.approx(0.0005 + 0.001 + 0.0011 + 30.0 + 31.0)
+
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
