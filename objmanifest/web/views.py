@@ -300,14 +300,18 @@ class Site:
 
     def metrics(self) -> om.metrics.Combined:
         """The metrics of the tasks served, as one collector: the task the site was started
-        on, else every task under the store's prefix (listed when scraped; a task that
-        cannot be opened is left out, the board's list says why)."""
+        on, else every task under the store's prefix (listed at most once per five
+        intervals, like the list of tasks; a task that cannot be opened is left out, the
+        list of tasks says why)."""
+
+        def listed() -> dict[str, Any]:
+            return {"task_ids": om.Task.list(self.store)}
 
         def served() -> Iterator[om.metrics.TaskMetrics]:
             if self.task_id is not None:
                 yield self.task_metrics(self.task_id)
                 return
-            for task_id in om.Task.list(self.store):
+            for task_id in self._list_memo.get(("task ids",), listed).body["task_ids"]:
                 try:
                     metrics = self.task_metrics(task_id)
                 except om.ObjManifestError:
