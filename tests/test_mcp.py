@@ -1,0 +1,471 @@
+"""``objmanifest mcp`` driven by the MCP SDK's own client over stdio (``stdio_client`` and
+``ClientSession``), as an LLM agent's host would drive it, against a real task: the tools
+it lists, a file produced and consumed, a stalled holder fenced, bad input answered as a
+tool error, two servers as two agents handing a file over, the hold bound, and the
+streamable HTTP transport on loopback. ``confine`` (the root's bound) is tested on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import BUCKET, Server
+from mcp import ClientSession
+from mcp import types as mcp_types
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from test_cli import MOTO_ONLY, SENTINEL_KEY_ID, SENTINEL_SECRET, Cli, base_env, finish, read_line
+
+import objmanifest as om
+from objmanifest.cli import exits
+from objmanifest.mcp.tools import MAX_INLINE, confine
+
+E = exits.ExitCode
+TOOLS = {
+    "status",
+    "show",
+    "declare",
+    "claim",
+    "put",
+    "renew",
+    "fail",
+    "release",
+    "consume",
+    "log",
+    "lineage",
+}
+
+
+@pytest.fixture
+def cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
+    """The CLI for this test's prefix and task ``job``; no output may carry the secret key
+    (moto gets sentinel credentials)."""
+    env = {
+        **base_env(),
+        **server.env,
+        "OBJMANIFEST_URL": f"s3://{BUCKET}/{prefix}",
+        "OBJMANIFEST_TASK": "job",
+    }
+    if server.name == "moto":
+        env.update(AWS_SECRET_ACCESS_KEY=SENTINEL_SECRET, AWS_ACCESS_KEY_ID=SENTINEL_KEY_ID)
+    return Cli(env, tmp_path, (env["AWS_SECRET_ACCESS_KEY"],))
+
+
+class Agent:
+    """One MCP client session on one ``objmanifest mcp`` process."""
+
+    def __init__(self, session: ClientSession, errlog: Path) -> None:
+        self.session = session
+        self.errlog = errlog
+
+    async def call(self, tool: str, **arguments: Any) -> dict[str, Any]:
+        """The tool's result; fails the test if it is an error."""
+        failed, data = await self.answer(tool, **arguments)
+        assert not failed, data
+        return data
+
+    async def error(self, tool: str, **arguments: Any) -> dict[str, Any]:
+        """The tool's error; fails the test if the call succeeded."""
+        failed, data = await self.answer(tool, **arguments)
+        assert failed, data
+        assert {"error", "message", "exit_code", "next_step"} <= set(data), data
+        return data
+
+    async def answer(self, tool: str, **arguments: Any) -> tuple[bool, dict[str, Any]]:
+        result = await self.session.call_tool(tool, arguments)
+        assert isinstance(result, mcp_types.CallToolResult)
+        assert len(result.content) == 1 and isinstance(result.content[0], mcp_types.TextContent)
+        data: dict[str, Any] = json.loads(result.content[0].text)
+        assert result.structured_content == data
+        return bool(result.is_error), data
+
+
+@asynccontextmanager
+async def agent(
+    cli: Cli, name: str, *args: str, root: Path | None = None, pidfile: Path | None = None
+) -> AsyncIterator[Agent]:
+    """``python -m objmanifest mcp --agent NAME ARGS`` with a client session on it; its
+    stderr in a file, which must not carry a credential. With ``pidfile`` the server writes
+    its process id there first (to stop and continue it)."""
+    root = root or cli.cwd
+    errlog = cli.cwd / f"mcp-{name}.err"
+    command = ["-m", "objmanifest"]
+    if pidfile is not None:
+        command = [
+            "-c",
+            f"import os, sys; open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+            "from objmanifest.cli import main\nsys.exit(main(sys.argv[1:]))",
+        ]
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=[*command, "mcp", "--agent", name, "--root", str(root), *args],
+        env=cli.env,
+        cwd=cli.cwd,
+    )
+    with errlog.open("w") as err:
+        async with (
+            stdio_client(params, errlog=err) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            yield Agent(session, errlog)
+    text = errlog.read_text()
+    for secret in cli.forbidden:
+        assert secret not in text
+
+
+def run(main: Any) -> None:
+    anyio.run(main)
+
+
+# -- one agent ---------------------------------------------------------------------------
+
+
+def test_an_agent_declares_claims_puts_and_consumes_through_the_tools(cli: Cli) -> None:
+    cli.run("init", "draft", "review")
+    (cli.cwd / "notes").mkdir()
+    (cli.cwd / "notes" / "b.md").write_bytes(b"# b\n" * 1000)
+
+    async def main() -> None:
+        async with agent(cli, "writer") as a:
+            listed = await a.session.list_tools()
+            assert {t.name for t in listed.tools} == TOOLS
+            for tool in listed.tools:
+                assert tool.description and len(tool.description) > 80, tool.name
+                assert tool.input_schema["type"] == "object"
+            put = next(t for t in listed.tools if t.name == "put")
+            assert set(put.input_schema["properties"]) == {"file_id", "path", "text"}
+
+            entry = await a.call("declare", file_id="a.txt", stage="draft")
+            assert entry["state"] == "pending"
+            await a.call("declare", file_id="b.md", stage="draft")
+            await a.call("declare", file_id="c.txt", stage="review", depends_on=["a.txt"])
+
+            claimed = await a.call("claim", file_id="a.txt")
+            assert claimed["epoch"] == 1 and claimed["agent"] == "writer"
+            assert "epoch" not in put.input_schema["properties"]  # the server keeps it
+            status = await a.call("status")
+            assert [h["file_id"] for h in status["held"]] == ["a.txt"]
+            made = await a.call("put", file_id="a.txt", text="héllo, wörld\n")
+            assert made["state"] == "ready" and made["size"] == len("héllo, wörld\n".encode())
+
+            claimed = await a.call("claim", stage="draft")
+            assert claimed["file_id"] == "b.md"
+            made = await a.call("put", file_id="b.md", path="notes/b.md")
+            assert made["state"] == "ready" and made["size"] == 4000
+
+            got = await a.call("consume", file_id="a.txt")
+            assert got["text"] == "héllo, wörld\n" and got["state"] == "consumed"
+            got = await a.call("consume", file_id="b.md", path="copy.md")
+            assert Path(got["path"]) == (cli.cwd / "copy.md").resolve()
+            assert (cli.cwd / "copy.md").read_bytes() == b"# b\n" * 1000
+            shown = await a.call("show", file_id="b.md")
+            assert shown["state"] == "consumed"
+
+            history = await a.call("log", file_id="a.txt")
+            assert [h["to_state"] for h in history["history"]][:3] == [
+                "pending",
+                "writing",
+                "ready",
+            ]
+            assert (await a.call("log", limit=2))["total"] > 2
+            lineage = await a.call("lineage", file_id="c.txt")
+            assert set(lineage["nodes"]) == {"a.txt", "c.txt"}
+            assert lineage["edges"] == [["c.txt", "a.txt"]]
+            status = await a.call("status")
+            assert status["held"] == [] and status["totals"]["consumed"] == 2
+
+    run(main)
+    assert cli.json("show", "a.txt")["state"] == "consumed"
+
+
+# -- fencing -----------------------------------------------------------------------------
+
+
+def test_a_stalled_holder_is_fenced_and_its_put_returns_the_lease_error(
+    cli: Cli, tmp_path: Path
+) -> None:
+    cli.run("init", "draft", "--lease", "1")
+    cli.run("declare", "f.txt", "--stage", "draft")
+    pidfile = tmp_path / "server.pid"
+
+    async def main() -> None:
+        async with agent(cli, "slow", pidfile=pidfile) as a:
+            assert (await a.call("claim", file_id="f.txt"))["epoch"] == 1
+            pid = int(pidfile.read_text())
+            os.kill(pid, signal.SIGSTOP)  # the holder stalls: nothing renews its lease
+            try:
+                taken = None
+                deadline = time.monotonic() + 30
+                while taken is None and time.monotonic() < deadline:
+                    taken = try_claim(cli, "f.txt", "quick")
+                    if taken is None:
+                        await anyio.sleep(0.3)
+                assert taken is not None and taken["epoch"] == 2
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            cli.run("put", "f.txt", "--agent", "quick", "--epoch", "2", "-", stdin=b"quick\n")
+            lost = await a.error("put", file_id="f.txt", text="slow\n")
+            assert lost["error"] == "LeaseLost" and lost["exit_code"] == E.LEASE_LOST
+            assert "f.txt" in lost["message"]
+            again = await a.error("put", file_id="f.txt", text="slow\n")
+            assert again["error"] == "LeaseLost"
+
+    run(main)
+    cli.run("consume", "f.txt", "--agent", "check", "-o", "got")
+    assert (cli.cwd / "got").read_bytes() == b"quick\n"
+
+
+def try_claim(cli: Cli, file_id: str, agent: str) -> dict[str, Any] | None:
+    """``objmanifest --json claim``: the claim, or None while it is not claimable (exit 3)."""
+    proc = subprocess.run(
+        cli.command("--json", "claim", file_id, "--agent", agent),
+        capture_output=True,
+        env=cli.environ(),
+        cwd=cli.cwd,
+        timeout=60,
+    )
+    assert proc.returncode in (0, E.NOTHING_CLAIMABLE), proc.stderr
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@MOTO_ONLY
+def test_bad_input_is_a_tool_error_naming_it_and_the_server_goes_on(
+    cli: Cli, tmp_path: Path
+) -> None:
+    cli.run("init", "draft")
+    cli.run("declare", "f.txt", "--stage", "draft")
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "secret.txt").write_text("outside\n")
+    (root / "link.txt").symlink_to(tmp_path / "secret.txt")
+    (root / "ok.txt").write_text("inside\n")
+
+    async def main() -> None:
+        async with agent(cli, "careless", root=root) as a:
+            missing = await a.error("claim", file_id="no/such.txt")
+            assert missing["error"] == "NotFound" and missing["exit_code"] == E.NOT_FOUND
+            assert "no/such.txt" in missing["message"]
+            bad = await a.error("show", file_id="../up")
+            assert bad["exit_code"] == E.USAGE and "../up" in bad["message"]
+            unheld = await a.error("put", file_id="f.txt", text="x")
+            assert unheld["error"] == "InvalidInput" and "claim" in unheld["message"]
+            neither = await a.error("claim")
+            assert "file_id" in neither["message"]
+
+            await a.call("claim", file_id="f.txt")
+            for path, says in [
+                ("../secret.txt", "'..'"),
+                (str(tmp_path / "secret.txt"), "outside the root"),
+                ("link.txt", "symlink"),
+                ("nothing.txt", "not a file"),
+            ]:
+                refused = await a.error("put", file_id="f.txt", path=path)
+                assert refused["error"] == "InvalidInput", refused
+                assert says in refused["message"], refused
+            both = await a.error("put", file_id="f.txt", path="ok.txt", text="x")
+            assert "exactly one" in both["message"]
+            large = await a.error("put", file_id="f.txt", text="x" * (MAX_INLINE + 1))
+            assert str(MAX_INLINE) in large["message"] and "path=" in large["message"]
+
+            made = await a.call("put", file_id="f.txt", path="ok.txt")  # still held
+            assert made["state"] == "ready"
+            out = await a.error("consume", file_id="f.txt", path=str(tmp_path / "x"))
+            assert "outside the root" in out["message"]
+            assert not (tmp_path / "x").exists()
+            assert (await a.call("consume", file_id="f.txt"))["text"] == "inside\n"
+            assert (await a.call("status"))["totals"]["consumed"] == 1
+
+    run(main)
+
+
+@MOTO_ONLY
+def test_binary_data_is_not_returned_inline_and_a_path_gets_it(cli: Cli, tmp_path: Path) -> None:
+    cli.run("init", "draft")
+    cli.run("declare", "blob.bin", "--stage", "draft")
+    data = bytes(range(256)) * 64
+    (tmp_path / "blob.bin").write_bytes(data)
+    claim = cli.json("claim", "blob.bin", "--agent", "maker")
+    cli.run("put", "blob.bin", "--agent", "maker", "--epoch", str(claim["epoch"]), "blob.bin")
+
+    async def main() -> None:
+        async with agent(cli, "reader") as a:
+            refused = await a.error("consume", file_id="blob.bin")
+            assert refused["error"] == "InvalidInput" and refused["exit_code"] == E.USAGE
+            assert "not UTF-8" in refused["message"] and "path=" in refused["message"]
+            got = await a.call("consume", file_id="blob.bin", path="got.bin")
+            assert got["state"] == "consumed"
+
+    run(main)
+    assert (tmp_path / "got.bin").read_bytes() == data
+
+
+# -- two agents --------------------------------------------------------------------------
+
+
+def test_two_servers_as_two_agents_hand_a_file_over(cli: Cli, tmp_path: Path) -> None:
+    cli.run("init", "write", "read")
+    maker_root, user_root = tmp_path / "maker", tmp_path / "user"
+    maker_root.mkdir()
+    user_root.mkdir()
+    data = "".join(f"line {i}: ünïcode\n" for i in range(2000))
+    (maker_root / "report.txt").write_text(data, encoding="utf-8")
+
+    async def main() -> None:
+        async with (
+            agent(cli, "maker", root=maker_root) as maker,
+            agent(cli, "user", "--role", "reviewer", root=user_root) as user,
+        ):
+            await maker.call("declare", file_id="report.txt", stage="write", consumers=["reviewer"])
+            early = await user.error("consume", file_id="report.txt")
+            assert early["error"] == "NotReady" and early["exit_code"] == E.NOT_READY
+
+            async def consume() -> dict[str, Any]:
+                return await user.call("consume", file_id="report.txt", path="in.txt", wait=30)
+
+            async with anyio.create_task_group() as tg:
+                got: dict[str, Any] = {}
+
+                async def wait_for_it() -> None:
+                    got.update(await consume())
+
+                tg.start_soon(wait_for_it)
+                await maker.call("claim", stage="write")
+                await maker.call("put", file_id="report.txt", path="report.txt")
+            assert got["state"] == "consumed" and got["consumed_by"] == ["reviewer"]
+
+    run(main)
+    assert (user_root / "in.txt").read_text(encoding="utf-8") == data
+
+
+# -- bounds ------------------------------------------------------------------------------
+
+
+@MOTO_ONLY
+def test_a_claim_held_past_max_hold_is_released_without_a_retry_and_the_model_told(
+    cli: Cli,
+) -> None:
+    cli.run("init", "draft")
+    cli.run("declare", "f.txt", "--stage", "draft")
+    cli.run("declare", "g.txt", "--stage", "draft")
+
+    async def main() -> None:
+        async with agent(cli, "dawdler", "--max-hold", "1") as a:
+            await a.call("claim", file_id="f.txt")
+            await anyio.sleep(1.5)
+            status = await a.call("status")
+            assert status["held"] == []
+            assert any("f.txt" in n and "max-hold" in n for n in status["notices"]), status
+            entry = await a.call("show", file_id="f.txt")
+            assert entry["state"] == "pending" and entry["retry_count"] == 0
+            late = await a.error("put", file_id="f.txt", text="late")
+            assert late["error"] == "LeaseLost" and "released" in late["message"]
+            await a.call("claim", file_id="g.txt")  # held when the client goes away
+
+    run(main)
+    assert cli.json("show", "g.txt")["state"] == "pending"  # released on the way out
+
+
+# -- the process -------------------------------------------------------------------------
+
+
+@MOTO_ONLY
+def test_it_serves_streamable_http_on_loopback(cli: Cli) -> None:
+    cli.run("init", "draft")
+    proc = cli.popen("--json", "mcp", "--agent", "web-agent", "--http", "0")
+    try:
+        line = read_line(proc.stdout)
+        assert line, proc.stderr.read().decode() if proc.stderr else ""
+        url = json.loads(line)["url"]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp")
+
+        async def main() -> None:
+            async with (
+                streamable_http_client(url) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                tools = await session.list_tools()
+                assert {t.name for t in tools.tools} == TOOLS
+                a = Agent(session, Path(os.devnull))
+                await a.call("declare", file_id="h.txt", stage="draft")
+                await a.call("claim", file_id="h.txt")
+
+        run(main)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, _, err = finish(proc)
+    assert code == 0, err
+    assert "released 1 claim" in err
+    assert cli.json("show", "h.txt")["state"] == "pending"
+
+
+@MOTO_ONLY
+def test_a_task_that_does_not_exist_is_refused_at_start(cli: Cli) -> None:
+    result = cli.run("--json", "mcp", "--agent", "a", "--task", "nothing", code=E.NOT_FOUND)
+    assert result.stdout == b""  # stdout belongs to the protocol
+    assert "nothing" in json.loads(result.stderr)["message"]
+
+
+def test_without_the_mcp_extra_it_says_which_extra_to_install(tmp_path: Path) -> None:
+    code = (
+        "import sys\nsys.modules['mcp'] = None\n"
+        "from objmanifest.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    env = {**base_env(), "OBJMANIFEST_URL": "s3://nowhere/at-all", "OBJMANIFEST_TASK": "t"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--json", "mcp", "--agent", "a", "--root", str(tmp_path)],
+        capture_output=True,
+        env=env,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == E.UNSUPPORTED
+    refused = json.loads(proc.stderr)
+    assert refused["error"] == "ExtraMissing" and "objmanifest[mcp]" in refused["message"]
+
+
+def test_other_commands_do_not_import_the_sdk() -> None:
+    code = (
+        "import sys\nfrom objmanifest.cli import main\nmain(['--help'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, env=base_env())
+    assert proc.stdout.decode().strip().splitlines()[-1] == "[]"
+
+
+# -- the root's bound, on its own ----------------------------------------------------------
+
+
+def test_confine_keeps_every_path_inside_the_root(tmp_path: Path) -> None:
+    root = (tmp_path / "root").resolve()
+    (root / "sub").mkdir(parents=True)
+    (root / "inner").symlink_to(root / "sub")
+    (root / "outer").symlink_to(tmp_path)
+    assert confine(root, "a.txt", "path") == root / "a.txt"
+    assert confine(root, str(root / "sub" / "b"), "path") == root / "sub" / "b"
+    assert confine(root, "inner/c", "path") == root / "sub" / "c"
+    for given, says in [
+        ("../a", "'..'"),
+        ("sub/../../a", "'..'"),
+        ("/etc/passwd", "outside the root"),
+        ("outer/x", "symlink"),
+        ("", "empty"),
+        ("a\x00b", "NUL"),
+    ]:
+        with pytest.raises(om.InvalidInput, match=says):
+            confine(root, given, "path")
