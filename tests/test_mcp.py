@@ -7,6 +7,7 @@ streamable HTTP transport on loopback. ``confine`` (the root's bound) is tested 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,7 +26,16 @@ from mcp import ClientSession
 from mcp import types as mcp_types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from test_cli import MOTO_ONLY, SENTINEL_KEY_ID, SENTINEL_SECRET, Cli, base_env, finish, read_line
+from test_cli import (
+    MOTO_ONLY,
+    SENTINEL_KEY_ID,
+    SENTINEL_SECRET,
+    Cli,
+    base_env,
+    finish,
+    produce,
+    read_line,
+)
 
 import objmanifest as om
 from objmanifest.cli import exits
@@ -132,8 +142,10 @@ def run(main: Any) -> None:
 # -- one agent ---------------------------------------------------------------------------
 
 
-def test_an_agent_declares_claims_puts_and_consumes_through_the_tools(cli: Cli) -> None:
-    cli.run("init", "draft", "review")
+def test_an_agent_declares_claims_puts_and_consumes_through_the_tools(
+    cli: Cli, store: om.Store
+) -> None:
+    task = om.Task.create(store, "job", ["draft", "review"])
     (cli.cwd / "notes").mkdir()
     (cli.cwd / "notes" / "b.md").write_bytes(b"# b\n" * 1000)
 
@@ -187,17 +199,18 @@ def test_an_agent_declares_claims_puts_and_consumes_through_the_tools(cli: Cli) 
             assert status["held"] == [] and status["totals"]["consumed"] == 2
 
     run(main)
-    assert cli.json("show", "a.txt")["state"] == "consumed"
+    assert task.entry("a.txt").consumed_by == ("writer",)
 
 
 # -- fencing -----------------------------------------------------------------------------
 
 
 def test_a_stalled_holder_is_fenced_and_its_put_returns_the_lease_error(
-    cli: Cli, tmp_path: Path
+    cli: Cli, store: om.Store, tmp_path: Path
 ) -> None:
-    cli.run("init", "draft", "--lease", "1")
-    cli.run("declare", "f.txt", "--stage", "draft")
+    task = om.Task.create(store, "job", ["draft"], lease_seconds=1)
+    task.declare("f.txt", "draft")
+    quick = task.agent("quick")
     pidfile = tmp_path / "server.pid"
 
     async def main() -> None:
@@ -209,13 +222,14 @@ def test_a_stalled_holder_is_fenced_and_its_put_returns_the_lease_error(
                 taken = None
                 deadline = time.monotonic() + 30
                 while taken is None and time.monotonic() < deadline:
-                    taken = try_claim(cli, "f.txt", "quick")
+                    with contextlib.suppress(om.NotClaimable):
+                        taken = quick.claim("f.txt")
                     if taken is None:
                         await anyio.sleep(0.3)
-                assert taken is not None and taken["epoch"] == 2
+                assert taken is not None and taken.epoch == 2
             finally:
                 os.kill(pid, signal.SIGCONT)
-            cli.run("put", "f.txt", "--agent", "quick", "--epoch", "2", "-", stdin=b"quick\n")
+            quick.put(taken, b"quick\n")
             lost = await a.error("put", file_id="f.txt", text="slow\n")
             assert lost["error"] == "LeaseLost" and lost["exit_code"] == E.LEASE_LOST
             assert "f.txt" in lost["message"]
@@ -223,21 +237,7 @@ def test_a_stalled_holder_is_fenced_and_its_put_returns_the_lease_error(
             assert again["error"] == "LeaseLost"
 
     run(main)
-    cli.run("consume", "f.txt", "--agent", "check", "-o", "got")
-    assert (cli.cwd / "got").read_bytes() == b"quick\n"
-
-
-def try_claim(cli: Cli, file_id: str, agent: str) -> dict[str, Any] | None:
-    """``objmanifest --json claim``: the claim, or None while it is not claimable (exit 3)."""
-    proc = subprocess.run(
-        cli.command("--json", "claim", file_id, "--agent", agent),
-        capture_output=True,
-        env=cli.environ(),
-        cwd=cli.cwd,
-        timeout=60,
-    )
-    assert proc.returncode in (0, E.NOTHING_CLAIMABLE), proc.stderr
-    return json.loads(proc.stdout) if proc.returncode == 0 else None
+    assert task.agent("check").consume("f.txt") == b"quick\n"
 
 
 # -- bad input ---------------------------------------------------------------------------
@@ -245,10 +245,9 @@ def try_claim(cli: Cli, file_id: str, agent: str) -> dict[str, Any] | None:
 
 @MOTO_ONLY
 def test_bad_input_is_a_tool_error_naming_it_and_the_server_goes_on(
-    cli: Cli, tmp_path: Path
+    cli: Cli, store: om.Store, tmp_path: Path
 ) -> None:
-    cli.run("init", "draft")
-    cli.run("declare", "f.txt", "--stage", "draft")
+    om.Task.create(store, "job", ["draft"]).declare("f.txt", "draft")
     root = tmp_path / "root"
     root.mkdir()
     (tmp_path / "secret.txt").write_text("outside\n")
@@ -294,13 +293,13 @@ def test_bad_input_is_a_tool_error_naming_it_and_the_server_goes_on(
 
 
 @MOTO_ONLY
-def test_binary_data_is_not_returned_inline_and_a_path_gets_it(cli: Cli, tmp_path: Path) -> None:
-    cli.run("init", "draft")
-    cli.run("declare", "blob.bin", "--stage", "draft")
+def test_binary_data_is_not_returned_inline_and_a_path_gets_it(
+    cli: Cli, store: om.Store, tmp_path: Path
+) -> None:
+    task = om.Task.create(store, "job", ["draft"])
+    task.declare("blob.bin", "draft")
     data = bytes(range(256)) * 64
-    (tmp_path / "blob.bin").write_bytes(data)
-    claim = cli.json("claim", "blob.bin", "--agent", "maker")
-    cli.run("put", "blob.bin", "--agent", "maker", "--epoch", str(claim["epoch"]), "blob.bin")
+    produce(task, "blob.bin", data)
 
     async def main() -> None:
         async with agent(cli, "reader") as a:
@@ -317,8 +316,10 @@ def test_binary_data_is_not_returned_inline_and_a_path_gets_it(cli: Cli, tmp_pat
 # -- two agents --------------------------------------------------------------------------
 
 
-def test_two_servers_as_two_agents_hand_a_file_over(cli: Cli, tmp_path: Path) -> None:
-    cli.run("init", "write", "read")
+def test_two_servers_as_two_agents_hand_a_file_over(
+    cli: Cli, store: om.Store, tmp_path: Path
+) -> None:
+    om.Task.create(store, "job", ["write", "read"])
     maker_root, user_root = tmp_path / "maker", tmp_path / "user"
     maker_root.mkdir()
     user_root.mkdir()
@@ -357,11 +358,10 @@ def test_two_servers_as_two_agents_hand_a_file_over(cli: Cli, tmp_path: Path) ->
 
 @MOTO_ONLY
 def test_a_claim_held_past_max_hold_is_released_without_a_retry_and_the_model_told(
-    cli: Cli,
+    cli: Cli, store: om.Store
 ) -> None:
-    cli.run("init", "draft")
-    cli.run("declare", "f.txt", "--stage", "draft")
-    cli.run("declare", "g.txt", "--stage", "draft")
+    task = om.Task.create(store, "job", ["draft"])
+    task.declare_many([{"file_id": f, "stage": "draft"} for f in ("f.txt", "g.txt")])
 
     async def main() -> None:
         async with agent(cli, "dawdler", "--max-hold", "1") as a:
@@ -377,15 +377,15 @@ def test_a_claim_held_past_max_hold_is_released_without_a_retry_and_the_model_to
             await a.call("claim", file_id="g.txt")  # held when the client goes away
 
     run(main)
-    assert cli.json("show", "g.txt")["state"] == "pending"  # released on the way out
+    assert task.entry("g.txt").state is om.State.pending  # released on the way out
 
 
 # -- the process -------------------------------------------------------------------------
 
 
 @MOTO_ONLY
-def test_it_serves_streamable_http_on_loopback(cli: Cli) -> None:
-    cli.run("init", "draft")
+def test_it_serves_streamable_http_on_loopback(cli: Cli, store: om.Store) -> None:
+    task = om.Task.create(store, "job", ["draft"])
     proc = cli.popen("--json", "mcp", "--agent", "web-agent", "--http", "0")
     try:
         line = read_line(proc.stdout)
@@ -411,7 +411,7 @@ def test_it_serves_streamable_http_on_loopback(cli: Cli) -> None:
     code, _, err = finish(proc)
     assert code == 0, err
     assert "released 1 claim" in err
-    assert cli.json("show", "h.txt")["state"] == "pending"
+    assert task.entry("h.txt").state is om.State.pending
 
 
 @MOTO_ONLY
@@ -437,6 +437,14 @@ def test_without_the_mcp_extra_it_says_which_extra_to_install(tmp_path: Path) ->
     assert proc.returncode == E.UNSUPPORTED
     refused = json.loads(proc.stderr)
     assert refused["error"] == "ExtraMissing" and "objmanifest[mcp]" in refused["message"]
+
+
+def test_the_server_module_imports_first_of_all() -> None:
+    """``objmanifest.mcp.server`` imported before the CLI (no cycle between them)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import objmanifest.mcp.server"], capture_output=True, env=base_env()
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
 
 
 def test_other_commands_do_not_import_the_sdk() -> None:

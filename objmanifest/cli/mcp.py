@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from objmanifest.errors import ExtraMissing, Stopped
-from objmanifest.mcp.tools import Session, check_root
+from objmanifest.mcp import tools  # the module: it imports cli's modules in turn
 
 from .commands import Context
 
@@ -49,10 +49,10 @@ def cmd_mcp(ctx: Context) -> int:
     args = ctx.args
     if args.http is None:
         ctx.out.data_on_stdout()  # stdout carries the protocol: errors go to stderr
-    root = check_root(args.root)  # InvalidInput: exit 2, before any request
+    root = tools.check_root(args.root)  # InvalidInput: exit 2, before any request
     server = load_server()
     agent = ctx.agent()  # the task must exist: exit 8 now, not a tool error later
-    session = Session(ctx.task(), agent, root, args.max_hold)
+    session = tools.Session(ctx.task(), agent, root, args.max_hold)
     mcp = server.build(session)
     where = f"task {ctx.task_id()} as agent {agent.name} (root {root}, hold {args.max_hold:g}s)"
     try:
