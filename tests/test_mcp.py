@@ -21,8 +21,8 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import BUCKET, Server
-from mcp import ClientSession
+from conftest import BUCKET, Server, memory_store
+from mcp import Client, ClientSession
 from mcp import types as mcp_types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -39,7 +39,8 @@ from test_cli import (
 
 import objmanifest as om
 from objmanifest.cli import exits
-from objmanifest.mcp.tools import MAX_INLINE, confine
+from objmanifest.mcp import server as mcp_server
+from objmanifest.mcp.tools import MAX_INLINE, Session, confine
 
 E = exits.ExitCode
 TOOLS = {
@@ -75,7 +76,7 @@ def cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
 class Agent:
     """One MCP client session on one ``objmanifest mcp`` process."""
 
-    def __init__(self, session: ClientSession, errlog: Path) -> None:
+    def __init__(self, session: ClientSession | Client, errlog: Path) -> None:
         self.session = session
         self.errlog = errlog
 
@@ -477,3 +478,97 @@ def test_confine_keeps_every_path_inside_the_root(tmp_path: Path) -> None:
     ]:
         with pytest.raises(om.InvalidInput, match=says):
             confine(root, given, "path")
+
+
+# -- in process, on MemoryStore (its clock runs ten times faster) ---------------------------
+
+
+@asynccontextmanager
+async def in_process(task: om.Task, name: str, root: Path, **kw: Any) -> AsyncIterator[Agent]:
+    """The server of a ``Session`` on ``task``, with the SDK's in-process client on it."""
+    session = Session(task, task.agent(name), root, **kw)
+    try:
+        async with Client(mcp_server.build(session)) as client:
+            yield Agent(client, Path(os.devnull))
+    finally:
+        session.close()
+
+
+def test_held_claims_outlive_their_lease_while_the_model_thinks(tmp_path: Path) -> None:
+    task = om.Task.create(memory_store("mcp-renew"), "job", ["draft"], lease_seconds=1)
+    task.declare("f.txt", "draft")
+    other = task.agent("other")
+
+    async def main() -> None:
+        async with in_process(task, "thinker", tmp_path) as a:
+            assert (await a.call("claim", file_id="f.txt"))["epoch"] == 1
+            await anyio.sleep(0.6)  # six seconds of the store's clock: the lease is 1 s
+            with pytest.raises(om.NotClaimable, match="held by thinker"):
+                other.claim("f.txt")
+            made = await a.call("put", file_id="f.txt", text="thought through")
+            assert made["state"] == "ready" and made["epoch"] == 1
+
+    run(main)
+
+
+def test_a_lease_lost_in_the_background_is_told_on_the_next_call(tmp_path: Path) -> None:
+    task = om.Task.create(memory_store("mcp-lost"), "job", ["draft"], lease_seconds=3)
+    task.declare("f.txt", "draft")
+
+    async def main() -> None:
+        async with in_process(task, "holder", tmp_path) as a:
+            claimed = await a.call("claim", file_id="f.txt")
+            # An operator gives the claim back (``objmanifest release``) and another agent
+            # takes the file: the server finds out when it next renews the lease.
+            stale = om.Claim(
+                task.task_id,
+                "f.txt",
+                "draft",
+                "holder",
+                claimed["epoch"],
+                task.store.now(),
+                shard=task.layout.shard_of("draft", "f.txt"),
+            )
+            task.agent("holder").release(stale)
+            assert task.agent("rival").claim("f.txt") is not None
+            notices: list[str] = []
+            for _ in range(100):
+                status = await a.call("status")
+                notices += status.get("notices", [])
+                if notices:
+                    break
+                await anyio.sleep(0.05)
+            assert len(notices) == 1 and "lost the lease on 'f.txt'" in notices[0], notices
+            assert status["held"] == []
+            lost = await a.error("put", file_id="f.txt", text="too late")
+            assert lost["error"] == "LeaseLost" and lost["exit_code"] == E.LEASE_LOST
+            assert "notices" not in lost  # told once
+
+    run(main)
+    assert task.entry("f.txt").owner == "rival"
+
+
+def test_tool_calls_at_once_each_get_their_own_claim(tmp_path: Path) -> None:
+    task = om.Task.create(memory_store("mcp-many"), "job", ["draft"])
+    ids = [f"f{i}.txt" for i in range(8)]
+    task.declare_many([{"file_id": f, "stage": "draft"} for f in ids])
+
+    async def main() -> None:
+        async with in_process(task, "busy", tmp_path) as a:
+            claimed: list[str] = []
+
+            async def claim_and_put() -> None:
+                got = await a.call("claim", stage="draft")
+                claimed.append(got["file_id"])
+                await a.call("put", file_id=got["file_id"], text=got["file_id"])
+
+            async with anyio.create_task_group() as tg:
+                for _ in ids:
+                    tg.start_soon(claim_and_put)
+            assert sorted(claimed) == ids
+            assert (await a.call("status"))["held"] == []
+            nothing = await a.error("claim", stage="draft")
+            assert nothing["error"] == "NothingClaimable"
+
+    run(main)
+    assert {e.file_id: e.state for e in task.entries()} == dict.fromkeys(ids, om.State.ready)
