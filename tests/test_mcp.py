@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -407,6 +409,16 @@ def test_it_serves_streamable_http_on_loopback(cli: Cli, store: om.Store) -> Non
                 await a.call("claim", file_id="h.txt")
 
         run(main)
+        # A web page elsewhere pointing a name of its own at 127.0.0.1 is refused (DNS
+        # rebinding): the SDK checks the Host header against loopback names.
+        rebound = urllib.request.Request(
+            url,
+            data=b"{}",
+            headers={"Host": "attacker.example", "Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(rebound, timeout=30)
+        assert refused.value.code == 421
     finally:
         proc.send_signal(signal.SIGTERM)
     code, _, err = finish(proc)

@@ -258,8 +258,10 @@ class Session:
         if held is None:
             return False
         if self._overdue(held):
-            self._release_overdue()
-            return file_id in self._held
+            self._release_overdue()  # unless a tool call is using it: then renew it still
+            with self._lock:
+                if self._held.get(file_id) is not held:
+                    return False
         try:
             renewed = self.agent.renew(held.claim)
         except om.LeaseLost as e:
