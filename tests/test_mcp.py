@@ -477,6 +477,7 @@ def test_confine_keeps_every_path_inside_the_root(tmp_path: Path) -> None:
     (root / "sub").mkdir(parents=True)
     (root / "inner").symlink_to(root / "sub")
     (root / "outer").symlink_to(tmp_path)
+    (root / "loop").symlink_to(root / "loop")
     assert confine(root, "a.txt", "path") == root / "a.txt"
     assert confine(root, str(root / "sub" / "b"), "path") == root / "sub" / "b"
     assert confine(root, "inner/c", "path") == root / "sub" / "c"
@@ -487,6 +488,7 @@ def test_confine_keeps_every_path_inside_the_root(tmp_path: Path) -> None:
         ("outer/x", "symlink"),
         ("", "empty"),
         ("a\x00b", "NUL"),
+        ("loop/x", "cannot be resolved"),
     ]:
         with pytest.raises(om.InvalidInput, match=says):
             confine(root, given, "path")

@@ -97,7 +97,10 @@ def confine(root: Path, given: str, what: str) -> Path:
             f"{what} {given!r} contains '..': give a path inside {root} without '..'"
         )
     full = path if path.is_absolute() else root / path
-    resolved = full.resolve()
+    try:
+        resolved = full.resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before 3.13)
+        raise om.InvalidInput(f"{what} {given!r} cannot be resolved: {e}") from None
     if resolved != root and not resolved.is_relative_to(root):
         via = "" if resolved == full else f" (a symlink leads it to {resolved})"
         raise om.InvalidInput(
