@@ -172,6 +172,10 @@ def test_an_agent_declares_claims_puts_and_consumes_through_the_tools(
             assert "epoch" not in put.input_schema["properties"]  # the server keeps it
             status = await a.call("status")
             assert [h["file_id"] for h in status["held"]] == ["a.txt"]
+            renewed = await a.call("renew", file_id="a.txt")
+            assert (
+                renewed["epoch"] == 1 and renewed["lease_expires_at"] >= claimed["lease_expires_at"]
+            )
             made = await a.call("put", file_id="a.txt", text="héllo, wörld\n")
             assert made["state"] == "ready" and made["size"] == len("héllo, wörld\n".encode())
 
@@ -188,12 +192,20 @@ def test_an_agent_declares_claims_puts_and_consumes_through_the_tools(
             shown = await a.call("show", file_id="b.md")
             assert shown["state"] == "consumed"
 
+            await a.call("declare", file_id="d.txt", stage="draft")
+            await a.call("claim", file_id="d.txt")
+            back = await a.call("release", file_id="d.txt")
+            assert back["state"] == "pending" and back["retry_count"] == 0
+            await a.call("claim", file_id="d.txt")
+            failed = await a.call("fail", file_id="d.txt", reason="the source was empty")
+            assert failed["state"] == "failed" and failed["retry_count"] == 1
+            assert failed["error"] == "the source was empty"
+            gone = await a.error("release", file_id="d.txt")
+            assert gone["error"] == "LeaseLost" and "fail" in gone["message"]
+
             history = await a.call("log", file_id="a.txt")
-            assert [h["to_state"] for h in history["history"]][:3] == [
-                "pending",
-                "writing",
-                "ready",
-            ]
+            states = [h["to_state"] for h in history["history"]]
+            assert states == ["pending", "writing", "writing", "ready", "consumed"]  # a renewal
             assert (await a.call("log", limit=2))["total"] > 2
             lineage = await a.call("lineage", file_id="c.txt")
             assert set(lineage["nodes"]) == {"a.txt", "c.txt"}

@@ -449,7 +449,12 @@ class Session:
             self._done(held)
         with self._lock:
             held.claim = renewed
-        return self._claimed_again(held)
+        left = self.max_hold - (self.runtime.monotonic() - held.since)
+        return {
+            **claim_json(renewed),
+            "hold_seconds": round(left, 1),
+            "note": f"lease renewed; {left:.0f}s of the hold on {file_id!r} left",
+        }
 
     def fail(self, file_id: str, reason: str) -> dict[str, Any]:
         held = self._take(file_id)
