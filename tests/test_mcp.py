@@ -520,15 +520,17 @@ async def in_process(task: om.Task, name: str, root: Path, **kw: Any) -> AsyncIt
         session.close()
 
 
-def test_held_claims_outlive_their_lease_while_the_model_thinks(tmp_path: Path) -> None:
-    task = om.Task.create(memory_store("mcp-renew"), "job", ["draft"], lease_seconds=1)
+def test_held_claims_outlive_their_lease_while_the_model_thinks(
+    prefix: str, tmp_path: Path
+) -> None:
+    task = om.Task.create(memory_store(prefix), "job", ["draft"], lease_seconds=6)
     task.declare("f.txt", "draft")
     other = task.agent("other")
 
     async def main() -> None:
         async with in_process(task, "thinker", tmp_path) as a:
             assert (await a.call("claim", file_id="f.txt"))["epoch"] == 1
-            await anyio.sleep(0.6)  # six seconds of the store's clock: the lease is 1 s
+            await anyio.sleep(1.5)  # 15 s of the store's clock: the lease is 6 s (+2 s margin)
             with pytest.raises(om.NotClaimable, match="held by thinker"):
                 other.claim("f.txt")
             made = await a.call("put", file_id="f.txt", text="thought through")
@@ -537,8 +539,10 @@ def test_held_claims_outlive_their_lease_while_the_model_thinks(tmp_path: Path) 
     run(main)
 
 
-def test_a_lease_lost_in_the_background_is_told_on_the_next_call(tmp_path: Path) -> None:
-    task = om.Task.create(memory_store("mcp-lost"), "job", ["draft"], lease_seconds=3)
+def test_a_lease_lost_in_the_background_is_told_on_the_next_call(
+    prefix: str, tmp_path: Path
+) -> None:
+    task = om.Task.create(memory_store(prefix), "job", ["draft"], lease_seconds=3)
     task.declare("f.txt", "draft")
 
     async def main() -> None:
@@ -574,8 +578,8 @@ def test_a_lease_lost_in_the_background_is_told_on_the_next_call(tmp_path: Path)
     assert task.entry("f.txt").owner == "rival"
 
 
-def test_tool_calls_at_once_each_get_their_own_claim(tmp_path: Path) -> None:
-    task = om.Task.create(memory_store("mcp-many"), "job", ["draft"])
+def test_tool_calls_at_once_each_get_their_own_claim(prefix: str, tmp_path: Path) -> None:
+    task = om.Task.create(memory_store(prefix), "job", ["draft"])
     ids = [f"f{i}.txt" for i in range(8)]
     task.declare_many([{"file_id": f, "stage": "draft"} for f in ids])
 
