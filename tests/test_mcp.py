@@ -602,3 +602,25 @@ def test_tool_calls_at_once_each_get_their_own_claim(prefix: str, tmp_path: Path
 
     run(main)
     assert {e.file_id: e.state for e in task.entries()} == dict.fromkeys(ids, om.State.ready)
+
+
+def test_a_claim_past_its_hold_is_released_while_the_model_is_silent(
+    prefix: str, tmp_path: Path
+) -> None:
+    task = om.Task.create(memory_store(prefix), "job", ["draft"], lease_seconds=30)
+    task.declare("f.txt", "draft")
+
+    async def main() -> None:
+        async with in_process(task, "silent", tmp_path, max_hold=2.0) as a:
+            await a.call("claim", file_id="f.txt")
+            for _ in range(100):  # no tool call meanwhile: the background job releases it
+                if task.entry("f.txt").state is om.State.pending:
+                    break
+                await anyio.sleep(0.05)
+            entry = task.entry("f.txt")
+            assert entry.state is om.State.pending and entry.retry_count == 0
+            status = await a.call("status")
+            assert status["held"] == [] and len(status["notices"]) == 1
+            assert "released 'f.txt' after holding it 2s" in status["notices"][0]
+
+    run(main)

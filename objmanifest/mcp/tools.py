@@ -200,22 +200,17 @@ class Session:
             data["notices"] = notices
         return Reply(data, failed)
 
-    def _note(self, text: str) -> None:
-        with self._lock:
-            self._notices.append(text)
-
     # -- holding claims ----------------------------------------------------------------
 
     def _hold(self, claim: om.Claim) -> None:
         """Keep ``claim`` and start renewing it."""
-        file_id = claim.file_id
+        held = _Held(claim, self.runtime.monotonic())
         with self._lock:
-            self._gone.pop(file_id, None)
-            self._held[file_id] = _Held(claim, self.runtime.monotonic())
-        job = self.runtime.every(lambda: self._tend(file_id), self.interval, f"mcp-{file_id}")
+            self._gone.pop(claim.file_id, None)
+            self._held[claim.file_id] = held
+        job = self.runtime.every(lambda: self._tend(held), self.interval, f"mcp-{claim.file_id}")
         with self._lock:
-            held = self._held.get(file_id)
-            if held is not None and held.claim is claim:
+            if self._held.get(claim.file_id) is held:
                 held.job = job
                 return
         job.stop()  # let go of already (a tool call that finished first)
@@ -253,40 +248,46 @@ class Session:
         if job is not None:
             job.stop()
 
-    def _tend(self, file_id: str) -> bool:
+    def _tend(self, held: _Held) -> bool:
         """A background round for one claim: release it once held ``max_hold`` seconds,
-        else renew its lease. False ends the job (the claim is no longer held)."""
-        with self._lock:
-            held = self._held.get(file_id)
-        if held is None:
+        else renew its lease. False ends the job (the claim is no longer held).
+
+        A job never stops another job (stopping one waits for its thread): a claim let go
+        of elsewhere ends its job at the job's next round, here."""
+        if not self._holds(held):
             return False
         if self._overdue(held):
             self._release_overdue()  # unless a tool call is using it: then renew it still
-            with self._lock:
-                if self._held.get(file_id) is not held:
-                    return False
+            if not self._holds(held):
+                return False
         try:
             renewed = self.agent.renew(held.claim)
         except om.LeaseLost as e:
             self._lose(held, e)
             return False
         except om.ObjManifestError as e:  # a passing store fault: the next round tries again
-            log.warning("renewing the lease on %r failed, will retry: %s", file_id, e)
+            log.warning("renewing the lease on %r failed, will retry: %s", held.claim.file_id, e)
             return True
         with self._lock:
             held.claim = renewed
         return True
 
+    def _holds(self, held: _Held) -> bool:
+        with self._lock:
+            return self._held.get(held.claim.file_id) is held
+
     def _overdue(self, held: _Held) -> bool:
         return self.runtime.monotonic() - held.since >= self.max_hold
 
     def _lose(self, held: _Held, error: om.LeaseLost) -> None:
+        """Its job found the claim fenced: let go of it (the job ends on its own)."""
+        file_id = held.claim.file_id
         with self._lock:
-            if self._held.get(held.claim.file_id) is not held:
-                return
-            held.job = None  # ending on its own: its own thread cannot stop it
-        self._drop(held, str(error))
-        self._note(f"lost the lease on {held.claim.file_id!r}: {error}")
+            if self._held.get(file_id) is not held:
+                return  # let go of already, by a tool call or the hold
+            del self._held[file_id]
+            self._gone[file_id] = str(error)
+            self._notices.append(f"lost the lease on {file_id!r}: {error}")
 
     def _release_overdue(self) -> None:
         """Release every claim held ``max_hold`` seconds or more, unless a tool call is
@@ -295,10 +296,8 @@ class Session:
             due = [h for h in self._held.values() if h.busy == 0 and self._overdue(h)]
             for held in due:
                 del self._held[held.claim.file_id]
-        for held in due:
+        for held in due:  # their jobs end at their next round (see _tend)
             file_id = held.claim.file_id
-            if held.job is not None:
-                held.job.stop()
             hold = f"{self.max_hold:g}s"
             try:
                 self.agent.release(held.claim)
