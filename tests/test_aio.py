@@ -384,4 +384,13 @@ def test_a_chunked_put_stopped_between_parts_keeps_them_for_its_next_put(
         entry = agent.put(claim, source, **options)
     assert entry.state is om.State.ready and entry.size == source.stat().st_size
     assert "parts_adopted=1" in caplog.text  # the part sent before the stop was kept
-    assert task.agent("c").consume("big") == source.read_bytes()
+
+    # A chunked consume stopped between parts: nothing at dest, nothing marked.
+    dest = tmp_path / "out" / "big.bin"
+    consumer, stop = task.agent("c"), threading.Event()
+    with pytest.raises(om.Interrupted, match="left as it was"):
+        consumer.consume("big", dest, concurrency=1, parents=True, progress=after_a_part, stop=stop)
+    assert list(dest.parent.iterdir()) == []
+    assert task.entry("big").state is om.State.ready
+    assert consumer.consume("big", dest).state is om.State.consumed
+    assert dest.read_bytes() == source.read_bytes()

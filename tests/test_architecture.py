@@ -15,6 +15,7 @@ import ast
 import asyncio
 import builtins
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
@@ -253,7 +254,7 @@ def test_aio_coroutines_reach_the_sync_api_only_through_the_pool() -> None:
 def test_an_async_run_makes_no_store_call_on_the_loop_thread(tmp_path: Path) -> None:
     """Every store call of a round trip (create, declare, claim, put, put_many, consume,
     wait, status) is made from a pool thread, never the loop's."""
-    store = om.MemoryStore("architecture", "aio")
+    store = om.MemoryStore("architecture", f"aio-{uuid.uuid4().hex}")
     threads: set[int] = set()
     store.faults.hooks.append(lambda op, key: threads.add(threading.get_ident()))
 
