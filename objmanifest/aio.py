@@ -49,7 +49,9 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
-from . import sources, transfer
+import shard_index
+
+from . import deletion, sources, transfer
 from .agent import Agent
 from .errors import Interrupted, ObjManifestError
 from .gc import GcReport
@@ -255,6 +257,10 @@ class AsyncTask:
     def max_retries(self) -> int:
         return self.task.max_retries
 
+    @property
+    def transfer(self) -> transfer.TransferConfig:
+        return self.task.transfer
+
     def agent(self, name: str, role: str | None = None) -> AsyncAgent:
         """An agent of this task; ``role`` (for consumers) defaults to the name."""
         return AsyncAgent(self.task.agent(name, role), self._pool)
@@ -277,6 +283,13 @@ class AsyncTask:
 
     async def shard(self, stage: str) -> Shard:
         return await self._pool.run(lambda: self.task.shard(stage))
+
+    async def index(self) -> shard_index.ShardIndex:
+        return await self._pool.run(self.task.index)
+
+    async def held(self, claim: Claim) -> Entry:
+        """``Task.held``: the entry, read fresh, if ``claim`` still holds it."""
+        return await self._pool.run(lambda: self.task.held(claim))
 
     async def status(self) -> TaskStatus:
         return await self._pool.run(self.task.status)
@@ -355,6 +368,19 @@ class AsyncTask:
 
     async def undeclare(self, file_id: str) -> Entry | None:
         return await self._pool.run(lambda: self.task.undeclare(file_id))
+
+    async def delete(self, force: bool = False) -> deletion.Deleted:
+        return await self._pool.run(lambda: self.task.delete(force))
+
+    @staticmethod
+    async def delete_by_id(
+        store: ObjectStore, task_id: str, *, force: bool = False
+    ) -> deletion.Deleted:
+        pool = _Pool.of(store, 1, None)
+        try:
+            return await pool.run(lambda: Task.delete_by_id(store, task_id, force=force))
+        finally:
+            pool.close()
 
     # -- history -----------------------------------------------------------------------
 

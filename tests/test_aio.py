@@ -98,6 +98,7 @@ def test_declare_claim_put_consume_round_trip(store: om.Store, tmp_path: Path) -
             claim = await producer.claim(stage="collect")
             assert claim is not None and claim.file_id == "raw/a"
             claim = await producer.renew(claim)
+            assert (await task.held(claim)).state is om.State.writing
             entry = await producer.put(claim, b"raw bytes")
             assert entry.state is om.State.ready and entry.size == 9
             second = await producer.claim("draft")
@@ -119,6 +120,9 @@ def test_declare_claim_put_consume_round_trip(store: om.Store, tmp_path: Path) -
             async with opened:
                 assert (await opened.entry("draft")).state is om.State.consumed
             assert await AsyncTask.list(store) == ["job"]
+            assert (await task.index()).stage_of("draft") == "write"
+            await AsyncTask.delete_by_id(store, "job")
+            assert await AsyncTask.list(store) == []
 
     run(main())
 
