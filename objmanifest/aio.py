@@ -9,8 +9,8 @@ Why a thread pool and not an async S3 client (aiobotocore): measured, the sync s
 in a pool as large as the store's connection pool (``store.connections``, so no thread
 waits for a connection) was at least as fast as aiobotocore on the same work, because the
 time goes to waiting on the store, which threads do without holding the GIL; coroutines
-here run level with threads of the sync API (ratio 0.99 and 1.08 for 8 and 32 workers 25
-ms from the store: ``python -m bench --only aio``, BENCHMARKS.md). It needs no new
+here run level with threads of the sync API (ratios 0.88 to 1.09 for 8 and 32 workers
+25 ms from the store: ``python -m bench --only aio``, BENCHMARKS.md). It needs no new
 dependency and keeps one store, one CAS loop and one retry and fault-handling path; threads
 of one process that commit to one shard share its writes (group commits), so coroutines of
 one ``AsyncTask`` share them too. An async client would need a second store and a second
