@@ -53,7 +53,7 @@ import shard_index
 
 from . import deletion, sources, transfer
 from .agent import Agent
-from .errors import Interrupted, ObjManifestError
+from .errors import Interrupted, InvalidInput, ObjManifestError
 from .gc import GcReport
 from .history import Dropped, Lineage, Transition
 from .manifest import WAIT_FIRST_DELAY, WAIT_GROWTH, WAIT_MAX_DELAY
@@ -92,7 +92,10 @@ class _Pool:
             return cls(executor, owned=False)
         count = store.connections if workers is None else workers
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise ValueError(f"workers must be a whole number of at least 1, not {workers!r}")
+            raise InvalidInput(
+                f"workers must be a whole number of at least 1, not {workers!r} (None: as many "
+                "as the store has connections)"
+            )
         return cls(store.runtime.pool(count, "om-aio"), owned=True)
 
     async def run(

@@ -127,6 +127,14 @@ def test_declare_claim_put_consume_round_trip(store: om.Store, tmp_path: Path) -
     run(main())
 
 
+def test_a_pool_of_no_workers_is_refused_and_a_task_is_what_is_wrapped(store: om.Store) -> None:
+    task = om.Task.create(store, "job", stages=["collect"])
+    with pytest.raises(om.InvalidInput, match="workers must be a whole number"):
+        AsyncTask(task, workers=0)
+    with pytest.raises(TypeError, match="AsyncTask wraps a Task"):
+        AsyncTask(store)  # type: ignore[arg-type]
+
+
 def test_a_fenced_put_raises_lease_lost_and_the_new_holder_finishes(store: om.Store) -> None:
     async def main() -> None:
         async with make(store, lease=1) as task:
