@@ -19,7 +19,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import checksums, commit_cost, request_count, transfer_bench
+from bench import aio_bench, checksums, commit_cost, request_count, transfer_bench
 from bench.common import ROOT, fmt
 
 BEGIN = "<!-- suite:begin -->"
@@ -397,6 +397,8 @@ def render(results: dict[str, Any]) -> str:
             transfer_bench.table(t),
             "",
         ]
+    if results.get("aio"):
+        out += ["### 7. asyncio: coroutines vs threads", "", aio_bench.table(results["aio"]), ""]
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in sec.items() if k != "total")
     out.append(f"Time per benchmark: {timing}.")
     return "\n".join(out)

@@ -11,7 +11,8 @@ commit_cost (a commit vs a raw conditional PUT), contention (1..16 agent process
 layouts, one hot stage and four busy ones, bare and behind 25 and 60 ms proxies), threads
 (1..32 threads of one process on one shard, 25 ms), batching (claim_many/put_many of 1, 10,
 100), size (commit latency at 1k/10k/100k entries), checksums (xxh3, SHA-256, memory read),
-transfer (a large file vs boto3's s3transfer). Each compares itself with its peer or limit
+transfer (a large file vs boto3's s3transfer), aio (coroutines of ``objmanifest.aio`` vs
+threads on the same work). Each compares itself with its peer or limit
 measured in the same run and prints the ratios; ``bench/results/latest.json`` (and a dated
 copy) hold everything.
 """
@@ -32,6 +33,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import (
+    aio_bench,
     batching,
     checksums,
     commit_cost,
@@ -52,6 +54,7 @@ NAMES = (
     "size",
     "checksums",
     "transfer",
+    "aio",
 )
 
 FULL: dict[str, Any] = {
@@ -63,6 +66,7 @@ FULL: dict[str, Any] = {
     "size": {"sizes": [1_000, 10_000, 100_000], "rounds": 9},
     "checksums": {"mib": 256},
     "transfer": {"size_mib": 512, "rounds": 2, "settle_s": 2.0},
+    "aio": {"workers": [8, 32], "delays": [0, 25], "entries": 600},
 }
 
 QUICK: dict[str, Any] = {
@@ -74,6 +78,7 @@ QUICK: dict[str, Any] = {
     "size": {"sizes": [1_000, 10_000], "rounds": 5},
     "checksums": {"mib": 32},
     "transfer": {"size_mib": 48, "rounds": 1, "settle_s": 0.2},
+    "aio": {"workers": [8, 32], "delays": [25], "entries": 120},
 }
 
 
@@ -90,6 +95,7 @@ RUNNERS: dict[str, Callable[[Bench, Pool, dict[str, Any]], dict[str, Any]]] = {
     "size": lambda b, pool, o: _size(b, pool, **o),
     "checksums": lambda b, pool, o: checksums.run(**o),
     "transfer": lambda b, pool, o: transfer_bench.run(b.endpoint_url, {**b.env}, **o),
+    "aio": lambda b, pool, o: aio_bench.run(b, **o),
 }
 
 
@@ -121,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(NAMES)}")
     chosen = [n for n in chosen if n not in skip]
     plan = json.loads(json.dumps(QUICK if args.quick else FULL))
-    for name in ("contention", "batching"):
+    for name in ("contention", "batching", "aio"):
         if args.delays is not None:
             plan[name]["delays"] = args.delays
     if args.agents is not None:
@@ -144,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         results["backend"] = b.backend
         results["endpoint"] = args.endpoint_url or f"local {b.backend}"
         if not b.can_delay():
-            for name in ("contention", "batching"):
+            for name in ("contention", "batching", "aio"):
                 plan[name]["delays"] = [0]
             chosen = [n for n in chosen if n != "threads"]
             say("the endpoint is not plain HTTP: no latency proxies, bare runs only")

@@ -21,6 +21,7 @@ from . import changes, sources, transfer, uploads, verbs
 from .errors import (
     ChecksumMismatch,
     DataChanged,
+    Interrupted,
     InvalidInput,
     LeaseLost,
     NotAConsumer,
@@ -36,6 +37,18 @@ from .manifest import Manifest
 from .model import Claim, Entry, State, Stored, check_agent, error_text
 
 log = logging.getLogger(__name__)
+
+
+def checkpoint(stop: threading.Event | None, what: str) -> Callable[[], None]:
+    """A check that raises ``Interrupted(what)`` once ``stop`` is set (never without one):
+    how a caller in another thread (``objmanifest.aio``, cancelled) stops a transfer at a
+    point where nothing half-done is left."""
+
+    def check() -> None:
+        if stop is not None and stop.is_set():
+            raise Interrupted(what)
+
+    return check
 
 
 class Agent:
@@ -131,6 +144,7 @@ class Agent:
         concurrency: int | None = None,
         threshold: int | None = None,
         progress: transfer.Progress | None = None,
+        stop: threading.Event | None = None,
     ) -> Entry:
         """Store the claim's data and make the entry ready.
 
@@ -147,9 +161,22 @@ class Agent:
         The lease is renewed in the background while the data is written, so a write that
         takes longer than the lease is not fenced while this agent is alive. A fenced
         holder gets ``LeaseLost`` and can never make the entry ready.
+
+        ``stop`` (set from another thread) is checked before the data, between parts, and
+        after the data before the ready commit: once set, ``Interrupted`` is raised and the
+        entry stays writing under this claim, never half-ready (a chunked upload's parts
+        stay recorded for the next put to adopt). Once the ready commit is sent, ``stop``
+        no longer matters: the put ends with the commit's outcome.
         """
         self._check_holder(claim)
         task = self.task
+        interrupted = checkpoint(
+            stop,
+            f"the put of {claim.file_id!r} (epoch {claim.epoch}) was stopped before its ready "
+            "commit: the entry stays writing under this claim; put it again, release or fail "
+            "it, or leave it to a takeover once the lease expires",
+        )
+        interrupted()
         config = task.transfer.with_overrides(part_size, concurrency, threshold)
         renewer = Renewer(
             lambda: self.renew(claim), task.lease_seconds / 3, claim.file_id, task.store.runtime
@@ -157,13 +184,20 @@ class Agent:
         with renewer:
             try:
                 stored = self._store_data(
-                    claim, data, config, part_size is not None, progress, lambda: renewer.lost
+                    claim,
+                    data,
+                    config,
+                    part_size is not None,
+                    progress,
+                    lambda: renewer.lost,
+                    interrupted=interrupted,
                 )
-            except LeaseLost:
+            except (LeaseLost, Interrupted):
                 raise
             except ObjManifestError as e:
                 self._raise_if_fenced(claim, renewer.lost, e)
                 raise
+        interrupted()  # the last checkpoint: past it the ready commit is sent
         try:
             entry = self._finish(claim, stored)
         except LeaseLost:
@@ -182,6 +216,7 @@ class Agent:
         part_size: int | None = None,
         concurrency: int | None = None,
         threshold: int | None = None,
+        stop: threading.Event | None = None,
     ) -> list[Entry | Exception]:
         """Store the data of several claims and make their entries ready: ``datas[i]`` is
         the data of ``claims[i]``, each what ``put`` takes.
@@ -205,10 +240,21 @@ class Agent:
         Refused before anything is sent: claims and datas of different lengths, a claim
         of another agent or task, an entry claimed twice in the batch (``InvalidInput``),
         data of a type ``put`` does not take (``TypeError``).
+
+        ``stop`` is checked as ``put`` checks it: once set before the ready commits,
+        ``Interrupted`` is raised for the whole batch and every entry stays writing under
+        its claim.
         """
         batch = self._check_batch(claims, datas)
         if not batch:
             return []
+        interrupted = checkpoint(
+            stop,
+            f"put_many of {len(batch)} claims was stopped before its ready commits: every "
+            "entry stays writing under its claim; put them again, release or fail them, or "
+            "leave them to a takeover once the leases expire",
+        )
+        interrupted()
         task = self.task
         config = task.transfer.with_overrides(part_size, concurrency, threshold)
         leases = _Leases(self, [claim for claim, _ in batch])
@@ -216,7 +262,8 @@ class Agent:
             leases.renew, task.lease_seconds / 3, f"{len(batch)}-claims", task.store.runtime
         )
         with renewer:
-            uploaded = self._upload_many(batch, config, part_size is not None, leases)
+            uploaded = self._upload_many(batch, config, part_size is not None, leases, interrupted)
+        interrupted()  # the last checkpoint: past it the ready commits are sent
         return self._finish_many(uploaded)
 
     def _check_batch(
@@ -269,6 +316,7 @@ class Agent:
         config: transfer.TransferConfig,
         explicit: bool,
         leases: _Leases,
+        interrupted: Callable[[], None],
     ) -> list[tuple[Claim, Stored | Exception]]:
         """Every claim's data stored, ``config.concurrency`` at a time: where it landed, or
         the error that kept it from landing."""
@@ -279,9 +327,16 @@ class Agent:
         def one(claim: Claim, data: sources.Source) -> Stored | Exception:
             try:
                 return self._store_data(
-                    claim, data, config, explicit, None, lambda: leases.lost(claim), chunked
+                    claim,
+                    data,
+                    config,
+                    explicit,
+                    None,
+                    lambda: leases.lost(claim),
+                    chunked,
+                    interrupted,
                 )
-            except LeaseLost as e:
+            except (LeaseLost, Interrupted) as e:
                 return e
             except ObjManifestError as e:
                 try:
@@ -345,18 +400,22 @@ class Agent:
         progress: transfer.Progress | None,
         lost: Callable[[], LeaseLost | None],
         chunked: AbstractContextManager[object] | None = None,
+        interrupted: Callable[[], None] = lambda: None,
     ) -> Stored:
         """One object for small data, a chunked upload for large data (inside ``chunked``,
         which ``put_many`` uses to send one chunked entry at a time). ``lost`` says whether
-        the lease is known to be lost, so a chunked upload stops early."""
+        the lease is known to be lost, so a chunked upload stops early; ``interrupted``
+        raises once the caller asked to stop (checked before the data and between parts)."""
         task = self.task
 
         def stop() -> None:
             error = lost()
             if error is not None:
                 raise error
+            interrupted()
 
         with sources.open_source(data, config.threshold) as prepared:
+            stop()
             if prepared.single is not None:
                 key = task.layout.data(claim.stage, claim.file_id, claim.epoch)
                 return transfer.upload(task.store, key, prepared.single)
@@ -439,6 +498,7 @@ class Agent:
         concurrency: int | None = None,
         progress: transfer.Progress | None = None,
         parents: bool = False,
+        stop: threading.Event | None = None,
     ) -> bytes: ...
     @overload
     def consume(
@@ -450,6 +510,7 @@ class Agent:
         concurrency: int | None = None,
         progress: transfer.Progress | None = None,
         parents: bool = False,
+        stop: threading.Event | None = None,
     ) -> Entry: ...
 
     def consume(
@@ -461,6 +522,7 @@ class Agent:
         concurrency: int | None = None,
         progress: transfer.Progress | None = None,
         parents: bool = False,
+        stop: threading.Event | None = None,
     ) -> bytes | Entry:
         """Download and verify the data, then mark it consumed.
 
@@ -475,18 +537,29 @@ class Agent:
         each part is verified as it streams. Consuming again what this consumer consumed
         before returns the data again. A checksum mismatch moves the entry to failed, so it
         is produced again; ``ChecksumMismatch`` names the part.
+
+        ``stop`` (set from another thread) is checked while the data streams and once it is
+        verified, before it is put in place at ``dest`` and before it is marked: once set,
+        ``Interrupted`` is raised, nothing is marked and ``dest`` is as it was.
         """
         task = self.task
         if part_size is not None:
             transfer.check_part_size(part_size)
         target = None if dest is None else transfer.check_destination(dest, parents)
         config = task.transfer.with_overrides(concurrency=concurrency)
+        left = "" if dest is None else f" and {os.fspath(dest)!r} was left as it was"
+        interrupted = checkpoint(
+            stop,
+            f"the consume of {file_id!r} was stopped before it was marked: nothing was "
+            f"marked{left}; consume it again",
+        )
         for _ in range(5):
+            interrupted()
             entry = task.entry(file_id)
             consumer = self._consumer(entry)
             changes.check_consumable(entry, consumer)
             try:
-                result = self._fetch(entry, target, config, part_size, progress)
+                result = self._fetch(entry, target, config, part_size, progress, interrupted)
             except DataChanged:
                 continue  # produced again while we looked: read the new data
             except ChecksumMismatch as e:
@@ -501,6 +574,8 @@ class Agent:
                     f"reading the data of {file_id!r} from {task.store.describe(entry.key or '')} "
                     f"broke off ({e}); nothing was marked, consume it again"
                 ) from e
+            if target is None:
+                interrupted()  # with dest, checked before the file was put in place
             try:
                 marked = self._mark(entry, consumer)
             except DataChanged:
@@ -526,18 +601,25 @@ class Agent:
         config: transfer.TransferConfig,
         part_size: int | None,
         progress: transfer.Progress | None,
+        stop: Callable[[], None],
     ) -> bytes | Path:
         store = self.task.store
         if entry.is_chunked:
             return uploads.download(
-                self.task.uploads, entry, dest, config, range_size=part_size, progress=progress
+                self.task.uploads,
+                entry,
+                dest,
+                config,
+                range_size=part_size,
+                progress=progress,
+                stop=stop,
             )
         key, digest, size = entry.key, entry.checksum, entry.size
         assert key is not None and digest is not None and size is not None
         if dest is None:
-            result: bytes | Path = transfer.download(store, entry.file_id, key, digest, size)
+            result: bytes | Path = transfer.download(store, entry.file_id, key, digest, size, stop)
         else:
-            result = transfer.download_to(store, entry.file_id, key, digest, size, dest)
+            result = transfer.download_to(store, entry.file_id, key, digest, size, dest, stop)
         if progress is not None:
             progress(size, size)
         return result

@@ -186,6 +186,8 @@ class _Member(Generic[T, R]):
     command: Command[T, R]
     codec: Codec[T]
     over: str | None
+    started: float = 0.0
+    """When ``commit`` was called, on the runtime's monotonic clock."""
     done: bool = False
     result: Any = None
     error: BaseException | None = None
@@ -485,7 +487,7 @@ class Documents:
         with the others queued meanwhile in the next write (see the module's docstring).
         """
         lane = self._lane(key)
-        member: _Member[T, R] = _Member(command, codec, over)
+        member: _Member[T, R] = _Member(command, codec, over, self.store.runtime.monotonic())
         if lane.leader == threading.get_ident():
             # Called again from within this thread's write in flight: it goes alone, first.
             self._write(key, lane, [member])
@@ -618,6 +620,7 @@ class Documents:
         """Settle every member of a write that landed; each that changed the object gets
         the event of its own version."""
         changed = 0
+        landed_at = self.store.runtime.monotonic()
         for t in attempt.tried:
             if t.changed:
                 changed += 1
@@ -629,6 +632,7 @@ class Documents:
                     commit_id=attempt.commit_id,
                     at=attempt.at,
                     transitions=t.transitions,
+                    seconds=max(0.0, landed_at - t.member.started),
                 )
             t.member.settle(t.result, t.error)
         self.stats.count("commits", changed)

@@ -406,7 +406,9 @@ def _differences(
 def _rebuild_fields(was: Entry | None, entry: Entry) -> dict[str, Any]:
     """What a repair needs beyond state, epoch and checksum to rebuild ``entry`` from its
     journal, recorded only where it applies (so a record stays small): the data of an entry
-    that has some, the consumers' marks, and the declaration when the entry is new."""
+    that has some, the consumers' marks, when it was claimed and became ready (when that
+    changed), when it may be retried (while it waits), and the declaration when the entry
+    is new."""
     fields: dict[str, Any] = {}
     if entry.checksum is not None:
         fields.update(key=entry.key, size=entry.size)
@@ -416,6 +418,12 @@ def _rebuild_fields(was: Entry | None, entry: Entry) -> dict[str, Any]:
                 fields["whole_checksum"] = entry.whole_checksum
     if entry.consumed_by:
         fields["consumed_by"] = entry.consumed_by
+    for name in ("claimed_at", "ready_at"):
+        value = getattr(entry, name)
+        if value is not None and (was is None or getattr(was, name) != value):
+            fields[name] = value
+    if entry.retry_at is not None:
+        fields["retry_at"] = entry.retry_at
     if was is None:
         if entry.depends_on:
             fields["depends_on"] = entry.depends_on

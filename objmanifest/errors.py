@@ -79,6 +79,16 @@ class NotAConsumer(ObjManifestError):
     """The agent's role is not among the entry's declared consumers."""
 
 
+class Interrupted(ObjManifestError):
+    """A ``put``, ``put_many`` or ``consume`` given ``stop=`` saw it set at a checkpoint
+    (between the data and its commit, or between parts) and stopped before its commit.
+
+    Nothing was committed: a put's entry stays writing under its claim (put it again,
+    release or fail it, or leave it to a takeover once the lease expires); a consume
+    marked nothing and left ``dest`` as it was. ``objmanifest.aio`` raises it in the
+    thread of a cancelled coroutine."""
+
+
 # -- data -----------------------------------------------------------------------------------
 
 

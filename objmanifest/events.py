@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 log = logging.getLogger(__name__)
@@ -43,12 +43,18 @@ class Change:
     consumed_by: tuple[str, ...] | None = None
     depends_on: tuple[str, ...] | None = None
     consumers: tuple[str, ...] | None = None
+    # The times a stage's deadline and a retry backoff count from (store time): each set
+    # when the commit set it (``retry_at`` whenever the entry has one), so a rebuilt entry
+    # keeps them.
+    claimed_at: datetime | None = None
+    ready_at: datetime | None = None
+    retry_at: datetime | None = None
 
 
 @dataclass(frozen=True)
 class CommitEvent:
     """A commit that landed: the object, its new version, the named command and its actor,
-    the store's time it was decided at, and what it changed."""
+    the store's time it was decided at, what it changed, and how long it took."""
 
     key: str
     version: int | None
@@ -57,6 +63,11 @@ class CommitEvent:
     commit_id: str
     at: datetime
     transitions: tuple[Change, ...]
+    seconds: float = field(default=0.0, compare=False)
+    """From the call of ``commit`` (when it joined the CAS loop, waiting for a write in
+    flight included) to the write that landed, on the runtime's monotonic clock: the
+    commit latency metrics report. A measurement, not what happened, so equality ignores
+    it."""
 
 
 Observer = Callable[[CommitEvent], None]

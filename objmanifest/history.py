@@ -193,7 +193,12 @@ def record_dict(record: JournalRecord) -> dict[str, Any]:
     data = record.model_dump(exclude_none=True)
     data["at"] = record.at.isoformat()
     data["transitions"] = [
-        {k: v for k, v in vars(c).items() if v is not None} for c in record.transitions
+        {
+            k: v.isoformat() if isinstance(v, datetime) else v
+            for k, v in vars(c).items()
+            if v is not None
+        }
+        for c in record.transitions
     ]
     return data
 

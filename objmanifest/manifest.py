@@ -843,6 +843,29 @@ class Manifest:
         changed), 0.2 s apart at first, growing to 2 s. ``on_wait`` is called with the ids
         still outstanding before the first sleep.
         """
+        wanted = self._wait_plan(stages, until, timeout)
+        runtime = self.store.runtime
+        start = runtime.monotonic()
+        delay = WAIT_FIRST_DELAY
+        while True:
+            found, waiting = self._wait_round(wanted, until)
+            if not waiting:
+                return found
+            remaining = math.inf if timeout is None else start + timeout - runtime.monotonic()
+            if remaining <= 0:
+                raise self._wait_timeout(wanted, until, timeout, waiting)
+            if on_wait is not None:
+                on_wait(waiting)
+                on_wait = None
+            runtime.sleep(min(delay, remaining))
+            delay = min(delay * WAIT_GROWTH, WAIT_MAX_DELAY)
+
+    # The parts of ``wait``, shared with ``objmanifest.aio`` (which sleeps on its loop).
+
+    def _wait_plan(
+        self, stages: Iterable[str] | None, until: str, timeout: float | None
+    ) -> list[str]:
+        """The stages waited for, once the arguments are known to be good (no I/O)."""
         if isinstance(stages, str):
             raise InvalidInput(f"stages must be a list of stage names, not the string {stages!r}")
         wanted = list(self.stages if stages is None else dict.fromkeys(stages))
@@ -856,37 +879,35 @@ class Manifest:
             raise InvalidInput(
                 f"timeout must be a number of seconds from 0, or None, not {timeout!r}"
             )
-        runtime = self.store.runtime
-        start = runtime.monotonic()
-        delay = WAIT_FIRST_DELAY
-        while True:
-            found: dict[str, State] = {}
-            for stage in wanted:
-                shard = self.shard(stage)
-                found.update({fid: ref.state for fid, ref in (shard.archived or {}).items()})
-                found.update({fid: e.state for fid, e in shard.entries.items()})
-            waiting, dead = states.outstanding(found, until)
-            if dead:
-                raise DeadWaitedFor(
-                    f"{_some(dead)} of {', '.join(wanted)} {'is' if len(dead) == 1 else 'are'} "
-                    f"dead, so waiting for them to be {until} would never end: revive "
-                    "(`objmanifest revive`) or undeclare them, or stop waiting for them",
-                    tuple(dead),
-                )
-            if not waiting:
-                return found
-            remaining = math.inf if timeout is None else start + timeout - runtime.monotonic()
-            if remaining <= 0:
-                raise WaitTimeout(
-                    f"timed out after {timeout:g}s waiting for {len(waiting)} entries of "
-                    f"{', '.join(wanted)} to be {until}: {_some(waiting)}",
-                    tuple(waiting),
-                )
-            if on_wait is not None:
-                on_wait(waiting)
-                on_wait = None
-            runtime.sleep(min(delay, remaining))
-            delay = min(delay * WAIT_GROWTH, WAIT_MAX_DELAY)
+        return wanted
+
+    def _wait_round(self, wanted: list[str], until: str) -> tuple[dict[str, State], list[str]]:
+        """One look at the stages: every entry's state, and the ids not there yet;
+        ``DeadWaitedFor`` if one of them is dead."""
+        found: dict[str, State] = {}
+        for stage in wanted:
+            shard = self.shard(stage)
+            found.update({fid: ref.state for fid, ref in (shard.archived or {}).items()})
+            found.update({fid: e.state for fid, e in shard.entries.items()})
+        waiting, dead = states.outstanding(found, until)
+        if dead:
+            raise DeadWaitedFor(
+                f"{_some(dead)} of {', '.join(wanted)} {'is' if len(dead) == 1 else 'are'} "
+                f"dead, so waiting for them to be {until} would never end: revive "
+                "(`objmanifest revive`) or undeclare them, or stop waiting for them",
+                tuple(dead),
+            )
+        return found, waiting
+
+    @staticmethod
+    def _wait_timeout(
+        wanted: list[str], until: str, timeout: float | None, waiting: list[str]
+    ) -> WaitTimeout:
+        return WaitTimeout(
+            f"timed out after {timeout:g}s waiting for {len(waiting)} entries of "
+            f"{', '.join(wanted)} to be {until}: {_some(waiting)}",
+            tuple(waiting),
+        )
 
     def reap(self) -> list[Entry]:
         """Release every expired lease of the task; returns the entries released.

@@ -7,7 +7,8 @@ page mounts it). Every name starts with ``objmanifest_``; the README lists them.
 
 * Counters from commit events (only commits made through this process's ``Task`` object):
   commits by command, entry retries by command (``fail``, a takeover, a reaped lease, bad
-  data), takeovers, reaps, deaths, data bytes made ready (``up``) and consumed (``down``).
+  data), takeovers, reaps, deaths, data bytes made ready (``up``) and consumed (``down``);
+  and a histogram of commit latency by command (``CommitEvent.seconds``).
 * Counters from the CAS loop's own counts (``Documents.stats``): lost races (conflicts),
   lost answers, writes, grouped commits, reads and 304s.
 * Gauges read from the shards by ``task.status()`` when scraped, cached for
@@ -17,14 +18,21 @@ page mounts it). Every name starts with ``objmanifest_``; the README lists them.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, make_asgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from .events import CommitEvent
 from .model import State, TaskStatus
@@ -40,6 +48,26 @@ FAILURES = {"fail", "reap", "mismatch"}
 """Other commands that spend a retry (``release`` and ``revive`` do not)."""
 FINISHES = {"finish", "finish_many"}
 """Commands that make data ready: its bytes went up."""
+
+COMMIT_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+"""Upper bounds (seconds) of ``objmanifest_commit_seconds``: from a warm, uncontended PUT to
+a local server (about 1 ms) to a commit that waited out many lost races against a distant
+store (tens of seconds); slower ones fall in ``+Inf``."""
 
 STATS = (
     ("conflicts", "lost races of the CAS loop (a 412 on a conditional write)"),
@@ -70,6 +98,9 @@ class TaskMetrics(Collector):
         self._clock = clock
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._latency: dict[str, tuple[list[int], float]] = {}
+        """Command -> (commits per bucket of ``COMMIT_BUCKETS`` and +Inf, not cumulative;
+        the sum of their seconds)."""
         self._status: TaskStatus | None = None
         self._status_at = 0.0
         self.registry: CollectorRegistry | None = None
@@ -96,6 +127,9 @@ class TaskMetrics(Collector):
         command = event.command
         with self._lock:
             self._add("commits", (command,))
+            counts, total = self._latency.get(command) or ([0] * (len(COMMIT_BUCKETS) + 1), 0.0)
+            counts[bisect.bisect_left(COMMIT_BUCKETS, event.seconds)] += 1
+            self._latency[command] = (counts, total + event.seconds)
             for change in event.transitions:
                 before, after = change.before, change.after
                 if command in CLAIMS and before == State.writing.value:
@@ -139,8 +173,10 @@ class TaskMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         task_id = self.task.task_id
+        status = self.status()  # first: the reads it makes are in this scrape's counts
         with self._lock:
             counts = dict(self._counts)
+            latency = {c: (list(n), total) for c, (n, total) in self._latency.items()}
         families: dict[str, tuple[str, list[str]]] = {
             "commits": ("commits that landed, by command", ["command"]),
             "retries": (
@@ -158,12 +194,13 @@ class TaskMetrics(Collector):
                 if counted == name:
                     family.add_metric([task_id, *values], value)
             yield family
+        yield _histogram(task_id, latency)
         stats = self.task.docs.stats
         for name, doc in STATS:
             family = CounterMetricFamily(f"{PREFIX}cas_{name}", doc, labels=["task"])
             family.add_metric([task_id], float(getattr(stats, name)))
             yield family
-        yield from self._gauges(task_id, self.status())
+        yield from self._gauges(task_id, status)
 
     def _gauges(self, task_id: str, status: TaskStatus) -> Iterator[Metric]:
         entries = GaugeMetricFamily(
@@ -190,6 +227,45 @@ class TaskMetrics(Collector):
         yield attention
 
 
+class Combined(Collector):
+    """The metrics of several tasks (those ``sources()`` gives when scraped) as one
+    collector: each family once, carrying every task's samples (an exposition that names a
+    family twice is invalid)."""
+
+    def __init__(self, sources: Callable[[], Iterable[TaskMetrics]]) -> None:
+        self.sources = sources
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # collected lazily: registering must not read the store
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for metrics in self.sources():
+            for family in metrics.collect():
+                found = families.get(family.name)
+                if found is None:
+                    families[family.name] = family
+                else:
+                    found.samples.extend(family.samples)
+        yield from families.values()
+
+
+def _histogram(task_id: str, latency: dict[str, tuple[list[int], float]]) -> Metric:
+    family = HistogramMetricFamily(
+        f"{PREFIX}commit_seconds",
+        "seconds from a commit's call to its landed write (waiting for a write in flight and "
+        "lost races included), by command",
+        labels=["task", "command"],
+    )
+    for command, (counts, total) in sorted(latency.items()):
+        bounds = [*map(floatToGoString, COMMIT_BUCKETS), "+Inf"]
+        cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
+        family.add_metric(
+            [task_id, command], list(zip(bounds, map(float, cumulative), strict=True)), total
+        )
+    return family
+
+
 def register(
     task: Task,
     registry: CollectorRegistry | None = None,
@@ -214,4 +290,4 @@ def asgi_app(registry: CollectorRegistry) -> Any:
     return make_asgi_app(registry)
 
 
-__all__ = ["PREFIX", "TaskMetrics", "asgi_app", "register"]
+__all__ = ["COMMIT_BUCKETS", "PREFIX", "Combined", "TaskMetrics", "asgi_app", "register"]

@@ -24,6 +24,10 @@ rules (``RULES`` in the docs):
   become ``failed`` (claimable again, no retry counted), ``pending`` stays ``pending``,
   ``failed`` stays ``failed``, ``dead`` stays ``dead``.
 
+Every rebuilt entry keeps the times its records carried: when it was claimed and became
+ready (a stage's deadline counts from them) and, if it stays ``failed``, when its retry
+backoff ends; a fenced ``writing`` entry becomes claimable at once.
+
 What a record did not carry (consumers and dependencies of entries declared before the
 journal recorded them, the data key or size of an older record) is taken from the index or
 the data object where it can be, and named in the report where it cannot.
@@ -270,6 +274,9 @@ class _Seen:
     producer: str | None = None
     declared_at: datetime | None = None
     updated_at: datetime | None = None
+    claimed_at: datetime | None = None
+    ready_at: datetime | None = None
+    retry_at: datetime | None = None
     removed: bool = False
 
 
@@ -300,6 +307,10 @@ def replay(records: Iterable[JournalRecord]) -> dict[str, _Seen]:
             entry.part_size, entry.parts_key = change.part_size, change.parts_key
             entry.whole_checksum = change.whole_checksum
             entry.consumed_by = change.consumed_by or ()
+            # Recorded when they change (``retry_at`` whenever the entry has one).
+            entry.claimed_at = change.claimed_at or entry.claimed_at
+            entry.ready_at = change.ready_at or entry.ready_at
+            entry.retry_at = change.retry_at
     return seen
 
 
@@ -527,6 +538,8 @@ class Repairer:
             "consumers": consumers,
             "declared_at": s.declared_at,
             "updated_at": s.updated_at,
+            "claimed_at": s.claimed_at,
+            "ready_at": s.ready_at,
         }
         seen_state = s.state
         if seen_state == State.consumed.value:
@@ -579,6 +592,8 @@ class Repairer:
             state = State(seen_state)
             rule = f"{seen_state}: kept, at an epoch above any seen"
             error = s.error
+            if state is State.failed:
+                base["retry_at"] = s.retry_at  # its backoff goes on where it was
         else:
             state = State.pending
             rule = "only the index knows it: pending, at an epoch above any seen"

@@ -292,12 +292,20 @@ def _check(
         )
 
 
-def download(store: ObjectStore, file_id: str, key: str, expected: str, size: int) -> bytes:
-    """The verified bytes of one data object."""
+def download(
+    store: ObjectStore,
+    file_id: str,
+    key: str,
+    expected: str,
+    size: int,
+    stop: Callable[[], None] = lambda: None,
+) -> bytes:
+    """The verified bytes of one data object; ``stop`` may raise between chunks."""
     digest = checksum.Digest()
     buf = bytearray()
     with contextlib.closing(store.open(key)) as stream:
         for chunk in _chunks(stream):
+            stop()
             digest.update(chunk)
             buf += chunk
     _check(store, file_id, key, digest, expected, size)
@@ -390,16 +398,20 @@ def download_to(
     expected: str,
     size: int,
     dest: Destination,
+    stop: Callable[[], None] = lambda: None,
 ) -> Path:
     """Stream to a temporary file and put it in place only once verified: on a mismatch
-    nothing is written to ``dest``."""
+    nothing is written to ``dest``, nor when ``stop`` raises (between chunks, and once the
+    bytes are verified, before they are put in place)."""
     with writing(dest) as fd:
         digest = checksum.Digest()
         with contextlib.closing(store.open(key)) as stream:
             for chunk in _chunks(stream):
+                stop()
                 digest.update(chunk)
                 write_all(fd, chunk, digest.size - len(chunk))
         _check(store, file_id, key, digest, expected, size)
+        stop()
     return dest.target
 
 

@@ -6,15 +6,22 @@
 * Exceptions are defined in ``errors.py`` only.
 * Conditional updates of manifest objects are written by the CAS loop only.
 * ``shard_index`` knows nothing of ``objmanifest``.
+* ``objmanifest.aio`` makes no blocking call on its event loop.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import builtins
+import threading
+import uuid
 from pathlib import Path
 
 import pytest
+
+import objmanifest as om
+from objmanifest.aio import AsyncTask
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "objmanifest"
@@ -27,9 +34,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("states", "leases", "changes", "verbs"),
     ("transfer", "uploads", "deletion"),
     ("effects", "history", "archive", "retention", "gc", "manifest", "repair"),
-    ("agent", "task", "chunks", "metrics"),
+    ("agent", "task", "chunks", "metrics", "aio"),
     ("__init__", "servers", "styles"),
-    ("cli", "demo", "web", "__main__"),
+    ("cli", "demo", "web", "mcp", "__main__"),
 ]
 """Bottom to top: the first part of a module's name below ``objmanifest`` decides its layer."""
 
@@ -39,10 +46,11 @@ FUNCTION_IMPORTS = {
     ("objmanifest/demo/__init__.py", "main"),
     ("objmanifest/servers.py", "start_moto"),
     ("objmanifest/cli/web.py", "load_server"),
+    ("objmanifest/cli/mcp.py", "load_server"),
 }
 """Imports inside a function that are there on purpose, none of them to dodge a cycle: the
-demo's run machinery (startup time of every other command), moto and the web server's
-framework (optional extras)."""
+demo's run machinery (startup time of every other command), moto, the web server's
+framework and the MCP SDK (optional extras)."""
 
 BOTO_ALLOWED = {"objmanifest/store/s3.py", "objmanifest/servers.py", "objmanifest/demo/target.py"}
 
@@ -176,3 +184,94 @@ def test_shard_index_knows_nothing_of_objmanifest() -> None:
     for path in (ROOT / "shard_index").rglob("*.py"):
         assert "objmanifest" not in {t.split(".")[0] for t, _ in imported(path)}, rel(path)
         assert "import objmanifest" not in path.read_text()
+
+
+# -- objmanifest.aio: no blocking call on the event loop -----------------------------------------
+
+SYNC_OBJECTS = {"task", "agent", "store", "Task", "Agent", "Manifest"}
+"""Names whose methods do I/O: the sync Task, Agent and store a coroutine wraps."""
+
+PURE_ON_THE_LOOP = {"_wait_plan", "_wait_timeout"}
+"""Methods of the sync task that only check arguments or build an error (no I/O)."""
+
+
+def dotted(node: ast.AST) -> list[str]:
+    """``self.task.entry`` -> ["self", "task", "entry"]; [] for anything else."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        inner = dotted(node.value)
+        return [*inner, node.attr] if inner else []
+    return []
+
+
+def calls_on_the_loop(fn: ast.AsyncFunctionDef) -> list[ast.Call]:
+    """The calls a coroutine's own body makes (not those of a lambda or nested function,
+    which it hands to the executor)."""
+    found: list[ast.Call] = []
+    todo: list[ast.AST] = list(fn.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.Call):
+            found.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def blocking_calls(source: str) -> tuple[list[str], int]:
+    """Calls of the sync API made on the loop by the coroutines of ``source``, and how many
+    calls they hand to the pool (``….run(...)`` / ``….settle(...)``)."""
+    bad, pooled = [], 0
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.AsyncFunctionDef):
+            continue
+        for call in calls_on_the_loop(fn):
+            name = dotted(call.func)
+            if name[-1:] in (["run"], ["settle"]) and name[-2:-1] in (["_pool"], ["pool"]):
+                pooled += 1
+            elif SYNC_OBJECTS & set(name[:-1] or name) and name[-1] not in PURE_ON_THE_LOOP:
+                bad.append(f"line {call.lineno}: {'.'.join(name)}() in {fn.name}")
+    return bad, pooled
+
+
+def test_the_checker_sees_a_sync_call_made_on_the_loop() -> None:
+    planted = (
+        "async def status(self):\n    return self.task.status()\n"
+        "async def claim(self):\n    return await self._pool.run(lambda: self.agent.claim())\n"
+        "async def put(self, claim):\n    return Agent.put(self.agent, claim)\n"
+    )
+    bad, pooled = blocking_calls(planted)
+    assert [b.split(" in ")[1] for b in bad] == ["status", "put"] and pooled == 1
+
+
+def test_aio_coroutines_reach_the_sync_api_only_through_the_pool() -> None:
+    bad, pooled = blocking_calls((PACKAGE / "aio.py").read_text())
+    assert bad == [], f"objmanifest/aio.py blocks its event loop: {bad}"
+    assert pooled >= 30  # every call of the API, handed over
+
+
+def test_an_async_run_makes_no_store_call_on_the_loop_thread(tmp_path: Path) -> None:
+    """Every store call of a round trip (create, declare, claim, put, put_many, consume,
+    wait, status) is made from a pool thread, never the loop's."""
+    store = om.MemoryStore("architecture", f"aio-{uuid.uuid4().hex}")
+    threads: set[int] = set()
+    store.faults.hooks.append(lambda op, key: threads.add(threading.get_ident()))
+
+    async def main() -> int:
+        async with await AsyncTask.create(store, "t", ["a"], lease_seconds=30) as task:
+            await task.declare_many([(f"f{i}", "a") for i in range(3)])
+            agent = task.agent("p")
+            claim = await agent.claim("f0")
+            assert claim is not None
+            await agent.put(claim, b"x")
+            await agent.put_many(await agent.claim_many("a", limit=2), [b"y", b"z"])
+            await task.wait(["a"], timeout=30)
+            assert await agent.consume("f0") == b"x"
+            await agent.consume("f1", dest=tmp_path / "f1")
+            await task.status()
+            return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert threads and loop_thread not in threads

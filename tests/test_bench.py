@@ -58,6 +58,7 @@ def test_the_quick_suite_runs_every_benchmark_and_renders_its_report(tmp_path: P
         "size",
         "checksums",
         "transfer",
+        "aio",
     ):
         assert name in results, f"{name} did not report"
 
@@ -80,6 +81,9 @@ def test_the_quick_suite_runs_every_benchmark_and_renders_its_report(tmp_path: P
         assert p["encode_ms"] > 0 and p["encode_whole_ms"] > 0, p
     assert set(results["checksums"]["gib_per_s"]) == {"memory read", "xxh3-128", "SHA-256"}
     assert results["transfer"]["upload"]["ratio"] > 0
+    aio = results["aio"]["points"]
+    assert {(p["delay_ms"], p["workers"]) for p in aio} == {(d, w) for d in (0, 5) for w in (8, 32)}
+    assert all(p["ratio"] > 0 for p in aio), aio
 
     md = tmp_path / "B.md"
     md.write_text("# Benchmarks\n\nhand-written text\n")
@@ -104,6 +108,7 @@ def test_the_quick_suite_runs_every_benchmark_and_renders_its_report(tmp_path: P
     text = md.read_text()
     assert "hand-written text" in text
     assert "### Goals" in text and "### 3. Contention" in text and "### 5. Size" in text
+    assert "### 7. asyncio" in text
     # A second render replaces the block instead of adding another.
     subprocess.run(report.args, cwd=ROOT, capture_output=True, timeout=300, check=True)
     assert md.read_text().count("### Goals") == 1

@@ -329,6 +329,49 @@ def test_every_command_prints_one_json_object(cli: Cli, task: om.Task, tmp_path:
     assert consumed["state"] == "consumed" and got.read_bytes() == big.read_bytes()
 
 
+INIT = (
+    *("init", "collect", "write", "--lease", "60", "--retries", "2"),
+    *("--retry-backoff", "5", "--retry-backoff-max", "40", "--deadline", "collect=900"),
+    *("--partitions", "collect=4"),
+)
+
+
+@MOTO_ONLY
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"write": "write2"}, "stages is ['collect', 'write'] there, ['collect', 'write2'] given"),
+        ({"60": "61"}, "--lease is 60s there, 61s given"),
+        ({"2": "3"}, "--retries is 2 there, 3 given"),
+        ({"5": "6"}, "--retry-backoff is 5s there, 6s given"),
+        ({"40": "50"}, "--retry-backoff-max is 40s there, 50s given"),
+        ({"40": None}, "--retry-backoff-max is 40s there, 320s given"),  # 64 x 5 s
+        ({"collect=900": "collect=901"}, "--deadline collect is 900s there, 901s given"),
+        ({"collect=900": "write=900"}, "--deadline collect is 900s there, not set given"),
+        ({"collect=4": "collect=2"}, "another shard layout: one shard per stage (collect in 4"),
+    ],
+)
+def test_init_exist_ok_refuses_each_other_setting_by_name(
+    cli: Cli, store: om.Store, change: dict[str, str | None], named: str
+) -> None:
+    made = cli.json(*INIT)
+    again = cli.json(*INIT, "--exist-ok")
+    assert again["created"] is False and again["creation_id"] == made["creation_id"]
+    args: list[str] = []
+    for arg in INIT:
+        if arg in change:
+            replaced = change[arg]
+            if replaced is None:
+                args.pop()  # the option too
+                continue
+            arg = replaced
+        args.append(arg)
+    refused = cli.json(*args, "--exist-ok", code=E.ALREADY_EXISTS)
+    assert refused["error"] == "AlreadyExists" and named in refused["message"], refused
+    header = om.Task.open(store, "job").header
+    assert header.creation_id == made["creation_id"]  # the task as it was, nothing written
+
+
 @MOTO_ONLY
 def test_overdue_and_dead_entries_stand_out_and_reap_releases_them(
     cli: Cli, store: om.Store

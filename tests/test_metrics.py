@@ -5,7 +5,9 @@ through the registry and its ASGI app."""
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -86,6 +88,12 @@ def test_values_after_a_scripted_run_match_what_happened(store: om.Store) -> Non
     assert (commits["finish"], commits["fail"], commits["consume"]) == (2, 2, 1)
     for command, n in commits.items():
         assert value(registry, "objmanifest_commits_total", command=command) == n
+        # Every commit in the latency histogram of its command, each having taken some time.
+        assert value(registry, "objmanifest_commit_seconds_count", command=command) == n
+        inf = value(registry, "objmanifest_commit_seconds_bucket", command=command, le="+Inf")
+        assert inf == n
+        assert (value(registry, "objmanifest_commit_seconds_sum", command=command) or 0) > 0
+    assert value(registry, "objmanifest_commit_seconds_count", command="revive") is None
     assert value(registry, "objmanifest_retries_total", command="fail") == 2
     assert value(registry, "objmanifest_retries_total", command="claim") == 1
     assert value(registry, "objmanifest_retries_total", command="reap") == 1
@@ -110,6 +118,7 @@ def test_values_after_a_scripted_run_match_what_happened(store: om.Store) -> Non
 
     text = asyncio.run(scrape(om.metrics.asgi_app(registry)))
     assert 'objmanifest_takeovers_total{task="job"} 1.0' in text
+    assert 'objmanifest_commit_seconds_count{command="fail",task="job"} 2.0' in text
     assert 'objmanifest_entries{stage="a",state="dead",task="job"} 1.0' in text
 
     metrics.stop()
@@ -127,6 +136,48 @@ def test_the_status_gauges_are_cached(task: om.Task) -> None:
     assert value(registry, "objmanifest_entries", stage="collect", state="pending") == 1
     metrics.cache_seconds = 0
     assert value(registry, "objmanifest_entries", stage="collect", state="pending") == 2
+
+
+def test_commit_latency_falls_in_the_first_bucket_that_holds_it(task: om.Task) -> None:
+    registry = CollectorRegistry()
+    metrics = om.metrics.register(task, registry=registry, cache_seconds=3600)
+    at = task.store.now()
+    for seconds in (0.0005, 0.001, 0.0011, 30.0, 31.0):
+        metrics.observe(om.CommitEvent("k", 1, "claim", "ann", "c", at, (), seconds))
+
+    def bucket(le: str) -> float | None:
+        return value(registry, "objmanifest_commit_seconds_bucket", command="claim", le=le)
+
+    assert om.metrics.COMMIT_BUCKETS[0] == 0.001 and om.metrics.COMMIT_BUCKETS[-1] == 30.0
+    assert (bucket("0.001"), bucket("0.0025"), bucket("10.0"), bucket("30.0")) == (2, 3, 3, 4)
+    assert bucket("+Inf") == 5
+    total = value(registry, "objmanifest_commit_seconds_sum", command="claim")
+    assert total == pytest.approx(0.0005 + 0.001 + 0.0011 + 30.0 + 31.0)
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_the_readme_lists_every_metric_with_its_labels(task: om.Task) -> None:
+    registry = CollectorRegistry()
+    om.metrics.register(task, registry=registry, cache_seconds=0)
+    task.declare("a", stage="collect")
+    claim = task.agent("ann").claim("a")
+    assert claim is not None
+    task.agent("ann").put(claim, b"abc")
+    task.agent("bob").consume("a")
+    exposed: dict[str, set[str]] = {}
+    for family in registry.collect():
+        suffix = "_total" if family.type == "counter" else ""
+        labels = exposed.setdefault(family.name + suffix, set())
+        for found in family.samples:
+            labels.update(set(found.labels) - {"task"})
+    rows = re.findall(r"^\| `(objmanifest_\w+)` \|[^|]+\|([^|]*)\|", README.read_text(), re.M)
+    listed = {name: set(re.findall(r"`(\w+)`", labels)) for name, labels in rows}
+    assert set(listed) == set(exposed)
+    for name, labels in exposed.items():
+        assert labels <= listed[name], name  # those a sample had here, at least
+    assert listed["objmanifest_commit_seconds"] == {"command", "le"}
 
 
 async def scrape(app: Any) -> str:

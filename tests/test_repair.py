@@ -176,6 +176,61 @@ def test_a_damaged_shard_is_rebuilt_from_its_journal(store: om.Store, how: str) 
     finish_pipeline(reopened, p.data)
 
 
+TIMES = ("claimed_at", "ready_at", "retry_at")
+
+
+@pytest.mark.stage_layout
+def test_a_rebuilt_shard_keeps_claim_ready_and_retry_times(store: om.Store) -> None:
+    """Deadlines count from ``claimed_at`` and ``ready_at``, a backoff ends at ``retry_at``:
+    a shard deleted and rebuilt from its journal keeps each, so none starts over."""
+    task = om.Task.create(
+        store,
+        "job",
+        stages=["collect", "write"],
+        lease_seconds=600,
+        retry_backoff=3600,
+        deadlines={"collect": 1800},
+    )
+    task.declare_many([{"file_id": f, "stage": "collect"} for f in ("r", "c", "f", "w")])
+    a = task.agent("a")
+    for f in ("r", "c"):
+        claim = a.claim(f)
+        assert claim is not None
+        a.put(claim, f"bytes of {f}".encode())
+    task.agent("reader").consume("c")
+    failing = a.claim("f")
+    assert failing is not None
+    a.fail(failing, "boom")
+    held = a.claim("w")
+    assert held is not None
+    while task.shard("collect").version < BLOCK:  # renewals, until a journal block is whole
+        held = a.renew(held)
+    task.flush_journal()
+    before = {f: task.entry(f) for f in ("r", "c", "f", "w")}
+    assert all(before[f].ready_at is not None for f in ("r", "c"))
+    assert before["f"].retry_at is not None and before["w"].claimed_at is not None
+
+    damage(store, task.shard_key("collect"), "delete")
+    reopened = om.Task.open(store, "job")
+    (obj,) = reopened.repair().objects
+    assert obj.action == "rebuilt" and obj.records == BLOCK
+    after = {f: reopened.entry(f) for f in before}
+    for f in ("r", "c", "f"):
+        assert after[f].state is before[f].state, f
+        assert [getattr(after[f], t) for t in TIMES] == [getattr(before[f], t) for t in TIMES]
+    # The fenced holder's entry is failed, claimable at once, and remembers its claim.
+    assert after["w"].state is om.State.failed and after["w"].retry_at is None
+    assert after["w"].claimed_at == before["w"].claimed_at
+    with pytest.raises(om.NotClaimable, match="backing off until"):
+        reopened.agent("b").claim("f")
+    # Rebuilt again (the repair's own record carries the times): still the same.
+    damage(store, reopened.shard_key("collect"), "garble")
+    again = om.Task.open(store, "job")
+    again.repair()
+    for f in ("r", "c", "f"):
+        assert [getattr(again.entry(f), t) for t in TIMES] == [getattr(before[f], t) for t in TIMES]
+
+
 @pytest.mark.parametrize("how", ["delete", "garble"])
 @pytest.mark.stage_layout
 def test_a_damaged_index_is_rebuilt_from_the_shards(store: om.Store, how: str) -> None:

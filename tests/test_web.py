@@ -15,6 +15,7 @@ from urllib.parse import quote
 import pytest
 import rawstore
 from conftest import requests
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 import objmanifest as om
@@ -171,6 +172,38 @@ def test_the_board_counts_throughput_from_the_journal(job: om.Task) -> None:
 
 
 # -- a stage's entries ---------------------------------------------------------------------
+
+
+def test_backoff_and_deadline_times_are_shown_as_status_gives_them(store: om.Store) -> None:
+    task = om.Task.create(
+        store, "timed", stages=["collect"], retry_backoff=3600, deadlines={"collect": 3600}
+    )
+    task.declare_many([{"file_id": f, "stage": "collect"} for f in ("done", "broke")])
+    agent = task.agent("ann")
+    claim = agent.claim("done")
+    assert claim is not None
+    agent.put(claim, b"data")
+    claim = agent.claim("broke")
+    assert claim is not None
+    agent.fail(claim, "boom")
+    client = client_for(Site(store, "timed", interval=0))
+    board = client.get("/api/tasks/timed").json()
+    status = task.status()
+    assert board["attention"]["backing_off"] == [
+        n.model_dump(mode="json") for n in status.backing_off
+    ]
+    assert [n["file_id"] for n in board["attention"]["backing_off"]] == ["broke"]
+    rows = {
+        r["file_id"]: r for r in client.get("/api/tasks/timed/stages/collect").json()["entries"]
+    }
+    for fid, row in rows.items():
+        entry = task.entry(fid)
+        for name in ("claimed_at", "ready_at", "retry_at"):
+            value = getattr(entry, name)
+            assert row[name] == (value.isoformat() if value is not None else None), (fid, name)
+    assert rows["broke"]["retry_at"] is not None and rows["done"]["ready_at"] is not None
+    tasks = client_for(Site(store, None, interval=0)).get("/api/tasks").json()["tasks"]
+    assert [t["attention"] for t in tasks if t["task_id"] == "timed"] == [1]
 
 
 def test_a_stages_entries_show_holder_epoch_lease_retries_size_and_checksum(job: om.Task) -> None:
@@ -441,12 +474,61 @@ def _attr(text: str) -> str:
     )
 
 
+# -- /metrics -------------------------------------------------------------------------------
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample of a Prometheus exposition; None if it has none."""
+    for family in text_string_to_metric_families(text):
+        for found in family.samples:
+            if found.name == name and found.labels == labels:
+                return float(found.value)
+    return None
+
+
+def test_metrics_give_the_served_tasks_entries_per_stage_and_state(job: om.Task) -> None:
+    answer = client_for(Site(job.store, "job", interval=0)).get("/metrics")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/plain")
+    assert answer.headers["cache-control"] == "no-store"
+    text = answer.text
+    status = job.status()
+    for stage, counts in status.stages.items():
+        for state, n in counts.items():
+            labels = {"task": "job", "stage": stage, "state": state}
+            assert sample(text, "objmanifest_entries", **labels) == n, (stage, state)
+    assert sample(text, "objmanifest_attention_entries", task="job", stage="collect", kind="dead")
+    assert sample(text, "objmanifest_cas_reads_total", task="job")  # what the server read
+    # The server commits nothing: its commit counters have no samples.
+    assert "# TYPE objmanifest_commits_total counter" in text
+    assert "objmanifest_commits_total{" not in text
+    assert "objmanifest_commit_seconds_count{" not in text
+
+
+def test_metrics_without_a_task_cover_every_task_each_family_once(job: om.Task) -> None:
+    other = om.Task.create(job.store, "other", stages=["only"])
+    other.declare("x", stage="only")
+    text = client_for(Site(job.store, None, interval=0)).get("/metrics").text
+    assert text.count("# TYPE objmanifest_entries gauge") == 1
+    assert sample(text, "objmanifest_entries", task="other", stage="only", state="pending") == 1
+    assert sample(text, "objmanifest_entries", task="job", stage="collect", state="ready") == 1
+
+
+def test_metrics_need_the_token_once_one_is_set(job: om.Task) -> None:
+    client = client_for(Site(job.store, "job", interval=0), token=TOKEN)
+    refused = client.get("/metrics")
+    assert refused.status_code == 401 and "objmanifest_" not in refused.text
+    assert client.get("/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
+    ok = client.get("/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+    assert ok.status_code == 200 and "objmanifest_entries{" in ok.text
+
+
 # -- who may look ----------------------------------------------------------------------------
 
 
 def test_every_request_needs_the_token_once_one_is_set(job: om.Task) -> None:
     client = client_for(Site(job.store, "job", interval=0), token=TOKEN)
-    for path in ("/", "/api/tasks/job", "/static/app.js", "/api", "/nope"):
+    for path in ("/", "/api/tasks/job", "/static/app.js", "/api", "/metrics", "/nope"):
         refused = client.get(path)
         assert refused.status_code == 401, path
         assert "?token=" in refused.text
@@ -532,6 +614,7 @@ def test_no_response_carries_a_credential(job: om.Task, secrets: list[str]) -> N
         api_path("job", "out/r.md"),
         "/static/app.js",
         "/static/style.css",
+        "/metrics",
         "/tasks/nothing",
         "/api/tasks/job/stages/nope",
     ]

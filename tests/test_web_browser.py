@@ -1,7 +1,8 @@
 """The status page in a real browser: Debian's headless Chromium, driven by Playwright with
 the system browser (``scripts/test.sh`` installs the ``chromium`` package; no browser is
 downloaded). The board is loaded while agents run a pipeline in a thread against a moto
-server; its counts change without a reload; an entry's page is reached by clicking, shows
+server; its counts change without a reload; once idle, every poll is conditional (it sends
+the last ETag) and gets a 304; an entry's page is reached by clicking, shows
 its history and lineage graph, and a hostile file id is shown as text, never run.
 
 Screenshots go to the test's tmp directory; set ``OBJMANIFEST_WEB_SCREENSHOTS=DIR`` to keep
@@ -126,6 +127,19 @@ def test_the_board_updates_live_and_leads_to_an_entrys_history_and_lineage(
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
             page.on("pageerror", lambda e: errors.append(str(e)))
+            polls: list[tuple[str | None, int, str | None]] = []
+            """The board's API calls: the If-None-Match sent, the status, the ETag answered."""
+            board_api = url + "api/tasks/report-0001"
+            page.on(
+                "response",
+                lambda r: (
+                    polls.append(
+                        (r.request.headers.get("if-none-match"), r.status, r.headers.get("etag"))
+                    )
+                    if r.url == board_api
+                    else None
+                ),
+            )
             page.set_default_timeout(WAIT_MS)
 
             # The board, before the agents start.
@@ -166,6 +180,18 @@ def test_the_board_updates_live_and_leads_to_an_entrys_history_and_lineage(
             blocked = page.inner_text("section[data-kind=blocked]")
             assert "draft/part-3.md" in blocked and REPORT in blocked
             assert page.evaluate("window.__loaded_once") is True
+            # Idle now: every poll is conditional, and an unchanged board is a 304.
+            idle = len(polls)
+            until(
+                page, "three 304s in a row", lambda: [p[1] for p in polls[idle:]][-3:] == [304] * 3
+            )
+            etag = None  # each poll sends the ETag of the last board it was given
+            for sent, status, answered in polls:
+                assert sent == etag and status in (200, 304), (sent, etag, status)
+                if status == 200:
+                    assert answered is not None
+                    etag = answered
+            assert polls[0][1] == 200 and len(polls) > 3
             page.wait_for_timeout(400)  # a refresh or two more, then the picture
             page.screenshot(path=str(tmp_path / "board.png"), full_page=True)
 

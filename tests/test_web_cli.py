@@ -82,6 +82,9 @@ def test_it_serves_a_tasks_board_and_the_tasks_under_the_url(cli: Cli) -> None:
         assert status == 200 and b'data-view="board"' in page
         status, _ = get(url + "api/tasks/job/stages/collect")
         assert status == 200
+        status, body = get(url + "metrics")
+        assert status == 200
+        assert b'objmanifest_entries{stage="collect",state="pending",task="job"} 1.0' in body
     with web(cli, OBJMANIFEST_TASK="") as (url, _):
         status, body = get(url + "api/tasks")
         assert [t["task_id"] for t in json.loads(body)["tasks"]] == ["job"]
@@ -94,8 +97,11 @@ def test_a_token_is_checked_on_every_request_and_never_printed(cli: Cli) -> None
     with web(cli, OBJMANIFEST_WEB_TOKEN=TOKEN) as (url, _):
         assert get(url + "api/tasks/job")[0] == 401
         assert get(url)[0] == 401
+        assert get(url + "metrics")[0] == 401
         ok, body = get(url + "api/tasks/job", {"Authorization": f"Bearer {TOKEN}"})
         assert ok == 200 and TOKEN.encode() not in body
+        ok, body = get(url + "metrics", {"Authorization": f"Bearer {TOKEN}"})
+        assert ok == 200 and b"objmanifest_entries{" in body
 
 
 def test_a_task_that_does_not_exist_is_refused_at_start(cli: Cli) -> None:

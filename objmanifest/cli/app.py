@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from .. import demo
-from . import batch, commands, serve, storecheck, web
+from . import batch, commands, mcp, serve, storecheck, web
 from .exits import ExitCode, Stopped, UsageError
 from .output import Output
 from .parser import parse
@@ -45,6 +45,7 @@ HANDLERS: dict[str, Handler] = {
     "tasks": commands.cmd_tasks,
     "delete": commands.cmd_delete,
     "web": web.cmd_web,
+    "mcp": mcp.cmd_mcp,
     "doctor": storecheck.cmd_doctor,
     "iam-policy": storecheck.cmd_iam_policy,
 }

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 import objmanifest as om
 from objmanifest.cas import Codec
 from objmanifest.history import record_dict, transitions_of
-from objmanifest.manifest import check_retention, check_settings
+from objmanifest.manifest import check_retention, check_settings, check_timing
 from objmanifest.model import TaskHeader
 
 from . import progress
@@ -189,15 +189,38 @@ def _stage_values(option: str, given: list[tuple[str, float]] | None) -> dict[st
 
 
 def _same_settings(task: om.Task, args: argparse.Namespace) -> om.Task:
-    wanted = (tuple(args.stages), float(args.lease), int(args.retries))
-    found = (task.stages, task.lease_seconds, task.max_retries)
-    if wanted != found:
-        raise om.AlreadyExists(
-            f"task {task.task_id!r} already exists with other settings: stages "
-            f"{list(found[0])}, lease {found[1]:g}s, {found[2]} retries"
-        )
-    # The shard layout, compared always (it decides where every entry lives).
+    """``task`` if its header has the settings this ``init`` gives, else ``AlreadyExists``
+    (exit 9) naming the first that differs: a rerun with other settings must not go on
+    quietly with the old ones. Stages, lease, retries, retry backoff and its cap, deadlines
+    and the shard layout are compared always (their defaults included); journal retention
+    only when given."""
     header = task.header
+    backoff, backoff_max, deadlines = check_timing(
+        args.retry_backoff,
+        args.retry_backoff_max,
+        _stage_values("--deadline", args.deadline),
+        args.stages,
+    )
+    given = header.model_copy(update={"retry_backoff": backoff, "retry_backoff_max": backoff_max})
+    settings: list[tuple[str, object, object]] = [
+        ("stages", list(header.stages), list(args.stages)),
+        ("--lease", header.lease_seconds, float(args.lease)),
+        ("--retries", header.max_retries, int(args.retries)),
+        ("--retry-backoff", header.retry_backoff or 0.0, backoff or 0.0),
+        ("--retry-backoff-max", header.backoff_cap, given.backoff_cap),
+        *(
+            (
+                f"--deadline {stage}",
+                (header.deadlines or {}).get(stage),
+                (deadlines or {}).get(stage),
+            )
+            for stage in task.stages
+        ),
+    ]
+    for option, found, wanted in settings:
+        if found != wanted:
+            raise _other_settings(task, option, _shown(found), _shown(wanted))
+    # The shard layout (it decides where every entry lives).
     wanted_layout = (
         "task" if args.layout == "task" else None,
         {s: n for s, n in (_partitions(args) or {}).items() if n > 1},
@@ -206,19 +229,33 @@ def _same_settings(task: om.Task, args: argparse.Namespace) -> om.Task:
     if wanted_layout != found_layout:
         raise om.AlreadyExists(
             f"task {task.task_id!r} already exists with another shard layout: "
-            f"{describe_layout(header)}"
+            f"{describe_layout(header)}; give init the same --partitions and --layout, or "
+            "pick another --task"
         )
     # Journal retention, compared when given: a rerun without the options still goes on.
-    for option, given, kept in (
+    for option, given_value, kept in (
         ("--journal-keep-seconds", args.journal_keep_seconds, header.journal_keep_seconds),
         ("--journal-keep-versions", args.journal_keep_versions, header.journal_keep_versions),
     ):
-        if given is not None and given != kept:
-            raise om.AlreadyExists(
-                f"task {task.task_id!r} already exists with other settings: {option} "
-                f"{kept if kept is not None else 'not set'}"
+        if given_value is not None and given_value != kept:
+            raise _other_settings(
+                task, option, kept if kept is not None else "not set", given_value
             )
     return task
+
+
+def _shown(value: object) -> str:
+    """A setting as a message shows it: seconds as ``900s``, a deadline not set as ``none``."""
+    if value is None:
+        return "not set"
+    return f"{value:g}s" if isinstance(value, float) else str(value)
+
+
+def _other_settings(task: om.Task, option: str, found: object, wanted: object) -> om.AlreadyExists:
+    return om.AlreadyExists(
+        f"task {task.task_id!r} already exists with other settings: {option} is {found} "
+        f"there, {wanted} given; give init the task's settings, or pick another --task"
+    )
 
 
 # -- declare -----------------------------------------------------------------------------

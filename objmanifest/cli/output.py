@@ -65,6 +65,29 @@ def iso(value: datetime | None) -> str:
     return value.isoformat() if value is not None else "-"
 
 
+def error_message(error: BaseException) -> str:
+    """The one-line message of ``error``: an unexpected one is prefixed by its type."""
+    message = str(error) or type(error).__name__
+    if not expected(error):
+        message = f"{type(error).__name__}: {message}"
+    if isinstance(error, KeyboardInterrupt):
+        message = "interrupted by a signal"
+    elif isinstance(error, Stopped):
+        message = f"stopped by {error}"
+    return message
+
+
+def error_json(error: BaseException) -> dict[str, Any]:
+    """``error`` as ``--json`` reports it (``objmanifest mcp`` reports tool errors so too)."""
+    outcome = classify(error)
+    return {
+        "error": type(error).__name__,
+        "message": error_message(error),
+        "exit_code": int(outcome.code),
+        **outcome.fields,
+    }
+
+
 class Output:
     """Where results, messages and errors go for one invocation."""
 
@@ -125,26 +148,12 @@ class Output:
     def error(self, error: BaseException, debug: bool = False) -> int:
         """Report ``error`` in one line (or one JSON object) and return its exit code."""
         outcome = classify(error)
-        message = str(error) or type(error).__name__
-        if not expected(error):
-            message = f"{type(error).__name__}: {message}"
-        if isinstance(error, KeyboardInterrupt):
-            message = "interrupted by a signal"
-        elif isinstance(error, Stopped):
-            message = f"stopped by {error}"
         if debug:
             traceback.print_exception(type(error), error, error.__traceback__, file=self.stderr)
         if self.json_mode:
-            self.emit_json(
-                {
-                    "error": type(error).__name__,
-                    "message": message,
-                    "exit_code": int(outcome.code),
-                    **outcome.fields,
-                }
-            )
+            self.emit_json(error_json(error))
         else:
-            self._error_line(error, outcome.label, message, debug)
+            self._error_line(error, outcome.label, error_message(error), debug)
         return int(outcome.code)
 
     def _error_line(self, error: BaseException, label: str, message: str, debug: bool) -> None:

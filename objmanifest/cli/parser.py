@@ -652,6 +652,51 @@ def _web(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
 
 
+def _mcp(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """The MCP server for LLM agents (issue 14)."""
+    p = sub.add_parser(
+        "mcp",
+        parents=parents,
+        help="serve the task as MCP tools for an LLM agent (needs objmanifest[mcp])",
+        description="A Model Context Protocol server on stdio (or streamable HTTP on "
+        "127.0.0.1 with --http): status, show, declare, claim, put, renew, fail, release, "
+        "consume, log and lineage as tools, for one agent. The server keeps its claims' "
+        "epochs and renews their leases, for at most --max-hold seconds each, then releases "
+        "them (no retry spent) and tells the model; local paths stay inside --root, inline "
+        "content within 1 MiB of UTF-8. Claims still held when it stops are released.",
+    )
+    add_agent(p, role=True)
+    p.add_argument(
+        "--root",
+        default=".",
+        metavar="DIR",
+        help="the directory the tools may read and write files in (default: the working "
+        "directory); paths outside it, '..' and symlinks leading out are refused",
+    )
+    p.add_argument(
+        "--max-hold",
+        type=hold_seconds,
+        default=900.0,
+        metavar="SECONDS",
+        help="release a claim held this long, without spending a retry (default 900)",
+    )
+    p.add_argument(
+        "--http",
+        type=web_port,
+        metavar="PORT",
+        help="serve streamable HTTP at http://127.0.0.1:PORT/mcp instead of stdio (0: any "
+        "free port, printed once it listens)",
+    )
+
+
+def hold_seconds(text: str) -> float:
+    """``mcp --max-hold``: above 0, at most a day."""
+    value = seconds(text)
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 86400 seconds, not {text}")
+    return value
+
+
 def _demo(sub: Any) -> None:
     """``demo`` takes its options from ``objmanifest.demo``.
 
@@ -803,6 +848,7 @@ def build(argv: Sequence[str] = ()) -> Parser:
     _retention(sub, parents)
     _gc(sub, parents)
     _web(sub, parents)
+    _mcp(sub, parents)
     _store_checks(sub, parents)
     return parser
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,13 +96,15 @@ def download(
     *,
     range_size: int | None = None,
     progress: Progress | None = None,
+    stop: Callable[[], None] = lambda: None,
 ) -> bytes | Path:
     """Fetch a chunked entry with parallel ranged GETs, verifying each part as it streams.
 
     With ``dest`` the bytes go to a temporary file (``os.pwrite`` at each part's offset)
     that is put in place only once every part matched (``transfer.writing``); without, they are
     returned. A part is fetched in ranges of at most ``range_size`` bytes, resuming after a
-    broken connection where it stopped; it is verified whole.
+    broken connection where it stopped; it is verified whole. ``stop`` may raise between
+    chunks of every part, and once the bytes are verified, before they are put in place.
     """
     parts, whole = _load(scope, entry)
     assert entry.key is not None and entry.size is not None
@@ -111,7 +114,7 @@ def download(
             f"{entry.file_id!r}: {scope.store.describe(entry.key)} holds {head.size} bytes, "
             f"but the manifest recorded {entry.size}"
         )
-    fetch = _Fetch(scope.store, entry, parts, config, range_size, progress)
+    fetch = _Fetch(scope.store, entry, parts, config, range_size, progress, stop)
     if dest is None:
         memory = _MemorySink(entry.size)
         fetch.run(memory)
@@ -120,6 +123,7 @@ def download(
     with transfer.writing(dest, entry.size) as fd:
         fetch.run(_FileSink(fd))
         _check_whole(scope.store, entry, fetch, whole)
+        stop()
     return dest.target
 
 
@@ -199,6 +203,7 @@ class _Fetch:
         config: TransferConfig,
         range_size: int | None,
         progress: Progress | None,
+        stop: Callable[[], None] = lambda: None,
     ) -> None:
         assert entry.key is not None and entry.part_size is not None
         self.store, self.entry, self.key, self.parts = store, entry, entry.key, parts
@@ -207,6 +212,7 @@ class _Fetch:
         self.runtime: Runtime = store.runtime
         self.concurrency = max(1, min(config.concurrency, store.connections, len(parts)))
         self.progress = progress
+        self.stop = stop
         self.cancelled = threading.Event()
         self.whole: InOrder | None = None
 
@@ -267,6 +273,7 @@ class _Fetch:
             while cursor.position < end:
                 if self.cancelled.is_set():
                     raise Cancelled()
+                self.stop()
                 chunk = body.read(min(transfer.READ_CHUNK, end - cursor.position))
                 if not chunk:
                     raise ChecksumMismatch(

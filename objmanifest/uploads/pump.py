@@ -78,7 +78,8 @@ class Sender(Protocol):
     whole: InOrder
 
     def stop(self) -> None:
-        """Raise ``LeaseLost`` once the lease is known to be lost."""
+        """Raise ``LeaseLost`` once the lease is known to be lost, ``Interrupted`` once the
+        caller asked the put to stop."""
         ...
 
     def advance(self, size: int) -> None: ...

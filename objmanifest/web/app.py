@@ -14,6 +14,7 @@ Routes (all GET or HEAD; anything else is refused with 405, the page is read-onl
 ``/api/tasks/{task}``                      the board's data
 ``/api/tasks/{task}/stages/{stage}``       entries (``?state=&agent=&limit=&offset=``)
 ``/api/tasks/{task}/entries/{file_id}``    an entry, its history, lineage and its layout
+``/metrics``                               the served tasks' metrics, Prometheus text
 =========================================  ===============================================
 
 Every API answer has an ETag (of everything but ``store_time``) and ``Cache-Control:
@@ -21,8 +22,9 @@ no-cache``; a request with a matching ``If-None-Match`` gets a 304 without a bod
 how the page polls. Errors are JSON: ``{"error": TYPE, "message": ...}`` with 400 (invalid
 input), 404 (no such task, stage or entry), 502 (the store failed) or 500.
 
-``create_app(site, token=..., routes=[...])`` takes extra routes (a ``/metrics`` mount,
-say), which sit behind the same gate.
+``create_app(site, token=..., routes=[...])`` takes extra routes, which sit behind the same
+gate (``/metrics`` too). The server commits nothing, so on ``/metrics`` its commit counters
+stay at zero: the entries per stage and state, and the attention gauges, are what it shows.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlencode
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
@@ -57,6 +60,8 @@ SECURITY_HEADERS = {
     "x-frame-options": "DENY",
     "cross-origin-resource-policy": "same-origin",
 }
+
+NO_STORE = {"cache-control": "no-store"}
 
 AUTH_HELP = (
     "this server needs its token: open any page once with ?token=TOKEN (a cookie then "
@@ -204,8 +209,10 @@ def create_app(
 ) -> Starlette:
     """The app serving ``site``. ``token``: required on every request (see ``Gate``);
     without one, only requests whose ``Host`` is a loopback name (or one of ``hosts``) are
-    answered. ``routes`` are added behind the same gate (a ``/metrics`` mount, say)."""
+    answered. ``routes`` are added behind the same gate."""
     static = pages.static_files()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(site.metrics())
     version = pages.asset_version(static)
     where = site.store.url
 
@@ -290,6 +297,15 @@ def create_app(
     def api_entry(request: Request) -> Response:
         return _json(request, site.entry(request.path_params["task_id"], file_id_of(request)))
 
+    def metrics(request: Request) -> Response:
+        try:
+            body = generate_latest(registry)
+        except om.ObjManifestError as e:
+            return PlainTextResponse(
+                f"objmanifest web: {e}\n", status_code=error_status(e), headers=NO_STORE
+            )
+        return Response(body, media_type=CONTENT_TYPE_LATEST, headers=NO_STORE)
+
     def asset(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in static:
@@ -336,6 +352,7 @@ def create_app(
         route("/api/tasks/{task_id}", api_board),
         route("/api/tasks/{task_id}/stages/{stage}", api_stage),
         route("/api/tasks/{task_id}/entries/{file_id:path}", api_entry),
+        Route("/metrics", metrics, methods=["GET", "HEAD"]),
         route("/static/{name}", asset),
         route("/favicon.ico", lambda request: Response(status_code=204)),
         *routes,

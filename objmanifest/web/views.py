@@ -24,7 +24,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,7 +35,7 @@ from objmanifest.model import EntryNote, Shard, State, check_name
 from .graph import layered
 from .security import shown_endpoint
 
-ATTENTION = ("dead", "overdue", "late", "blocked")
+ATTENTION = ("dead", "overdue", "late", "blocked", "backing_off")
 """The lists of ``TaskStatus`` a board shows as needing attention, in this order (those the
 installed release has)."""
 
@@ -80,6 +80,9 @@ def entry_row(entry: om.Entry, partition: str | None = None) -> dict[str, Any]:
         "error": entry.error,
         "declared_at": iso(entry.declared_at),
         "updated_at": iso(entry.updated_at),
+        "claimed_at": iso(entry.claimed_at),
+        "ready_at": iso(entry.ready_at),
+        "retry_at": iso(entry.retry_at),
         "depends_on": list(entry.depends_on),
         "consumers": list(entry.consumers),
         "consumed_by": list(entry.consumed_by),
@@ -260,6 +263,7 @@ class Site:
         self._tasks: dict[str, om.Task] = {}
         self._throughput: dict[str, Throughput] = {}
         self._entries: dict[tuple[str, str], _EntryCache] = {}
+        self._metrics: dict[str, om.metrics.TaskMetrics] = {}
         self._lock = threading.Lock()
 
     # -- the store and its tasks -------------------------------------------------------
@@ -280,6 +284,41 @@ class Site:
         opened = om.Task.open(self.store, task_id, policy=self.policy)
         with self._lock:
             return self._tasks.setdefault(task_id, opened)
+
+    def task_metrics(self, task_id: str) -> om.metrics.TaskMetrics:
+        """The metrics of a task's one ``Task`` here (registered on first use): this
+        process commits nothing, so its counters stay at zero; its gauges (entries per stage
+        and state, attention) are read from the shards, at most once per ``interval``."""
+        task = self.task(task_id)
+        with self._lock:
+            found = self._metrics.get(task_id)
+            if found is None:
+                found = self._metrics[task_id] = om.metrics.register(
+                    task, cache_seconds=self.interval
+                )
+            return found
+
+    def metrics(self) -> om.metrics.Combined:
+        """The metrics of the tasks served, as one collector: the task the site was started
+        on, else every task under the store's prefix (listed at most once per five
+        intervals, like the list of tasks; a task that cannot be opened is left out, the
+        list of tasks says why)."""
+
+        def listed() -> dict[str, Any]:
+            return {"task_ids": om.Task.list(self.store)}
+
+        def served() -> Iterator[om.metrics.TaskMetrics]:
+            if self.task_id is not None:
+                yield self.task_metrics(self.task_id)
+                return
+            for task_id in self._list_memo.get(("task ids",), listed).body["task_ids"]:
+                try:
+                    metrics = self.task_metrics(task_id)
+                except om.ObjManifestError:
+                    continue
+                yield metrics
+
+        return om.metrics.Combined(served)
 
     def _tracker(self, task: om.Task) -> Throughput:
         with self._lock:

@@ -272,6 +272,7 @@ class Rig:
     sleeps: list[float]
     events: list[CommitEvent]
     monotonic: Monotonic
+    """The runtime's monotonic clock, unless the rig was given another."""
 
     @property
     def calls(self) -> dict[str, int]:
@@ -310,13 +311,13 @@ class Rig:
         return lambda: self.rival.commit(KEY, CODEC, Add(item, actor="rex"))
 
 
-def make_rig(policy: CasPolicy | None = None) -> Rig:
+def make_rig(policy: CasPolicy | None = None, monotonic: Callable[[], float] | None = None) -> Rig:
     bucket = f"cas-unit-{uuid.uuid4().hex}"
     ids = itertools.count(1)
     sleeps: list[float] = []
-    monotonic = Monotonic()
+    clock = Monotonic()
     runtime = Runtime(
-        monotonic=monotonic,
+        monotonic=monotonic or clock,
         sleep=sleeps.append,
         random=lambda: RAND,
         new_id=lambda: f"{op(next(ids))}{'f' * 16}",
@@ -339,7 +340,7 @@ def make_rig(policy: CasPolicy | None = None) -> Rig:
     docs = Documents(store, policy or CasPolicy())
     events: list[CommitEvent] = []
     docs.observers.subscribe(events.append)
-    return Rig(store, docs, rival, sleeps, events, monotonic)
+    return Rig(store, docs, rival, sleeps, events, clock)
 
 
 @pytest.fixture
@@ -541,6 +542,23 @@ def test_a_lost_race_on_a_fresh_read_sleeps_the_backoff_then_retries(rig: Rig) -
     assert rig.docs.stats == Stats(commits=1, conflicts=1, reads=2)
     assert rig.peek() == Tally({"x": 2, "y": 1}, when(2), 3, (rival_id(1), rival_id(2), cid(1, 2)))
     assert rig.events == [event(cid(1, 2), 2, 3, moved("x", 1, 2))]
+
+
+def test_an_event_says_how_long_its_commit_took_from_its_call_lost_races_included() -> None:
+    now = [100.0]  # the runtime's monotonic clock, moved by hand
+    rig = make_rig(monotonic=lambda: now[0])
+    rig.rival.commit(KEY, CODEC, Add("x"))
+
+    def slow_rival() -> None:  # each lost race takes 2.5 s
+        now[0] += 2.5
+        rig.rival.commit(KEY, CODEC, Add("y"))
+
+    rig.docs.commit(KEY, CODEC, Add("x"))
+    rig.before("put", slow_rival, times=2)
+    rig.docs.commit(KEY, CODEC, Add("x"))
+    assert [e.seconds for e in rig.events] == [0.0, 5.0]
+    assert rig.docs.stats.conflicts == 2
+    assert rig.events[-1] == replace(rig.events[-1], seconds=0.0)  # not part of equality
 
 
 def test_each_lost_race_after_a_fresh_read_sleeps_longer(rig: Rig) -> None:

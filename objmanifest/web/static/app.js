@@ -14,6 +14,7 @@
     overdue: "lease expired, not yet taken over",
     late: "past the stage's deadline",
     blocked: "waiting for, or blocked by, dependencies",
+    backing_off: "failed, waiting out its retry backoff",
   };
 
   let etag = null;
@@ -356,6 +357,9 @@
       ["depends on", e.depends_on.length ? e.depends_on.map((id) => [el("a", { href: entryUrl(d.task_id, id) }, id), " "]) : "—"],
       ["consumers", e.consumers.length ? e.consumers.join(", ") + " (consumed by " + (e.consumed_by.join(", ") || "none yet") + ")" : "queue (any one agent)"],
       ["declared", time(e.declared_at)],
+      ["claimed", time(e.claimed_at) || "—"],
+      ["ready since", time(e.ready_at) || "—"],
+      ["may be retried from", time(e.retry_at) || "—"],
       ["updated", time(e.updated_at)],
     ];
     if (e.partition) fields.splice(1, 0, ["partition", e.partition]);

@@ -1,0 +1,7 @@
+"""``objmanifest mcp``: the manifest as Model Context Protocol tools for LLM agents.
+
+``tools.py`` is what the tools do (a ``Session``: one agent's claims, leases renewed in the
+background, paths confined to a root, bounded holds and inline content), and knows nothing
+of MCP, so it is tested without a client; ``server.py`` wires it to the ``mcp`` SDK (the
+optional extra ``objmanifest[mcp]``), and is imported only by ``objmanifest mcp``.
+"""
