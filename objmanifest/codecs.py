@@ -325,10 +325,10 @@ class ShardCodec(VersionedCodec[Shard]):
     fragments: Fragments = field(default_factory=Fragments, compare=False, repr=False)
 
     def encode(self, doc: Shard) -> bytes:
-        """Byte for byte ``model_dump_json(exclude_none=True)``, but each entry, journal
-        record and archived id is encoded once in this codec's life (``Fragments``), not
-        once per commit: the shard's small fields are encoded with its big ones left empty,
-        and the cached pieces are put into those holes."""
+        """Byte for byte ``model_dump_json(exclude_none=True)``, but a shard written warm
+        has only the entries, journal records and archived ids a commit changed encoded
+        (``Fragments``): the shard's small fields are encoded with its big ones left empty,
+        and those are put into the holes, from the cached pieces or whole."""
         present = [(name, hole) for name, hole in _HOLES if getattr(doc, name) is not None]
         empty: dict[str, Any] = {n: () if n == "journal" else {} for n, _ in present}
         skeleton = doc.model_copy(update=empty).model_dump_json(exclude_none=True).encode()
