@@ -82,6 +82,9 @@ class Op:
     at: float = 0.0
     detail: str = ""
     seq: int = 0
+    role: str | None = None
+    """A consumer's role, when it consumes an entry with named consumers: any agent of the
+    role may have made the mark (a second one is told it consumed, and nothing is written)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -370,7 +373,7 @@ def _made(s: Step, op: Op) -> bool:
         PUT: epoch and readied and (op.checksum is None or op.checksum == c.checksum),
         FAIL: mine and epoch and s.command == "fail",
         RELEASE: mine and epoch and s.command == "release",
-        CONSUME: mine and s.command == "consume",
+        CONSUME: s.command == "consume" and (mine or op.role in (c.consumed_by or ())),
         REAP: epoch and s.command == "reap",
         ARCHIVE: s.command == "archive" and c.after == REMOVED,
     }
