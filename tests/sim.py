@@ -36,9 +36,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
-from objmanifest import checksum
+from objmanifest import changes, checksum, codecs, leases, transfer
 from objmanifest.errors import (
     AlreadyConsumed,
     ChecksumMismatch,
@@ -121,6 +122,8 @@ class Result:
     settled: bool = False
     states: Counter[str] = field(default_factory=Counter)
     """The entries' states at the end."""
+    puts: Counter[str] = field(default_factory=Counter)
+    """Puts acknowledged, by how: single, chunked, put_many."""
     stuck: list[str] = field(default_factory=list)
 
     @property
@@ -521,6 +524,8 @@ class Sim:
         for op in self.log:
             self.result.ops[op.kind] += 1
             self.result.outcomes[op.outcome] += 1
+            if op.kind == checker.PUT and op.outcome == OK:
+                self.result.puts[op.detail] += 1
         task = Task.open(self.god, "job")
         for name in task.layout.all_shards(task.stages):
             shard = task.read_shard(name)
@@ -739,7 +744,8 @@ class Producer(Agent):
                 checker.PUT, lambda: me.put(claim, data, **options), (LeaseLost,), **fields
             )
             if outcome == OK:
-                self.record(checker.PUT, checksum=got.checksum, **fields)
+                how = "chunked" if options else "single"
+                self.record(checker.PUT, checksum=got.checksum, detail=how, **fields)
                 return
             if outcome == REFUSED:
                 return
@@ -762,7 +768,7 @@ class Producer(Agent):
                 "epoch": claim.epoch,
             }
             if isinstance(result, Entry):
-                self.record(checker.PUT, checksum=result.checksum, **fields)
+                self.record(checker.PUT, checksum=result.checksum, detail="put_many", **fields)
             elif isinstance(result, LeaseLost):
                 self.record(checker.PUT, REFUSED, detail="LeaseLost", **fields)
             elif isinstance(result, ObjManifestError):
@@ -858,6 +864,43 @@ AGENTS: dict[str, Callable[[Actor], Agent]] = {
 }
 
 
+# -- deliberately broken variants of the library ---------------------------------------------
+
+Setattr = Callable[[object, str, Any], None]
+"""``monkeypatch.setattr`` in a test, plain ``setattr`` on the command line."""
+
+
+def no_fencing(patch: Setattr) -> None:
+    """A holder's change is applied whatever its epoch and name."""
+    patch(changes, "_held", lambda shard, claim: changes._entry(shard, claim.file_id))
+
+
+def local_clock(patch: Setattr) -> None:
+    """A lease judged on the agent's own (skewed) clock instead of the store's."""
+    expired = leases.expired
+    patch(leases, "expired", lambda entry, now: expired(entry, local_now()))
+
+
+def no_read_back(patch: Setattr) -> None:
+    """A shard write whose answer was lost is not recognised by its commit id: the command
+    is applied again on the version it made."""
+    patch(codecs.ShardCodec, "commit_ids", lambda self, doc: ())
+
+
+def no_checksum(patch: Setattr) -> None:
+    """Downloaded bytes are not compared with the checksum recorded at ready."""
+    patch(transfer, "_check", lambda *args, **kwargs: None)
+
+
+BROKEN: dict[str, tuple[Callable[[Setattr], None], str]] = {
+    "no-fencing": (no_fencing, checker.FENCED_CHANGE),
+    "local-clock": (local_clock, checker.LEASE_STOLEN),
+    "no-read-back": (no_read_back, checker.UNASKED_CHANGE),
+    "no-checksum": (no_checksum, checker.BAD_BYTES),
+}
+"""Each planted bug, and the invariant that must catch it."""
+
+
 # -- running seeds ----------------------------------------------------------------------------
 
 
@@ -883,9 +926,13 @@ class Totals:
     agents: int = 0
     ops: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
+    puts: Counter[str] = field(default_factory=Counter)
+    states: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     violations: Counter[str] = field(default_factory=Counter)
     escaped: int = 0
+    steps: int = 0
+    sim_seconds: float = 0.0
     unsettled: int = 0
     failing: list[int] = field(default_factory=list)
 
@@ -894,6 +941,10 @@ class Totals:
         self.agents += r.agents
         self.ops.update(r.ops)
         self.outcomes.update(r.outcomes)
+        self.puts.update(r.puts)
+        self.states.update(r.states)
+        self.steps += r.steps
+        self.sim_seconds += r.sim_seconds
         self.faults.update(r.faults)
         self.violations.update(v.invariant for v in r.violations)
         self.escaped += len(r.escaped)
@@ -906,6 +957,9 @@ class Totals:
         yield f"agents: {self.agents}"
         yield f"ops: {sum(self.ops.values())} ({_counts(self.ops)})"
         yield f"outcomes: {_counts(self.outcomes)}"
+        yield f"puts acknowledged: {_counts(self.puts)}"
+        yield f"entries at the end: {_counts(self.states)}"
+        yield f"scheduling steps: {self.steps}, simulated time: {self.sim_seconds:.0f} s"
         yield f"faults: {sum(self.faults.values())} ({_counts(self.faults)})"
         yield f"invariants checked: {', '.join(checker.INVARIANTS)}"
         yield f"violations: {sum(self.violations.values())} ({_counts(self.violations) or '-'})"
@@ -927,13 +981,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="a line per seed, and each violation"
     )
+    parser.add_argument(
+        "--logs", type=Path, help="write each seed's operation log to DIR/seed-N.jsonl"
+    )
+    parser.add_argument(
+        "--broken", choices=sorted(BROKEN), help="plant one of the deliberately broken variants"
+    )
     args = parser.parse_args(argv)
+    if args.broken:
+        BROKEN[args.broken][0](setattr)
+    if args.logs is not None:
+        args.logs.mkdir(parents=True, exist_ok=True)
     logging.getLogger("objmanifest").setLevel(logging.CRITICAL)  # the faults are planned
     totals = Totals()
     started = time.monotonic()
     for seed in seeds_of(args.seeds):
         r = simulate(seed, Settings(chaos_ops=args.ops))
         totals.add(r)
+        if args.logs is not None:
+            r.log.save(args.logs / f"seed-{seed}.jsonl")
         if args.verbose or r.failed:
             print(r.line())
             for v in r.violations[:20]:

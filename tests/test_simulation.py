@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from objmanifest import changes, codecs, leases, transfer
 from objmanifest.errors import LeaseLost, NotFound, OutcomeUnknown
 from objmanifest.model import State
 from objmanifest.store.memory import MemoryStore
@@ -54,41 +53,12 @@ def test_a_seed_replays_exactly() -> None:
 # -- deliberately broken variants -----------------------------------------------------------
 
 
-def no_fencing(mp: pytest.MonkeyPatch) -> None:
-    """A holder's change is applied whatever its epoch and name."""
-    mp.setattr(changes, "_held", lambda shard, claim: changes._entry(shard, claim.file_id))
-
-
-def local_clock(mp: pytest.MonkeyPatch) -> None:
-    """A lease judged on the agent's own clock (skewed) instead of the store's."""
-    expired = leases.expired
-    mp.setattr(leases, "expired", lambda entry, now: expired(entry, sim.local_now()))
-
-
-def no_read_back(mp: pytest.MonkeyPatch) -> None:
-    """A shard write whose answer was lost is not recognised by its commit id: re-applied."""
-    mp.setattr(codecs.ShardCodec, "commit_ids", lambda self, doc: ())
-
-
-def no_checksum(mp: pytest.MonkeyPatch) -> None:
-    """Downloaded bytes are not compared with the checksum recorded at ready."""
-    mp.setattr(transfer, "_check", lambda *args, **kwargs: None)
-
-
-@pytest.mark.parametrize(
-    ("plant", "expected"),
-    [
-        (no_fencing, checker.FENCED_CHANGE),
-        (local_clock, checker.LEASE_STOLEN),
-        (no_read_back, checker.UNASKED_CHANGE),
-        (no_checksum, checker.BAD_BYTES),
-    ],
-    ids=["no-fencing", "local-clock", "no-read-back", "no-checksum"],
-)
+@pytest.mark.parametrize("variant", sorted(sim.BROKEN))
 def test_a_broken_variant_is_caught_within_the_ci_seeds(
-    monkeypatch: pytest.MonkeyPatch, plant: Callable[[pytest.MonkeyPatch], None], expected: str
+    monkeypatch: pytest.MonkeyPatch, variant: str
 ) -> None:
-    plant(monkeypatch)
+    plant, expected = sim.BROKEN[variant]
+    plant(monkeypatch.setattr)
     for seed in CI_SEEDS:
         found = Counter(v.invariant for v in sim.simulate(seed).violations)
         if found[expected]:
