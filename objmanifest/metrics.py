@@ -18,7 +18,6 @@ page mounts it). Every name starts with ``objmanifest_``; the README lists them.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -63,11 +62,11 @@ class TaskMetrics(Collector):
         self,
         task: Task,
         cache_seconds: float = 15.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.task = task
         self.cache_seconds = cache_seconds
-        self._clock = clock
+        self._clock = clock or task.store.runtime.monotonic
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, tuple[str, ...]], float] = {}
         self._status: TaskStatus | None = None

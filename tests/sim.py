@@ -544,7 +544,12 @@ class Sim:
         return self.result
 
     def create(self) -> None:
-        Task.create(self.god, "job", list(STAGES), lease_seconds=LEASE, max_retries=3)
+        """The task, in one of the three shard layouts (by the seed): a shard per stage,
+        the first stage split in three partitions, or one shard for the whole task."""
+        layout: dict[str, Any] = [{}, {"partitions": {"make": 3}}, {"layout": "task"}][
+            self.seed % 3
+        ]
+        Task.create(self.god, "job", list(STAGES), lease_seconds=LEASE, max_retries=3, **layout)
 
     def record(self, actor: Actor, kind: str, outcome: str = OK, **fields: Any) -> None:
         fields.setdefault("at", round(self.now, 3))
@@ -985,6 +990,9 @@ def main(argv: list[str] | None = None) -> int:
         "--logs", type=Path, help="write each seed's operation log to DIR/seed-N.jsonl"
     )
     parser.add_argument(
+        "--files", type=int, default=Settings.files, help="files of the first stage per seed"
+    )
+    parser.add_argument(
         "--broken", choices=sorted(BROKEN), help="plant one of the deliberately broken variants"
     )
     args = parser.parse_args(argv)
@@ -996,7 +1004,7 @@ def main(argv: list[str] | None = None) -> int:
     totals = Totals()
     started = time.monotonic()
     for seed in seeds_of(args.seeds):
-        r = simulate(seed, Settings(chaos_ops=args.ops))
+        r = simulate(seed, Settings(chaos_ops=args.ops, files=args.files))
         totals.add(r)
         if args.logs is not None:
             r.log.save(args.logs / f"seed-{seed}.jsonl")

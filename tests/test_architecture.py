@@ -6,12 +6,14 @@
 * Exceptions are defined in ``errors.py`` only.
 * Conditional updates of manifest objects are written by the CAS loop only.
 * ``shard_index`` knows nothing of ``objmanifest``.
+* The core takes its threads, clock, sleeps, randomness and ids from its ``Runtime`` only.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import re
 from pathlib import Path
 
 import pytest
@@ -176,3 +178,24 @@ def test_shard_index_knows_nothing_of_objmanifest() -> None:
     for path in (ROOT / "shard_index").rglob("*.py"):
         assert "objmanifest" not in {t.split(".")[0] for t, _ in imported(path)}, rel(path)
         assert "import objmanifest" not in path.read_text()
+
+
+NONDETERMINISTIC = re.compile(
+    r"\b(ThreadPoolExecutor|threading\.Thread|time\.sleep|time\.monotonic|time\.time"
+    r"|uuid\.uuid4|random\.(random|uniform|choice|randint|shuffle))\b"
+)
+OUTSIDE_THE_CORE = ("runtime", "servers", "cli", "demo", "web", "__main__")
+"""The runtime itself, and what runs processes and servers rather than the protocol."""
+
+
+def test_the_core_takes_threads_time_and_randomness_from_its_runtime() -> None:
+    """Everything nondeterministic comes from ``store.runtime``, so a simulation replays a
+    seed exactly (a pool of threads of its own in ``read_shards`` hung the simulation)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in modules()
+        if top(module_name(path)) not in OUTSIDE_THE_CORE
+        for n, line in enumerate(path.read_text().splitlines(), start=1)
+        if NONDETERMINISTIC.search(line)
+    ]
+    assert found == []
