@@ -102,7 +102,7 @@ def fenced_holder(store: MemoryStore, clock: Clock) -> tuple[Task, object]:
 def test_a_fenced_put_whose_cleanup_delete_answer_is_lost_is_still_lease_lost(
     store: MemoryStore, clock: Clock
 ) -> None:
-    """Seed 19: the fenced holder's delete of its own object lost its answer, and
+    """Seed 7: the fenced holder's delete of its own object lost its answer, and
     ``OutcomeUnknown`` escaped ``put`` (``MemoryStore`` said it, ``S3Store`` says
     ``StoreError``)."""
     task, old = fenced_holder(store, clock)
