@@ -10,7 +10,6 @@ whose events the task's observers receive (``Manifest.subscribe``), side effects
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -508,7 +507,7 @@ class Manifest:
         names = list(dict.fromkeys(shards))
         if len(names) <= 1:
             return {name: self.read_shard(name) for name in names}
-        with cf.ThreadPoolExecutor(min(len(names), _PARALLEL_READS)) as pool:
+        with self.store.runtime.pool(min(len(names), _PARALLEL_READS), "read-shards") as pool:
             return dict(zip(names, pool.map(self.read_shard, names), strict=True))
 
     def shard(self, stage: str) -> Shard:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -91,11 +90,11 @@ class TaskMetrics(Collector):
         self,
         task: Task,
         cache_seconds: float = 15.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.task = task
         self.cache_seconds = cache_seconds
-        self._clock = clock
+        self._clock = clock or task.store.runtime.monotonic
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, tuple[str, ...]], float] = {}
         self._latency: dict[str, tuple[list[int], float]] = {}

@@ -7,6 +7,9 @@
 * Conditional updates of manifest objects are written by the CAS loop only.
 * ``shard_index`` knows nothing of ``objmanifest``.
 * ``objmanifest.aio`` makes no blocking call on its event loop.
+
+
+* The core takes its threads, clock, sleeps, randomness and ids from its ``Runtime`` only.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import builtins
+import re
 import threading
 import uuid
 from pathlib import Path
@@ -275,3 +279,24 @@ def test_an_async_run_makes_no_store_call_on_the_loop_thread(tmp_path: Path) -> 
 
     loop_thread = asyncio.run(main())
     assert threads and loop_thread not in threads
+
+
+NONDETERMINISTIC = re.compile(
+    r"\b(ThreadPoolExecutor|threading\.Thread|time\.sleep|time\.monotonic|time\.time"
+    r"|uuid\.uuid4|random\.(random|uniform|choice|randint|shuffle))\b"
+)
+OUTSIDE_THE_CORE = ("runtime", "servers", "cli", "demo", "web", "__main__")
+"""The runtime itself, and what runs processes and servers rather than the protocol."""
+
+
+def test_the_core_takes_threads_time_and_randomness_from_its_runtime() -> None:
+    """Everything nondeterministic comes from ``store.runtime``, so a simulation replays a
+    seed exactly (a pool of threads of its own in ``read_shards`` hung the simulation)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in modules()
+        if top(module_name(path)) not in OUTSIDE_THE_CORE
+        for n, line in enumerate(path.read_text().splitlines(), start=1)
+        if NONDETERMINISTIC.search(line)
+    ]
+    assert found == []
