@@ -370,7 +370,9 @@ def _made(s: Step, op: Op) -> bool:
         PUT: epoch and readied and (op.checksum is None or op.checksum == c.checksum),
         FAIL: mine and epoch and s.command == "fail",
         RELEASE: mine and epoch and s.command == "release",
-        CONSUME: mine and s.command == "consume",
+        # A consumer sharing its role with other agents (``detail`` "role:NAME") reads an
+        # entry that any agent of the role may have marked: a consume commit must be there.
+        CONSUME: (mine or op.detail.startswith("role:")) and s.command == "consume",
         REAP: epoch and s.command == "reap",
         ARCHIVE: s.command == "archive" and c.after == REMOVED,
     }

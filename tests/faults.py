@@ -82,8 +82,9 @@ class Chaos:
     (503 SlowDown) and ``error500`` (500 InternalError) answer without forwarding;
     ``error500_applied`` forwards, then answers 500 in place of the store's answer;
     ``lost`` forwards, then closes the connection without an answer; ``truncate`` and
-    ``flip`` damage a request body as ``FaultProxy.damage_request`` does, only on targets
-    containing one of ``damage_paths`` (empty: every target). The n-th request to arrive
+    ``flip`` damage a request body as ``FaultProxy.damage_request`` does, drawn only by
+    requests with a body and a target containing one of ``damage_paths`` (empty: every
+    target). The n-th request to arrive
     draws from ``random.Random(f"{seed}:{n}")``, so a schedule is reproducible in the order
     requests arrive (which threads and processes decide, so a run is seeded, not replayed).
     """
@@ -96,8 +97,8 @@ class Chaos:
     error500: float = 0.015
     error500_applied: float = 0.015
     lost: float = 0.015
-    truncate: float = 0.01
-    flip: float = 0.01
+    truncate: float = 0.02
+    flip: float = 0.02
     damage_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -106,22 +107,19 @@ class Chaos:
             raise ValueError(f"chaos probabilities must be in [0, 1] and sum to at most 1: {self}")
 
     def draw(self, n: int, method: str, target: str, has_body: bool) -> tuple[float, str | None]:
-        """The added latency (seconds) and the fault (or None) of the ``n``-th request."""
+        """The added latency (seconds) and the fault (or None) of the ``n``-th request. A
+        request with a body it may damage draws ``truncate`` and ``flip`` first."""
         rng = random.Random(f"{self.seed}:{n}")
         delay = rng.uniform(0, self.max_latency) if rng.random() < self.latency else 0.0
-        roll = rng.random()
-        for kind in CHAOS_KINDS[1:]:
-            roll -= getattr(self, kind)
-            if roll < 0:
-                break
-        else:
-            return delay, None
         damageable = has_body and (
             not self.damage_paths or any(p in target for p in self.damage_paths)
         )
-        if kind in ("truncate", "flip") and not damageable:
-            return delay, None
-        return delay, kind
+        roll = rng.random()
+        for kind in CHAOS_KINDS[1:] if damageable else CHAOS_KINDS[1:-2]:
+            roll -= getattr(self, kind)
+            if roll < 0:
+                return delay, kind
+        return delay, None
 
     def describe(self) -> dict[str, object]:
         """The schedule as plain data (for a run's report)."""

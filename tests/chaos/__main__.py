@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=servers.BACKENDS, default="seaweedfs")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of chaos")
     parser.add_argument(
-        "--entries", type=int, default=0, help="raw records (default: 1.5 per second of duration)"
+        "--entries", type=int, default=0, help="raw records (default: 2.5 per second of duration)"
     )
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--lease", type=float, default=4.0, help="lease seconds")

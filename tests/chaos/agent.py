@@ -7,11 +7,11 @@ killed): ``collect`` produces raw records, ``write`` consumes the raw records a 
 depends on and writes the draft (naming the digest of every input it read), ``check``
 consumes a draft, checks it names its inputs, and writes a verdict.
 
-Every operation the agent believes succeeded is appended to the operation log the moment
-it returns (one JSON line, written with one ``write``, so a SIGKILL loses at most the line
-of an operation whose answer it never saw); failures are logged too, with ``ok`` false, for
-the figures. An exception that is not an ``om.ObjManifestError`` breaks the library's
-contract and is logged as ``unexpected`` (the harness counts it as a violation).
+Every operation is appended to the operation log (``OpLog``: one JSON line per write, so a
+SIGKILL cuts no line but the last) as an intent before it is called and its outcome after;
+the harness turns them into the checker's operations (``tests/chaos/judge.py``). An
+exception that is not an ``om.ObjManifestError`` breaks the library's contract and is
+logged as ``unexpected`` (the harness counts it as a violation).
 """
 
 from __future__ import annotations
@@ -35,12 +35,15 @@ STAGES = ("collect", "write", "check")
 ROLES = {"collect": "collector", "write": "writer", "check": "checker"}
 """The consumer role of each stage's agents: raw records are consumed by ``writer``, drafts
 by ``checker`` (broadcast entries: every agent of the role may read them again)."""
+PUBLISHER = "publisher"
+"""The role that consumes verdicts, the pipeline's output: the check stage's agents, when
+they have nothing to claim."""
 
-FINISHED = frozenset({om.State.ready, om.State.consumed, om.State.dead})
+FINISHED = frozenset({om.State.consumed, om.State.dead})
 
 
 def settled(entries: list[om.Entry]) -> bool:
-    """Whether the pipeline is over: every entry finished, or waiting on a dead one."""
+    """Whether the pipeline is over: every entry consumed or dead, or waiting on a dead one."""
     state = {e.file_id: e.state for e in entries}
     blocked: set[str] = {f for f, s in state.items() if s is om.State.dead}
     changed = True
@@ -64,16 +67,42 @@ class ContentError(Exception):
     """Verified bytes that are not what their entry should hold (logged as ``unexpected``)."""
 
 
+REFUSALS = (om.LeaseLost, om.NotClaimable)
+"""Errors that promise nothing was written (``refused`` in the checker's terms)."""
+
+
 class OpLog:
-    """The operation log of one agent process: JSON lines, each written whole at once."""
+    """The operation log of one agent process: JSON lines, each written whole at once.
+
+    Every operation is logged twice: its ``intent`` before it is called (what it will try,
+    numbered), and its outcome after (``ok`` with what it returned, ``refused``, ``error``
+    or ``unexpected``), naming the intent. An intent with no outcome is an operation the
+    process was killed in, whose outcome it never learnt (the checker's ``unknown``).
+    """
 
     def __init__(self, path: str, agent: str) -> None:
         self.agent = agent
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._n = 0
 
-    def record(self, op: str, ok: bool = True, **fields: Any) -> None:
-        line = {"op": op, "ok": ok, "agent": self.agent, "pid": os.getpid(), **fields}
+    def _write(self, line: dict[str, Any]) -> None:
+        line = {"agent": self.agent, "pid": os.getpid(), **line}
         os.write(self._fd, (json.dumps(line, default=str) + "\n").encode())
+
+    def intent(self, op: str, **fields: Any) -> int:
+        self._n += 1
+        self._write({"op": op, "intent": self._n, **fields})
+        return self._n
+
+    def outcome(self, n: int, op: str, outcome: str, **fields: Any) -> None:
+        self._write({"op": op, "of": n, "outcome": outcome, **fields})
+
+    def note(self, op: str, **fields: Any) -> None:
+        self._write({"op": op, "note": True, **fields})
+
+
+def _claims(claims: list[om.Claim]) -> list[dict[str, Any]]:
+    return [{"file_id": c.file_id, "epoch": c.epoch} for c in claims]
 
 
 class Worker:
@@ -83,56 +112,45 @@ class Worker:
         self.task = task
         self.stage = stage
         self.agent = task.agent(name, role=ROLES[stage])
+        self.publisher = task.agent(name, role=PUBLISHER)
         self.log = log
         self.rng = random.Random(f"{seed}:{name}:{os.getpid()}")
 
-    def claim_entry(self, claim: om.Claim) -> None:
-        self.log.record(
-            "claim",
-            file_id=claim.file_id,
-            stage=claim.stage,
-            epoch=claim.epoch,
-            lease_expires_at=claim.lease_expires_at.isoformat(),
-        )
-
-    def put_entry(self, claim: om.Claim, entry: om.Entry, data: bytes) -> None:
-        self.log.record(
-            "put",
-            file_id=claim.file_id,
-            stage=claim.stage,
-            epoch=claim.epoch,
-            checksum=entry.checksum,
-            data_checksum=checksum.of_bytes(data),
-            size=len(data),
-            key=entry.key,
-            state=entry.state.value,
-        )
-
-    def error(self, op: str, claim: om.Claim | None, e: BaseException) -> None:
-        kind = "error" if isinstance(e, om.ObjManifestError) else "unexpected"
-        self.log.record(
-            op,
-            ok=False,
-            outcome=kind,
-            error=type(e).__name__,
-            message=str(e)[:500],
-            file_id=claim.file_id if claim else None,
-            epoch=claim.epoch if claim else None,
-            trace=traceback.format_exc()[-2000:] if kind == "unexpected" else None,
-        )
-
-    def attempt(self, op: str, claim: om.Claim | None, call: Callable[[], Any]) -> Any:
-        """``call()``, or None after logging its exception."""
+    def attempt(
+        self,
+        op: str,
+        call: Callable[[], Any],
+        result: Callable[[Any], dict[str, Any]] = lambda _: {},
+        **intent: Any,
+    ) -> Any:
+        """``call()`` logged as an intent and its outcome (``result`` says what to log of
+        what it returned); None after an exception."""
+        n = self.log.intent(op, **intent)
         try:
-            return call()
+            value = call()
         except Exception as e:
-            self.error(op, claim, e)
+            if isinstance(e, REFUSALS):
+                outcome = "refused"
+            elif isinstance(e, om.ObjManifestError):
+                outcome = "error"
+            else:
+                outcome = "unexpected"
+            self.log.outcome(
+                n,
+                op,
+                outcome,
+                error=type(e).__name__,
+                message=str(e)[:500],
+                trace=traceback.format_exc()[-3000:] if outcome == "unexpected" else None,
+            )
             return None
+        self.log.outcome(n, op, "ok", **result(value))
+        return value
 
     def pipeline_done(self) -> bool:
         """Every stage settled (not just this agent's: an input found damaged later is
         produced again by its stage's agents)."""
-        entries = self.attempt("status", None, lambda: self.task.entries())
+        entries = self.attempt("status", lambda: self.task.entries())
         return entries is not None and settled(entries)
 
     def run(self, max_seconds: float) -> None:
@@ -142,40 +160,82 @@ class Worker:
             batch = self.stage == "collect" and self.rng.random() < 0.3
             if batch:
                 claims = self.attempt(
-                    "claim_many", None, lambda: self.agent.claim_many(self.stage, limit=3)
+                    "claim",
+                    lambda: self.agent.claim_many(self.stage, limit=3),
+                    lambda cs: {"claims": _claims(cs)},
+                    stage=self.stage,
                 )
                 claims = claims or []
             else:
-                one = self.attempt("claim", None, lambda: self.agent.claim(stage=self.stage))
+                one = self.attempt(
+                    "claim",
+                    lambda: self.agent.claim(stage=self.stage),
+                    lambda c: {"claims": _claims([c] if c else [])},
+                    stage=self.stage,
+                )
                 claims = [one] if one is not None else []
             if not claims:
+                if self.stage == "check" and self.publish():
+                    continue
                 if self.pipeline_done():
                     return
                 time.sleep(self.rng.uniform(0.2, 0.6))
                 continue
-            for claim in claims:
-                self.claim_entry(claim)
             if batch:
                 self.produce_many(claims)
             else:
                 self.work(claims[0])
 
+    def publish(self) -> bool:
+        """Consume one ready verdict as the publisher (False if there is none)."""
+        entries = self.attempt("status", lambda: self.task.entries("check"))
+        ready = [e for e in entries or [] if e.state is om.State.ready]
+        if not ready:
+            return False
+        self.consume(self.publisher, self.rng.choice(ready).file_id)
+        return True
+
+    def consume(self, agent: om.Agent, file_id: str) -> bytes | None:
+        """Consume ``file_id`` as ``agent`` (its bytes, verified)."""
+        data: bytes | None = self.attempt(
+            "consume",
+            lambda: agent.consume(file_id),
+            lambda d: {"checksum": checksum.of_bytes(d), "size": len(d)},
+            file_id=file_id,
+            role=agent.role,
+        )
+        return data
+
     def produce_many(self, claims: list[om.Claim]) -> None:
         datas = [self.raw(c) for c in claims]
-        results = self.attempt("put_many", None, lambda: self.agent.put_many(claims, datas))
-        for claim, data, result in zip(claims, datas, results or [], strict=False):
-            if isinstance(result, om.Entry):
-                self.put_entry(claim, result, data)
-            else:
-                self.log.record(
-                    "put",
-                    ok=False,
-                    outcome="error",
-                    error=type(result).__name__,
-                    message=str(result)[:500],
-                    file_id=claim.file_id,
-                    epoch=claim.epoch,
-                )
+
+        def results(rs: list[om.Entry | Exception]) -> dict[str, Any]:
+            return {
+                "results": [
+                    {"checksum": r.checksum, "key": r.key}
+                    if isinstance(r, om.Entry)
+                    else {"error": type(r).__name__, "refused": isinstance(r, REFUSALS)}
+                    for r in rs
+                ]
+            }
+
+        self.attempt(
+            "put_many",
+            lambda: self.agent.put_many(claims, datas),
+            results,
+            claims=_claims(claims),
+            data_checksums=[checksum.of_bytes(d) for d in datas],
+        )
+
+    def holder(self, op: str, claim: om.Claim, call: Callable[[], Any]) -> Any:
+        """A holder's operation on ``claim``, logged with its file id and epoch."""
+
+        def what(value: Any) -> dict[str, Any]:
+            if isinstance(value, om.Entry):
+                return {"checksum": value.checksum, "state": value.state.value}
+            return {}
+
+        return self.attempt(op, call, what, file_id=claim.file_id, epoch=claim.epoch)
 
     def raw(self, claim: om.Claim) -> bytes:
         size = self.rng.choice((64, 512, 4096, 32768))
@@ -183,50 +243,24 @@ class Worker:
         return payload(claim.file_id, self.agent.name, claim.epoch, fill=fill)
 
     def work(self, claim: om.Claim) -> None:
-        """Produce the claim's data; on a producer's failure of its own, ``fail`` it."""
-        if self.rng.random() < 0.05:  # a producer that gives up now and then
-            entry = self.attempt("fail", claim, lambda: self.agent.fail(claim, "chaos: gave up"))
-            if entry is not None:
-                self.log.record(
-                    "fail",
-                    file_id=claim.file_id,
-                    epoch=claim.epoch,
-                    state=entry.state.value,
-                    retry_count=entry.retry_count,
-                )
+        """Produce the claim's data; now and then, as a producer that gives up, ``fail``."""
+        if self.rng.random() < 0.05:
+            self.holder("fail", claim, lambda: self.agent.fail(claim, "chaos: gave up"))
             return
         make = {"collect": self.raw, "write": self.draft, "check": self.verdict}[self.stage]
-        data: bytes | None = self.attempt("work", claim, lambda: make(claim))
+        data: bytes | None = self.attempt("work", lambda: make(claim), file_id=claim.file_id)
         if data is None:
             return
-        renewed = self.attempt("renew", claim, lambda: self.agent.renew(claim))
-        if renewed is None:
+        if self.holder("renew", claim, lambda: self.agent.renew(claim)) is None:
             return
-        self.log.record(
-            "renew",
-            file_id=claim.file_id,
-            epoch=renewed.epoch,
-            lease_expires_at=renewed.lease_expires_at.isoformat(),
-        )
-        entry = self.attempt("put", claim, lambda: self.agent.put(claim, data))
-        if entry is not None:
-            self.put_entry(claim, entry, data)
+        self.holder("put", claim, lambda: self.agent.put(claim, data))
 
     def read(self, claim: om.Claim, file_id: str) -> bytes | None:
         """Consume one input of the claim (its bytes, verified), or give the claim back."""
-        data: bytes | None = self.attempt("consume", claim, lambda: self.agent.consume(file_id))
+        data = self.consume(self.agent, file_id)
         if data is None:
             # An input found damaged is produced again: give the claim back, unspent.
-            self.attempt("release", claim, lambda: self.agent.release(claim))
-            return None
-        self.log.record(
-            "consume",
-            file_id=file_id,
-            role=self.agent.role,
-            checksum=checksum.of_bytes(data),
-            size=len(data),
-            by_claim=claim.file_id,
-        )
+            self.holder("release", claim, lambda: self.agent.release(claim))
         return data
 
     def draft(self, claim: om.Claim) -> bytes | None:
@@ -273,18 +307,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
     log = OpLog(args.oplog, args.name)
-    log.record("start", time=time.time(), stage=args.stage)
+    log.note("start", time=time.time(), stage=args.stage)
     store = om.connect(f"s3://{args.bucket}/{args.prefix}")
     task = None
     while task is None:  # the proxy may fail this too
         try:
             task = om.Task.open(store, args.task)
         except om.ObjManifestError as e:
-            log.record("open", ok=False, outcome="error", error=type(e).__name__)
+            log.note("open", error=type(e).__name__)
             time.sleep(0.2)
     worker = Worker(task, args.name, args.stage, log, args.seed)
     worker.run(args.max_seconds)
-    log.record("exit", time=time.time())
+    log.note("exit", time=time.time())
     return 0
 
 

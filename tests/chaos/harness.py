@@ -30,10 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import boto3.session
+from botocore.config import Config
+
 import objmanifest as om
 from objmanifest import servers
 from tests.chaos import judge
-from tests.chaos.agent import ROLES, STAGES, settled
+from tests.chaos.agent import PUBLISHER, ROLES, STAGES, settled
 from tests.faults import CHAOS_KINDS, Chaos, FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +55,7 @@ class Settings:
     backend: str
     duration: float = 60.0
     entries: int = 0
-    """Raw records of the collect stage (0: three per two seconds of duration); a third as many
+    """Raw records of the collect stage (0: five per two seconds of duration); a third as many
     drafts, each of three raw records, and one verdict per draft."""
     agents: int = 8
     lease_seconds: float = 4.0
@@ -61,6 +64,14 @@ class Settings:
     skewed: int = 2
     """Agents run under libfaketime (0: none)."""
     work_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A running S3 server: its URL and the ``AWS_*`` environment its clients need."""
+
+    url: str
+    env: dict[str, str]
 
 
 @dataclass
@@ -153,12 +164,12 @@ class Report:
 
 def pipeline(entries: int) -> list[dict[str, Any]]:
     """The declarations: raw records, drafts of three records each (and one more from
-    anywhere, so dependencies cross), one verdict per draft."""
+    anywhere, so dependencies cross), one verdict per draft, consumed by the publisher."""
     raws = [f"raw/{i:04d}" for i in range(entries)]
     decls: list[dict[str, Any]] = [
         {"file_id": r, "stage": "collect", "consumers": [ROLES["write"]]} for r in raws
     ]
-    drafts = max(1, entries // 3)
+    drafts = max(1, -(-entries // 3))  # every raw record is an input of some draft
     for j in range(drafts):
         deps = {raws[(3 * j + k) % entries] for k in range(3)} | {raws[(7 * j + 5) % entries]}
         decls.append(
@@ -171,7 +182,12 @@ def pipeline(entries: int) -> list[dict[str, Any]]:
         )
     for j in range(drafts):
         decls.append(
-            {"file_id": f"verdict/{j:04d}", "stage": "check", "depends_on": [f"draft/{j:04d}"]}
+            {
+                "file_id": f"verdict/{j:04d}",
+                "stage": "check",
+                "depends_on": [f"draft/{j:04d}"],
+                "consumers": [PUBLISHER],
+            }
         )
     return decls
 
@@ -196,25 +212,44 @@ class Harness:
 
     # -- the run ---------------------------------------------------------------------
 
-    def run(self) -> Report:
+    def run(self, endpoint: Endpoint | None = None) -> Report:
+        """One run against ``endpoint`` (a server already running), or a server of the
+        backend started for the run and stopped after it."""
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's line per request
+        if endpoint is not None:
+            self._serve(endpoint)
+            return self.report
         local = servers.start(self.s.backend)
         try:
-            local.create_bucket(BUCKET)
-            chaos = Chaos(
-                self.s.seed,
-                # The moto server stores a damaged body as it arrived (README, "Integrity in
-                # transit"): there only data objects are damaged, which every read verifies.
-                damage_paths=("/data/",) if self.s.backend == "moto" else (),
-            )
-            with FaultProxy(local.endpoint_url) as proxy:
-                self._run(local, proxy, chaos)
+            self._serve(Endpoint(local.endpoint_url, local.env()))
         finally:
             local.stop()
         return self.report
 
-    def _run(self, local: servers.LocalS3, proxy: FaultProxy, chaos: Chaos) -> None:
-        direct = om.connect(f"s3://{BUCKET}/{self.prefix}", client=local.client())
+    def _serve(self, endpoint: Endpoint) -> None:
+        # The moto server stores a damaged body as it arrived (README, "Integrity in
+        # transit"): there only data objects are damaged, which every read verifies.
+        damage = ("/data/",) if self.s.backend == "moto" else ()
+        with FaultProxy(endpoint.url) as proxy:
+            self._run(endpoint, proxy, Chaos(self.s.seed, damage_paths=damage))
+
+    def _run(self, endpoint: Endpoint, proxy: FaultProxy, chaos: Chaos) -> None:
+        env = endpoint.env
+        client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint.url,
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            region_name=env.get("AWS_DEFAULT_REGION", servers.LOCAL_REGION),
+            config=Config(
+                s3={"addressing_style": "path"},
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            ),
+        )
+        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+            client.create_bucket(Bucket=BUCKET)
+        direct = om.connect(f"s3://{BUCKET}/{self.prefix}", client=client)
         task = om.Task.create(
             direct,
             self.task_id,
@@ -222,12 +257,12 @@ class Harness:
             lease_seconds=self.s.lease_seconds,
             max_retries=self.s.max_retries,
         )
-        entries = self.s.entries or max(6, int(self.s.duration * 1.5))
+        entries = self.s.entries or max(6, int(self.s.duration * 2.5))
         task.declare_many(pipeline(entries))
         self.report.entries = len(task.entries())
         self.env = {
             **os.environ,
-            **local.env(),
+            **endpoint.env,
             "AWS_ENDPOINT_URL": proxy.endpoint_url,
             "PYTHONPATH": str(ROOT),
         }
@@ -235,7 +270,7 @@ class Harness:
         self._make_procs()
         proxy.chaos = chaos
         self.say(
-            f"chaos: seed {self.s.seed}, {self.s.backend} at {local.endpoint_url}, proxy "
+            f"chaos: seed {self.s.seed}, {self.s.backend} at {endpoint.url}, proxy "
             f"{proxy.endpoint_url}, task s3://{BUCKET}/{self.prefix}/{self.task_id}, "
             f"{self.report.entries} entries, {len(self.procs)} agents, logs in {self.work}"
         )
@@ -387,20 +422,21 @@ class Harness:
     # -- the judgement ---------------------------------------------------------------
 
     def _judge(self, task: om.Task) -> None:
-        records = []
+        lines = []
         for path in sorted(self.work.glob("*.jsonl")):
             for line in path.read_text().splitlines():
                 with contextlib.suppress(json.JSONDecodeError):  # a line cut by SIGKILL
-                    records.append(json.loads(line))
-        for record in records:
-            op = record.get("op")
-            if op in ("start", "exit", "status"):
-                continue
-            (self.report.operations if record.get("ok") else self.report.failed_operations)[op] += 1
+                    lines.append(json.loads(line))
         fresh = om.Task.open(task.store, self.task_id)
-        entries = fresh.entries()
-        self.report.states = Counter(e.state.value for e in entries)
-        verdict = judge.judge(fresh, records, self.procs_exits(), self.report.finished)
+        verdict, counts = judge.judge(fresh, lines, self.procs_exits(), self.report.finished)
+        for what, n in counts.items():
+            op, outcome = what.split(" ", 1)
+            if op in ("status", "work"):
+                continue
+            (self.report.operations if outcome == "ok" else self.report.failed_operations)[
+                what if outcome != "ok" else op
+            ] += n
+        self.report.states = Counter(e.state.value for e in fresh.entries())
         self.report.invariants = verdict.invariants
         self.report.violations = verdict.violations
 

@@ -1,20 +1,23 @@
 """The end state of a chaos run judged against the agents' operation logs.
 
-``judge`` reads the store directly (not through the proxy): every shard, the journal of
-every entry (``task.history``) and the data a finished entry points at, and holds them to
-what the agents believe they did (their logs, ``tests/chaos/agent.py``). Each invariant is
-named in the report; a violation says which entry broke it and how.
+``judge`` reads the store directly (not through the proxy) and holds it to what the agents
+believe they did (their logs, ``tests/chaos/agent.py``): first the invariants of
+``tests/checker.py`` (the journal and shards against the operations), then the pipeline's
+own (only documented errors, clean exits, the pipeline finishes, a finished entry's object
+holds its holder's bytes, drafts and verdicts name their inputs as they were made ready).
+Each invariant is named in the report; a violation says which entry broke it and how.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import objmanifest as om
 from objmanifest import checksum
+from tests import checker
 from tests.chaos.agent import settled
 
 
@@ -28,28 +31,85 @@ class Verdict:
         self.violations += [f"{name}: {p}" for p in problems]
 
 
-def _ok(records: list[dict[str, Any]], op: str) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("op") == op and r.get("ok")]
+def operations(lines: list[dict[str, Any]]) -> tuple[checker.OpLog, Counter[str]]:
+    """The checker's operations from the agents' intents and outcomes (see
+    ``agent.OpLog``), and the outcomes counted (``op outcome``: ``claim ok`` ...)."""
+    intents = {(r["pid"], r["intent"]): r for r in lines if "intent" in r}
+    outcomes = {(r["pid"], r["of"]): r for r in lines if "of" in r}
+    log = checker.OpLog()
+    counts: Counter[str] = Counter()
+    for key, intent in intents.items():
+        op, agent = intent["op"], intent["agent"]
+        out = outcomes.get(key)
+        outcome = out["outcome"] if out else "killed"
+        counts[f"{op} {outcome}"] += 1
+        told = {"ok": checker.OK, "refused": checker.REFUSED}.get(outcome, checker.UNKNOWN)
+        if op == "claim":
+            if told == checker.OK:
+                for c in out["claims"] if out else []:
+                    log.record(agent, checker.CLAIM, file_id=c["file_id"], epoch=c["epoch"])
+            elif told == checker.UNKNOWN:  # which entries it took, if any, is unknown
+                log.record(agent, checker.CLAIM_MANY, checker.UNKNOWN, stage=intent["stage"])
+        elif op in ("renew", "fail", "release", "put"):
+            fields = {"file_id": intent["file_id"], "epoch": intent["epoch"]}
+            if told == checker.OK and op == "put":
+                fields["checksum"] = out["checksum"] if out else None
+            log.record(agent, op, told, **fields)
+        elif op == "put_many":
+            results = out["results"] if told == checker.OK and out else []
+            for i, c in enumerate(intent["claims"]):
+                r = results[i] if i < len(results) else {}
+                one = checker.OK if "checksum" in r else checker.UNKNOWN
+                if r.get("refused"):
+                    one = checker.REFUSED
+                log.record(
+                    agent,
+                    checker.PUT,
+                    one,
+                    file_id=c["file_id"],
+                    epoch=c["epoch"],
+                    checksum=r.get("checksum"),
+                )
+        elif op == "consume":
+            log.record(
+                agent,
+                checker.CONSUME,
+                told,
+                file_id=intent["file_id"],
+                checksum=out.get("checksum") if out else None,
+                detail=f"role:{intent['role']}",
+            )
+    return log, counts
 
 
 def judge(
-    task: om.Task, records: list[dict[str, Any]], exits: dict[str, list[int]], finished: bool
-) -> Verdict:
-    """Every invariant of a run's end state (see the module's docstring)."""
+    task: om.Task,
+    lines: list[dict[str, Any]],
+    exits: dict[str, list[int]],
+    finished: bool,
+    extra: checker.OpLog | None = None,
+) -> tuple[Verdict, Counter[str]]:
+    """Every invariant of a run's end state (see the module's docstring), and the
+    operations' outcomes counted. ``extra``: operations of the harness's own."""
     v = Verdict()
-    entries = {e.file_id: e for e in task.entries()}
-    history = {f: task.history(f) for f in entries}
-    ready_sums: dict[str, set[str]] = defaultdict(set)
-    for f, steps in history.items():
-        for t in steps:
-            if t.to_state == om.State.ready.value and t.from_state == om.State.writing.value:
-                ready_sums[f].add(t.checksum or "")
+    oplog, counts = operations(lines)
+    for op in extra or ():
+        oplog.append(op)
+        counts[f"{op.kind} {op.outcome}"] += 1
+    found = checker.check(task, oplog, settled=finished)
+    for invariant in checker.INVARIANTS:
+        v.check(
+            f"checker: {invariant}",
+            [str(x) for x in found if x.invariant == invariant],
+        )
+    v.violations += [str(x) for x in found if x.invariant not in checker.INVARIANTS]
 
+    entries = {e.file_id: e for e in task.entries()}
     v.check(
         "agents raise only the library's documented errors (om.ObjManifestError)",
         [
             f"{r['agent']}: {r['op']} raised {r['error']}: {r['message']}\n{r.get('trace')}"
-            for r in records
+            for r in lines
             if r.get("outcome") == "unexpected"
         ],
     )
@@ -61,66 +121,15 @@ def judge(
         "the pipeline finishes once the faults stop",
         [] if finished and settled(list(entries.values())) else [_unsettled(entries)],
     )
-
-    claimed: dict[tuple[str, int], set[str]] = defaultdict(set)
-    for r in _ok(records, "claim"):
-        claimed[(r["file_id"], r["epoch"])].add(r["agent"])
-    v.check(
-        "no two agents hold one epoch of an entry",
-        [f"{f} epoch {e}: {sorted(a)}" for (f, e), a in claimed.items() if len(a) > 1],
-    )
-
     problems = []
     for entry in entries.values():
         if entry.state in (om.State.ready, om.State.consumed):
             problems += _holders_bytes(task, entry)
+    v.check("a finished entry's object holds exactly its holder's bytes", problems)
     v.check(
-        "a finished entry's object holds exactly the bytes of the holder that made it", problems
+        "drafts and verdicts name their inputs as they were made ready", _contents(task, entries)
     )
-
-    problems = []
-    for r in _ok(records, "put"):
-        f, epoch, agent = r["file_id"], r["epoch"], r["agent"]
-        landed = [
-            t
-            for t in history.get(f, [])
-            if t.to_state == om.State.ready.value and t.epoch == epoch and t.actor == agent
-        ]
-        if not landed:
-            problems.append(f"{agent}'s put of {f} at epoch {epoch} is in no version")
-        elif r["checksum"] != r["data_checksum"] or landed[-1].checksum != r["checksum"]:
-            problems.append(f"{f} epoch {epoch}: recorded {landed[-1].checksum}, sent {r}")
-        entry = entries.get(f)
-        if entry is not None and entry.epoch == epoch and entry.checksum != r["checksum"]:
-            problems.append(f"{f} epoch {epoch}: ends with {entry.checksum}, put {r['checksum']}")
-    v.check("no acknowledged put is missing or changed", problems)
-
-    v.check(
-        "every consumed byte matched a checksum its entry was made ready with",
-        [
-            f"{r['agent']} consumed {r['file_id']} as {r['checksum']}, "
-            f"made ready as {sorted(ready_sums[r['file_id']])}"
-            for r in _ok(records, "consume")
-            if r["checksum"] not in ready_sums[r["file_id"]]
-        ],
-    )
-
-    problems = []
-    for f, steps in history.items():
-        holders: dict[int, str] = {}
-        for t in steps:
-            if t.command in ("claim", "claim_any", "takeover") or (
-                t.from_state != om.State.writing.value and t.to_state == om.State.writing.value
-            ):
-                holders[t.epoch or 0] = t.actor
-            elif t.from_state == om.State.writing.value and t.command in ("finish", "fail"):
-                latest = max(holders, default=0)
-                if t.epoch != latest or holders.get(latest) != t.actor:
-                    problems.append(f"{f}: {t.command} by {t.actor} at epoch {t.epoch}")
-    v.check("a fenced holder never finished or failed an entry (the journal)", problems)
-
-    v.check("drafts and verdicts name inputs as they were made ready", _contents(task, entries))
-    return v
+    return v, counts
 
 
 def _read(task: om.Task, key: str) -> bytes:
@@ -130,7 +139,11 @@ def _read(task: om.Task, key: str) -> bytes:
 
 
 def _unsettled(entries: dict[str, om.Entry]) -> str:
-    left = [f"{f} {e.state.value}" for f, e in sorted(entries.items()) if e.state.value != "ready"]
+    left = [
+        f"{f} {e.state.value}"
+        for f, e in sorted(entries.items())
+        if e.state.value not in ("consumed", "dead")
+    ]
     return "not finished: " + ", ".join(left[:20])
 
 
