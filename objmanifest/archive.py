@@ -24,12 +24,21 @@ from pydantic import ValidationError
 
 from .changes import TERMINAL, Archive
 from .codecs import load_json, schema_problems
-from .errors import CorruptShard, InvalidInput, NotFound, PreconditionFailed
+from .errors import (
+    CorruptShard,
+    InvalidInput,
+    NotFound,
+    OutcomeUnknown,
+    PreconditionFailed,
+    StoreError,
+)
 from .layout import TaskLayout
 from .model import ArchiveObject, Entry, Shard
 from .store import CREATE, ObjectStore
 
 ARCHIVE_SCHEMA = 1
+WRITE_TRIES = 3
+"""How often an archive object's create-only write is tried at one key, and how many keys."""
 
 Commit = Callable[[str, Archive], list[str]]
 """Commits an ``Archive`` command to one shard (by name); returns the ids it moved."""
@@ -101,26 +110,48 @@ class Archives:
         return found
 
     def write(self, shard: str, entries: dict[str, Entry], now: datetime) -> str:
-        """Write the archive object of one commit, once; returns its id."""
-        archive_id = f"{now:%Y%m%dT%H%M%S}Z-{self.store.runtime.new_id()}"
-        doc = ArchiveObject(
-            schema_version=ARCHIVE_SCHEMA,
-            task_id=self.layout.task_id,
-            shard=shard,
-            archive_id=archive_id,
-            created_at=now,
-            entries=entries,
+        """Write the archive object of one commit, once; returns its id. A key that holds
+        other bytes (a 412 that is not our own write) is given up for a new id."""
+        key = ""
+        for _ in range(WRITE_TRIES):
+            archive_id = f"{now:%Y%m%dT%H%M%S}Z-{self.store.runtime.new_id()}"
+            doc = ArchiveObject(
+                schema_version=ARCHIVE_SCHEMA,
+                task_id=self.layout.task_id,
+                shard=shard,
+                archive_id=archive_id,
+                created_at=now,
+                entries=entries,
+            )
+            key = self.layout.archive_object(shard, archive_id)
+            if self._write_once(key, doc.model_dump_json(exclude_none=True).encode()):
+                with self._lock:
+                    self._read[key] = doc
+                return archive_id
+        raise StoreError(
+            f"could not write an archive object of shard {shard!r} (last tried "
+            f"{self.store.describe(key)}): the store kept refusing create-only writes of new "
+            "keys; nothing was archived, run archive again"
         )
-        key = self.layout.archive_object(shard, archive_id)
-        self.store.put(
-            key,
-            doc.model_dump_json(exclude_none=True).encode(),
-            mode=CREATE,
-            content_type="application/json",
-        )
-        with self._lock:
-            self._read[key] = doc
-        return archive_id
+
+    def _write_once(self, key: str, body: bytes) -> bool:
+        """True once ``key`` holds exactly ``body``; False if it holds other bytes.
+
+        A refused (412) or unanswered create-only write is read back: our own bytes mean
+        our write landed (its answer was lost, or it was sent twice); a missing object means
+        it did not land, and it is written again."""
+        for _ in range(WRITE_TRIES):
+            try:
+                self.store.put(key, body, mode=CREATE, content_type="application/json")
+                return True
+            except (PreconditionFailed, OutcomeUnknown):
+                pass
+            try:
+                blob = self.store.get(key)
+            except NotFound:
+                continue
+            return blob is not None and blob.body == body
+        return False
 
     def unreferenced(self, shard: Shard) -> list[str]:
         """Archive objects of the shard its ``archived`` map names no entry of: left by an

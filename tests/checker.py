@@ -21,7 +21,8 @@ shard and the index, ``Task.journal``) and its shards, and returns every ``Viola
 ``ack-missing``         an operation an agent was told succeeded is not in the journal
 ``bad-bytes``           a consumer got bytes that match no checksum the entry was made
                         ready with
-``not-settled``         at the end, an entry neither terminal nor legitimately leased
+``not-settled``         at the end, an entry neither terminal (nor blocked behind a dead
+                        dependency) nor legitimately leased
 ``journal-gap``         a shard's or the index's journal versions not contiguous 1..N, or
                         two commits recorded at one version
 ``lifecycle``           a recorded transition the lifecycle table (``states.py``) forbids
@@ -42,7 +43,7 @@ from objmanifest.cas import Codec
 from objmanifest.errors import NotFound
 from objmanifest.events import Change
 from objmanifest.manifest import Manifest
-from objmanifest.model import JournalRecord, State
+from objmanifest.model import Entry, JournalRecord, State
 from objmanifest.states import TABLE, VERBS, Event, Verb
 
 # -- the operation log ----------------------------------------------------------------------
@@ -82,6 +83,9 @@ class Op:
     at: float = 0.0
     detail: str = ""
     seq: int = 0
+    role: str | None = None
+    """A consumer's role, when it consumes an entry with named consumers: any agent of the
+    role may have made the mark (a second one is told it consumed, and nothing is written)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -370,9 +374,7 @@ def _made(s: Step, op: Op) -> bool:
         PUT: epoch and readied and (op.checksum is None or op.checksum == c.checksum),
         FAIL: mine and epoch and s.command == "fail",
         RELEASE: mine and epoch and s.command == "release",
-        # A consumer sharing its role with other agents (``detail`` "role:NAME") reads an
-        # entry that any agent of the role may have marked: a consume commit must be there.
-        CONSUME: (mine or op.detail.startswith("role:")) and s.command == "consume",
+        CONSUME: s.command == "consume" and (mine or op.role in (c.consumed_by or ())),
         REAP: epoch and s.command == "reap",
         ARCHIVE: s.command == "archive" and c.after == REMOVED,
     }
@@ -464,27 +466,38 @@ def _bytes(journal: Journal, oplog: OpLog) -> list[Violation]:
 
 
 def _settled(task: Manifest, live_agents: frozenset[str], settled: bool) -> list[Violation]:
-    """At the end: every entry terminal, or held under an unexpired lease by a live agent."""
+    """At the end: every entry terminal, or held under an unexpired lease by a live agent.
+    An entry blocked for good behind a dead dependency (pending or failed, never claimable
+    again: ``status`` lists it as blocked) counts as terminal."""
     out: list[Violation] = []
     now = task.store.now()
+    states: dict[str, State] = {}
+    live: list[Entry] = []
     for shard in task.layout.all_shards(task.stages):
-        for fid, e in task.read_shard(shard).entries.items():
-            if e.state.value in TERMINAL:
-                continue
-            leased = e.lease_expires_at is not None and e.lease_expires_at >= now
-            if e.state is State.writing and leased and (e.owner in live_agents or not settled):
-                continue
-            if not settled and e.state is not State.writing:
-                continue
-            out.append(
-                Violation(
-                    NOT_SETTLED,
-                    f"{fid!r} ended {e.state.value} (owner {e.owner!r}, lease until "
-                    f"{e.lease_expires_at.isoformat() if e.lease_expires_at else None}, store "
-                    f"time {now.isoformat()})",
-                    fid,
-                )
+        doc = task.read_shard(shard)
+        states.update({fid: ref.state for fid, ref in (doc.archived or {}).items()})
+        states.update({fid: e.state for fid, e in doc.entries.items()})
+        live += doc.entries.values()
+    for e in live:
+        if e.state.value in TERMINAL:
+            continue
+        leased = e.lease_expires_at is not None and e.lease_expires_at >= now
+        if e.state is State.writing and leased and (e.owner in live_agents or not settled):
+            continue
+        if not settled and e.state is not State.writing:
+            continue
+        blocked = any(states.get(d) is State.dead for d in e.depends_on)
+        if blocked and e.state in (State.pending, State.failed):
+            continue
+        out.append(
+            Violation(
+                NOT_SETTLED,
+                f"{e.file_id!r} ended {e.state.value} (owner {e.owner!r}, lease until "
+                f"{e.lease_expires_at.isoformat() if e.lease_expires_at else None}, store "
+                f"time {now.isoformat()})",
+                e.file_id,
             )
+        )
     return out
 
 

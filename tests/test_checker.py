@@ -22,6 +22,7 @@ from tests.checker import (
     CLAIM,
     CONSUME,
     DECLARE,
+    FAIL,
     FENCED_CHANGE,
     JOURNAL_GAP,
     LEASE_STOLEN,
@@ -200,6 +201,21 @@ def test_entries_left_neither_terminal_nor_legitimately_leased(run: Run) -> None
     run.clock.advance(31)
     found = check(run.task, run.log, settled=False)
     assert [(v.invariant, v.file_id) for v in found] == [(NOT_SETTLED, "c")]
+
+
+def test_an_entry_blocked_behind_a_dead_dependency_is_settled(run: Run) -> None:
+    run.task.declare("dep", "make")
+    run.task.declare("after", "make", depends_on=["dep"])
+    for _ in range(6):  # max_retries=5: the sixth failure kills it
+        claim = run.task.agent("p").claim("dep")
+        assert claim is not None
+        run.log.record("p", CLAIM, file_id="dep", epoch=claim.epoch)
+        run.task.agent("p").fail(claim, "bad")
+        run.log.record("p", FAIL, file_id="dep", epoch=claim.epoch)
+    assert run.task.entry("dep").state is State.dead
+    assert run.found() == {}
+    run.task.declare("other", "make", depends_on=["a"])  # a is consumed: claimable
+    assert run.found() == {NOT_SETTLED: 1}
 
 
 def test_a_journal_with_a_gap(run: Run) -> None:

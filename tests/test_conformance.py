@@ -81,8 +81,8 @@ class Faulty:
 
     store: ObjectStore
     lose: Callable[[str, str], None]
-    """``lose(op, key)``: the next ``op`` ("put" or "complete_upload") of ``key`` is applied
-    and its answer lost."""
+    """``lose(op, key)``: the next ``op`` ("put", "complete_upload" or "delete") of ``key`` is
+    applied and its answer lost."""
     cut: Callable[[str, int], None]
     """``cut(key, size)``: the body of the next read of ``key`` (``size`` bytes) breaks off
     after half of them."""
@@ -135,7 +135,11 @@ class Backend:
 
         with FaultProxy(self.server.endpoint_url) as proxy:
             through = S3Store(make_client(proxy.endpoint_url, **NO_RETRY), BUCKET, prefix)
-            methods = {"put": ("PUT", ""), "complete_upload": ("POST", "?uploadId=")}
+            methods = {
+                "put": ("PUT", ""),
+                "complete_upload": ("POST", "?uploadId="),
+                "delete": ("DELETE", ""),
+            }
 
             def lose_s3(op: str, key: str) -> None:
                 method, query = methods[op]
@@ -408,6 +412,22 @@ def test_a_multipart_completion_whose_answer_is_lost_is_outcome_unknown_and_appl
     assert blob is not None and blob.body == part
     assert checksum.bare_etag(blob.etag) == checksum.multipart_etag([etag])
     assert list(store.list_uploads("")) == []
+
+
+def test_a_delete_whose_answer_is_lost_is_a_store_error_and_applied(
+    backend: Backend, store: ObjectStore, prefix: str
+) -> None:
+    """Not ``OutcomeUnknown``, which no caller of a delete expects (``gc`` would let it out):
+    a ``StoreError`` on every backend (found by the simulation, seed 0: ``tests/sim.py``)."""
+    store.put("doomed", b"bytes")
+    with backend.faulty(prefix) as faulty:
+        faulty.lose("delete", "doomed")
+        with pytest.raises(StoreError) as raised:
+            faulty.store.delete("doomed")
+        assert faulty.fired() == 1
+    assert "doomed" in str(raised.value)
+    with pytest.raises(NotFound):
+        store.head("doomed")
 
 
 # -- bodies damaged on their way ----------------------------------------------------------------

@@ -54,9 +54,10 @@ from .base import (
 MIN_PART_SIZE = 5 * 1024 * 1024
 MAX_PART_NUMBER = 10_000
 
-WRITES = frozenset(
-    {"put", "delete", "create_upload", "upload_part", "complete_upload", "abort_upload"}
-)
+UNKNOWN_WHEN_LOST = frozenset({"put", "complete_upload"})
+"""The writes whose lost answer is ``OutcomeUnknown``, as ``S3Store`` says it (the calls
+whose outcome a caller must find out); a lost answer to any other call, a delete too, is a
+``StoreError``, applied all the same."""
 
 Effect = Literal["fail", "lose", "cut", "flip", "truncate"]
 DAMAGES = ("flip", "truncate")
@@ -69,7 +70,8 @@ class Fault:
     """One planned fault: ``op`` (None: any call) on keys containing ``key`` (None: any).
 
     ``fail``: the call raises ``StoreError`` and is not applied. ``lose``: the call is
-    applied and its answer lost (a write raises ``OutcomeUnknown``, a read ``StoreError``).
+    applied and its answer lost (a ``put`` or ``complete_upload`` raises ``OutcomeUnknown``,
+    any other call, a ``delete`` too, ``StoreError``: what ``S3Store`` raises).
     ``cut`` (only with ``op="open"``): the stream is returned, delivers the first half of
     its bytes (rounded down), then raises ``ReadBrokeOff`` on every further read: it never
     reaches its end, as when a connection breaks mid-body. A ``read()`` of everything
@@ -269,7 +271,7 @@ class MemoryStore:
         return effect
 
     def _answer_lost(self, op: str, key: str) -> Exception:
-        if op in WRITES:
+        if op in UNKNOWN_WHEN_LOST:
             return OutcomeUnknown(f"{self.describe(key)}: answer lost (injected)")
         return StoreError(f"could not {op} {self.describe(key)}: answer lost (injected)")
 

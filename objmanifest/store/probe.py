@@ -437,10 +437,11 @@ class _Probe:
         return f"refused ({self.answers(UPDATE_MISSING)})"
 
     def remove(self, key: str) -> None:
-        """Delete ``key``, making sure it is gone when the answer was lost."""
+        """Delete ``key``, making sure it is gone when the answer was lost (a lost answer
+        to a delete is a ``StoreError``; the delete may have been applied)."""
         try:
             self.at("delete", key).delete(key)
-        except OutcomeUnknown:
+        except (StoreError, OutcomeUnknown):
             if self.get(key) is not None:
                 self.at("delete", key).delete(key)
         self.written.discard(key)
