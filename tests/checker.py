@@ -344,7 +344,8 @@ def _replay(task: Manifest, journal: Journal) -> list[Violation]:
                     out.append(
                         Violation(READY_TWICE, f"{where}: ready again at epoch {epoch}", fid)
                     )
-                if c.key is not None and not _of_epoch(task, c.key, fid, epoch):
+                chunked = c.parts_key is not None
+                if c.key is not None and not _of_epoch(task, c.key, fid, epoch, chunked):
                     out.append(
                         Violation(
                             FENCED_CHANGE, f"{where}: ready at epoch {epoch} with {c.key}", fid
@@ -355,11 +356,16 @@ def _replay(task: Manifest, journal: Journal) -> list[Violation]:
     return out
 
 
-def _of_epoch(task: Manifest, key: str, file_id: str, epoch: int) -> bool:
-    """Is ``key`` the data key of this epoch's holder (or one beside it)?"""
+def _of_epoch(task: Manifest, key: str, file_id: str, epoch: int, chunked: bool = False) -> bool:
+    """Is ``key`` the data key of this epoch's holder (or one beside it)? A chunked entry
+    may also point at the upload of an earlier holder it adopted (its parts verified
+    against the adopter's own bytes, ``uploads/engine.py``): the key of an earlier epoch."""
     stage = task.stage_of(file_id)
-    base = task.layout.data(stage, file_id, epoch)
-    return key == base or key.startswith(base + "~")
+    for e in range(1, epoch + 1) if chunked else (epoch,):
+        base = task.layout.data(stage, file_id, e)
+        if key == base or key.startswith(base + "~"):
+            return True
+    return False
 
 
 def _made(s: Step, op: Op) -> bool:

@@ -22,6 +22,7 @@ connection keeps one upstream connection instead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import http.client
 import os
@@ -120,6 +121,12 @@ class Chaos:
             if roll < 0:
                 return delay, kind
         return delay, None
+
+    def scaled(self, intensity: float) -> Chaos:
+        """This schedule with every fault's probability (not latency's) times
+        ``intensity``."""
+        odds = {kind: getattr(self, kind) * intensity for kind in CHAOS_KINDS[1:]}
+        return dataclasses.replace(self, **odds)
 
     def describe(self) -> dict[str, object]:
         """The schedule as plain data (for a run's report)."""

@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--lease", type=float, default=4.0, help="lease seconds")
     parser.add_argument("--skewed", type=int, default=2, help="agents under libfaketime")
+    parser.add_argument(
+        "--intensity", type=float, default=1.0, help="every fault's probability times this"
+    )
     parser.add_argument("--work-dir", help="where the agents' logs go (default: a temp dir)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         agents=args.agents,
         lease_seconds=args.lease,
         skewed=args.skewed,
+        intensity=args.intensity,
         work_dir=args.work_dir,
     )
     report = Harness(settings).run()

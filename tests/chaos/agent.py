@@ -25,6 +25,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -54,6 +55,30 @@ def settled(entries: list[om.Entry]) -> bool:
                 blocked.add(e.file_id)
                 changed = True
     return all(s in FINISHED or f in blocked for f, s in state.items())
+
+
+BIG_EVERY = 12
+"""Every twelfth raw record is big: a chunked entry (the task's threshold is ``BIG_SIZE``
+- 1 MiB), the same bytes whoever produces it, so that the next holder adopts the parts a
+killed one left."""
+MiB = 1 << 20
+BIG_SIZE = 6 * MiB
+
+
+TRANSFER = om.TransferConfig(threshold=BIG_SIZE - MiB, part_size=5 * MiB, concurrency=2)
+"""The pipeline's transfer settings (per ``Task`` object: every agent opens the task with
+them): a big record goes up in two parts."""
+
+
+def is_big(file_id: str) -> bool:
+    return (
+        file_id.startswith("raw/") and int(file_id.rsplit("/", 1)[1]) % BIG_EVERY == BIG_EVERY - 1
+    )
+
+
+def big_payload(file_id: str) -> bytes:
+    """The bytes of a big raw record: a function of its file id only."""
+    return random.Random(f"big:{file_id}").randbytes(BIG_SIZE)
 
 
 def payload(file_id: str, agent: str, epoch: int, **fields: Any) -> bytes:
@@ -108,8 +133,11 @@ def _claims(claims: list[om.Claim]) -> list[dict[str, Any]]:
 class Worker:
     """The loop of one agent: claim, do the stage's work, finish; log every outcome."""
 
-    def __init__(self, task: om.Task, name: str, stage: str, log: OpLog, seed: int) -> None:
+    def __init__(
+        self, task: om.Task, name: str, stage: str, log: OpLog, seed: int, scratch: Path
+    ) -> None:
         self.task = task
+        self.scratch = scratch
         self.stage = stage
         self.agent = task.agent(name, role=ROLES[stage])
         self.publisher = task.agent(name, role=PUBLISHER)
@@ -208,6 +236,7 @@ class Worker:
 
     def produce_many(self, claims: list[om.Claim]) -> None:
         datas = [self.raw(c) for c in claims]
+        sums = [checksum.of_bytes(d) if isinstance(d, bytes) else None for d in datas]
 
         def results(rs: list[om.Entry | Exception]) -> dict[str, Any]:
             return {
@@ -224,7 +253,7 @@ class Worker:
             lambda: self.agent.put_many(claims, datas),
             results,
             claims=_claims(claims),
-            data_checksums=[checksum.of_bytes(d) for d in datas],
+            data_checksums=sums,
         )
 
     def holder(self, op: str, claim: om.Claim, call: Callable[[], Any]) -> Any:
@@ -237,7 +266,16 @@ class Worker:
 
         return self.attempt(op, call, what, file_id=claim.file_id, epoch=claim.epoch)
 
-    def raw(self, claim: om.Claim) -> bytes:
+    def raw(self, claim: om.Claim) -> bytes | str:
+        """A raw record's data: bytes, or for a big one the path of its file (streamed as
+        parts, adopted by the next holder)."""
+        if is_big(claim.file_id):
+            path = self.scratch / (claim.file_id.replace("/", "_") + ".bin")
+            if not path.exists():  # written whole, then renamed: a killed writer leaves none
+                partial = path.with_suffix(f".{os.getpid()}.tmp")
+                partial.write_bytes(big_payload(claim.file_id))
+                partial.rename(path)
+            return str(path)
         size = self.rng.choice((64, 512, 4096, 32768))
         fill = self.rng.randbytes(size // 2).hex()
         return payload(claim.file_id, self.agent.name, claim.epoch, fill=fill)
@@ -248,7 +286,7 @@ class Worker:
             self.holder("fail", claim, lambda: self.agent.fail(claim, "chaos: gave up"))
             return
         make = {"collect": self.raw, "write": self.draft, "check": self.verdict}[self.stage]
-        data: bytes | None = self.attempt("work", lambda: make(claim), file_id=claim.file_id)
+        data: bytes | str | None = self.attempt("work", lambda: make(claim), file_id=claim.file_id)
         if data is None:
             return
         if self.holder("renew", claim, lambda: self.agent.renew(claim)) is None:
@@ -270,9 +308,11 @@ class Worker:
             data = self.read(claim, dep)
             if data is None:
                 return None
-            record = json.loads(data)
-            if record["file_id"] != dep:
-                raise ContentError(f"{dep!r} holds the record of {record['file_id']!r}")
+            if is_big(dep):
+                if data != big_payload(dep):
+                    raise ContentError(f"{dep!r} does not hold its bytes")
+            elif json.loads(data)["file_id"] != dep:
+                raise ContentError(f"{dep!r} holds the record of another entry")
             inputs[dep] = checksum.of_bytes(data)
         return payload(claim.file_id, self.agent.name, claim.epoch, inputs=inputs)
 
@@ -304,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--oplog", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=600.0)
+    parser.add_argument("--scratch", required=True, help="where big records' files go")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
     log = OpLog(args.oplog, args.name)
@@ -312,11 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     task = None
     while task is None:  # the proxy may fail this too
         try:
-            task = om.Task.open(store, args.task)
+            task = om.Task.open(store, args.task, transfer=TRANSFER)
         except om.ObjManifestError as e:
             log.note("open", error=type(e).__name__)
             time.sleep(0.2)
-    worker = Worker(task, args.name, args.stage, log, args.seed)
+    worker = Worker(task, args.name, args.stage, log, args.seed, Path(args.scratch))
     worker.run(args.max_seconds)
     log.note("exit", time=time.time())
     return 0

@@ -36,7 +36,7 @@ from botocore.config import Config
 import objmanifest as om
 from objmanifest import servers
 from tests.chaos import judge
-from tests.chaos.agent import PUBLISHER, ROLES, STAGES, settled
+from tests.chaos.agent import PUBLISHER, ROLES, STAGES, TRANSFER, settled
 from tests.faults import CHAOS_KINDS, Chaos, FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +63,8 @@ class Settings:
     calm_timeout: float = 180.0
     skewed: int = 2
     """Agents run under libfaketime (0: none)."""
+    intensity: float = 1.0
+    """Every fault's probability times this (``Chaos.scaled``)."""
     work_dir: str | None = None
 
 
@@ -99,7 +101,9 @@ class Report:
     seed: int
     backend: str
     duration: float
+    intensity: float = 1.0
     entries: int = 0
+    chunked: int = 0
     agents: int = 0
     skewed: list[str] = field(default_factory=list)
     starts: int = 0
@@ -120,7 +124,9 @@ class Report:
             "seed": self.seed,
             "backend": self.backend,
             "duration": self.duration,
+            "intensity": self.intensity,
             "entries": self.entries,
+            "chunked_entries": self.chunked,
             "agents": self.agents,
             "skewed": self.skewed,
             "agent_starts": self.starts,
@@ -144,9 +150,10 @@ class Report:
         ops = ", ".join(f"{k} {n}" for k, n in sorted(self.operations.items()))
         failed = ", ".join(f"{k} {n}" for k, n in sorted(self.failed_operations.items()))
         out = [
-            f"chaos run: seed {self.seed}, backend {self.backend}, "
+            f"chaos run: seed {self.seed}, backend {self.backend}, intensity {self.intensity:g}, "
             f"{self.chaos_seconds:.0f} s of chaos, {self.calm_seconds:.0f} s calm",
-            f"entries: {self.entries} ({', '.join(f'{k} {n}' for k, n in self.states.items())})",
+            f"entries: {self.entries}, {self.chunked} chunked "
+            f"({', '.join(f'{k} {n}' for k, n in self.states.items())})",
             f"agents: {self.agents} ({self.starts} processes started; "
             f"skewed: {', '.join(self.skewed) or 'none'})",
             f"operations: {sum(self.operations.values())} succeeded ({ops}); "
@@ -203,7 +210,9 @@ class Harness:
         self.work.mkdir(parents=True, exist_ok=True)
         self.prefix = f"chaos-{settings.seed}-{uuid.uuid4().hex[:8]}"
         self.task_id = "pipeline"
-        self.report = Report(settings.seed, settings.backend, settings.duration)
+        self.report = Report(
+            settings.seed, settings.backend, settings.duration, intensity=settings.intensity
+        )
         self.procs: list[Proc] = []
         self.env: dict[str, str] = {}
 
@@ -231,7 +240,8 @@ class Harness:
         # transit"): there only data objects are damaged, which every read verifies.
         damage = ("/data/",) if self.s.backend == "moto" else ()
         with FaultProxy(endpoint.url) as proxy:
-            self._run(endpoint, proxy, Chaos(self.s.seed, damage_paths=damage))
+            chaos = Chaos(self.s.seed, damage_paths=damage).scaled(self.s.intensity)
+            self._run(endpoint, proxy, chaos)
 
     def _run(self, endpoint: Endpoint, proxy: FaultProxy, chaos: Chaos) -> None:
         env = endpoint.env
@@ -256,6 +266,7 @@ class Harness:
             stages=list(STAGES),
             lease_seconds=self.s.lease_seconds,
             max_retries=self.s.max_retries,
+            transfer=TRANSFER,
         )
         entries = self.s.entries or max(6, int(self.s.duration * 2.5))
         task.declare_many(pipeline(entries))
@@ -287,6 +298,8 @@ class Harness:
         self._stop_all()
         self.report.starts = sum(p.starts for p in self.procs)
         self._judge(task)
+        self.report.chunked = sum(e.is_chunked for e in task.entries())
+        (self.work / "report.json").write_text(json.dumps(self.report.to_dict(), indent=2))
 
     def _make_procs(self) -> None:
         counts = {"collect": 0, "write": 0, "check": 0}
@@ -313,6 +326,8 @@ class Harness:
                 )
             env.update({"LD_PRELOAD": found[0], "FAKETIME": proc.skew})
         proc.starts += 1
+        scratch = self.work / "scratch" / proc.name  # each agent its own copy of the sources
+        scratch.mkdir(parents=True, exist_ok=True)
         log = open(self.work / f"{proc.name}.log", "ab")  # noqa: SIM115 (the child's own)
         with log:
             proc.popen = subprocess.Popen(
@@ -334,6 +349,8 @@ class Harness:
                     str(self.work / f"{proc.name}.{proc.starts}.jsonl"),
                     "--seed",
                     str(self.s.seed),
+                    "--scratch",
+                    str(scratch),
                     "--max-seconds",
                     str(self.s.duration + self.s.calm_timeout + 60),
                 ],

@@ -18,7 +18,7 @@ from typing import Any
 import objmanifest as om
 from objmanifest import checksum
 from tests import checker
-from tests.chaos.agent import settled
+from tests.chaos.agent import big_payload, is_big, settled
 
 
 @dataclass
@@ -77,7 +77,7 @@ def operations(lines: list[dict[str, Any]]) -> tuple[checker.OpLog, Counter[str]
                 told,
                 file_id=intent["file_id"],
                 checksum=out.get("checksum") if out else None,
-                detail=f"role:{intent['role']}",
+                role=intent["role"],
             )
     return log, counts
 
@@ -153,6 +153,15 @@ def _holders_bytes(task: om.Task, entry: om.Entry) -> list[str]:
         data = _read(task, entry.key)
     except om.ObjManifestError as e:
         return [f"{entry.file_id}: its object {entry.key} cannot be read: {e}"]
+    if is_big(entry.file_id):  # the same bytes whoever produced them
+        whole = entry.whole_checksum if entry.is_chunked else entry.checksum
+        if not entry.is_chunked:
+            return [f"{entry.file_id}: a big record is not a chunked entry"]
+        if data != big_payload(entry.file_id):
+            return [f"{entry.file_id}: {entry.key} does not hold its bytes"]
+        if checksum.of_bytes(data) != whole:
+            return [f"{entry.file_id}: {entry.key} does not match {whole}"]
+        return []
     problems = []
     if checksum.of_bytes(data) != entry.checksum:
         problems.append(f"{entry.file_id}: {entry.key} does not match {entry.checksum}")
