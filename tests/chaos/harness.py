@@ -88,10 +88,19 @@ class Proc:
     restart_at: float | None = None
     starts: int = 0
     exits: list[int] = field(default_factory=list)
+    oplog: Path | None = None
 
     @property
     def running(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
+
+    @property
+    def working(self) -> bool:
+        """Running, not stopped, and past its start (it has logged an operation): worth
+        killing or stopping."""
+        if not self.running or self.stopped_until is not None or self.oplog is None:
+            return False
+        return self.oplog.exists() and self.oplog.stat().st_size > 200
 
 
 @dataclass
@@ -326,6 +335,7 @@ class Harness:
                 )
             env.update({"LD_PRELOAD": found[0], "FAKETIME": proc.skew})
         proc.starts += 1
+        proc.oplog = self.work / f"{proc.name}.{proc.starts}.jsonl"
         scratch = self.work / "scratch" / proc.name  # each agent its own copy of the sources
         scratch.mkdir(parents=True, exist_ok=True)
         log = open(self.work / f"{proc.name}.log", "ab")  # noqa: SIM115 (the child's own)
@@ -346,7 +356,7 @@ class Harness:
                     "--stage",
                     proc.stage,
                     "--oplog",
-                    str(self.work / f"{proc.name}.{proc.starts}.jsonl"),
+                    str(proc.oplog),
                     "--seed",
                     str(self.s.seed),
                     "--scratch",
@@ -390,7 +400,7 @@ class Harness:
                 with contextlib.suppress(om.ObjManifestError):
                     if settled(task.entries()):
                         return
-            live = [p for p in self.procs if p.running and p.stopped_until is None]
+            live = [p for p in self.procs if p.working]
             stopped = sum(p.stopped_until is not None for p in self.procs)
             action = self.rng.choices(("kill", "stop", "none"), (3, 2, 3))[0]
             if action == "kill" and live:
