@@ -403,6 +403,10 @@ class Harness:
             live = [p for p in self.procs if p.working]
             stopped = sum(p.stopped_until is not None for p in self.procs)
             action = self.rng.choices(("kill", "stop", "none"), (3, 2, 3))[0]
+            if live and not self.report.zombies:  # every run has a zombie and a kill
+                action = "stop"
+            elif live and not self.report.kills:
+                action = "kill"
             if action == "kill" and live:
                 proc = self.rng.choice(live)
                 assert proc.popen is not None
