@@ -8,6 +8,7 @@ import json
 import sys
 
 from objmanifest import servers
+from tests.chaos.agent import BROKEN
 from tests.chaos.harness import Harness, Settings
 
 
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--intensity", type=float, default=1.0, help="every fault's probability times this"
     )
+    parser.add_argument(
+        "--broken", choices=sorted(BROKEN), help="agents run a deliberately broken variant"
+    )
     parser.add_argument("--work-dir", help="where the agents' logs go (default: a temp dir)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
@@ -39,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         lease_seconds=args.lease,
         skewed=args.skewed,
         intensity=args.intensity,
+        broken=args.broken,
         work_dir=args.work_dir,
     )
     report = Harness(settings).run()

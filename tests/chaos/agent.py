@@ -25,14 +25,32 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import objmanifest as om
-from objmanifest import checksum
+from objmanifest import checksum, leases
+from tests import sim
 
 STAGES = ("collect", "write", "check")
+
+
+def local_clock(patch: sim.Setattr) -> None:
+    """A lease judged on this process's own wall clock (skewed under libfaketime)."""
+    expired = leases.expired
+    patch(leases, "expired", lambda entry, now: expired(entry, datetime.now(timezone.utc)))
+
+
+BROKEN: dict[str, Callable[[sim.Setattr], None]] = {
+    "no-fencing": sim.no_fencing,
+    "local-clock": local_clock,
+    "no-read-back": sim.no_read_back,
+    "no-checksum": sim.no_checksum,
+}
+"""Deliberately broken variants of the library an agent can run (``--broken``), the
+simulator's (``tests/sim.py``) with the local clock a real one: a run must find them."""
 ROLES = {"collect": "collector", "write": "writer", "check": "checker"}
 """The consumer role of each stage's agents: raw records are consumed by ``writer``, drafts
 by ``checker`` (broadcast entries: every agent of the role may read them again)."""
@@ -345,8 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=600.0)
     parser.add_argument("--scratch", required=True, help="where big records' files go")
+    parser.add_argument("--broken", choices=sorted(BROKEN), help="plant a broken variant")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
+    if args.broken:
+        BROKEN[args.broken](setattr)
     log = OpLog(args.oplog, args.name)
     log.note("start", time=time.time(), stage=args.stage)
     store = om.connect(f"s3://{args.bucket}/{args.prefix}")

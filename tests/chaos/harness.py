@@ -65,6 +65,9 @@ class Settings:
     """Agents run under libfaketime (0: none)."""
     intensity: float = 1.0
     """Every fault's probability times this (``Chaos.scaled``)."""
+    broken: str | None = None
+    """A deliberately broken variant every agent runs (``agent.BROKEN``): the run must
+    find violations."""
     work_dir: str | None = None
 
 
@@ -111,6 +114,7 @@ class Report:
     backend: str
     duration: float
     intensity: float = 1.0
+    broken: str | None = None
     entries: int = 0
     chunked: int = 0
     agents: int = 0
@@ -134,6 +138,7 @@ class Report:
             "backend": self.backend,
             "duration": self.duration,
             "intensity": self.intensity,
+            "broken": self.broken,
             "entries": self.entries,
             "chunked_entries": self.chunked,
             "agents": self.agents,
@@ -160,7 +165,8 @@ class Report:
         failed = ", ".join(f"{k} {n}" for k, n in sorted(self.failed_operations.items()))
         out = [
             f"chaos run: seed {self.seed}, backend {self.backend}, intensity {self.intensity:g}, "
-            f"{self.chaos_seconds:.0f} s of chaos, {self.calm_seconds:.0f} s calm",
+            f"{self.chaos_seconds:.0f} s of chaos, {self.calm_seconds:.0f} s calm"
+            + (f", agents running the broken variant {self.broken}" if self.broken else ""),
             f"entries: {self.entries}, {self.chunked} chunked "
             f"({', '.join(f'{k} {n}' for k, n in self.states.items())})",
             f"agents: {self.agents} ({self.starts} processes started; "
@@ -220,7 +226,11 @@ class Harness:
         self.prefix = f"chaos-{settings.seed}-{uuid.uuid4().hex[:8]}"
         self.task_id = "pipeline"
         self.report = Report(
-            settings.seed, settings.backend, settings.duration, intensity=settings.intensity
+            settings.seed,
+            settings.backend,
+            settings.duration,
+            intensity=settings.intensity,
+            broken=settings.broken,
         )
         self.procs: list[Proc] = []
         self.env: dict[str, str] = {}
@@ -363,6 +373,7 @@ class Harness:
                     str(scratch),
                     "--max-seconds",
                     str(self.s.duration + self.s.calm_timeout + 60),
+                    *(["--broken", self.s.broken] if self.s.broken else []),
                 ],
                 cwd=ROOT,
                 env=env,
