@@ -66,7 +66,7 @@ def test_a_pipeline_under_chaos_breaks_no_invariant(name: str, tmp_path: object)
 
 def test_a_lease_judged_on_the_local_clock_is_caught(tmp_path: object) -> None:
     """The same run with every agent judging leases on its own clock (a broken variant,
-    ``agent.BROKEN``): the agent whose clock runs minutes ahead (seed 6: ``check-1``, +3
+    ``agent.BROKEN``): the agent whose clock runs minutes ahead (seed 6: ``write-1``, +3
     minutes) takes over leases that have not ended, and the checker says so."""
     server: Server = running("moto")
     settings = Settings(
