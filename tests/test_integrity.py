@@ -325,6 +325,32 @@ def test_a_part_cut_short_on_its_way_is_sent_again(
     assert clean.agent("c").consume("big") == data
 
 
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+@pytest.mark.parametrize("name", backends())
+def test_a_completion_damaged_on_its_way_is_sent_again(
+    name: str, prefix: str, tmp_path: Path, how: str
+) -> None:
+    """The part list of a completion damaged on its way is refused (MalformedXML) and
+    nothing is done: it is sent again and the put lands. (Found by the chaos runs, seed 5
+    on SeaweedFS: the refusal failed the put.)"""
+    server = running(name)
+    source = tmp_path / "big.bin"
+    data = make_file(source, 6 * MiB)  # two parts
+    with FaultProxy(server.endpoint_url) as proxy:
+        task = chunked_task(server.connect(prefix, endpoint_url=proxy.endpoint_url))
+        task.declare("big", "make")
+        agent = task.agent("p")
+        claim = agent.claim("big")
+        assert claim is not None
+        proxy.damage_request("POST", "uploadId=", count=1, how=how)
+        entry = agent.put(claim, source)
+        assert [d[2] for d in proxy.damaged] == [how]
+        assert proxy.damaged_answers[0] >= 400  # refused, not taken
+    assert entry.whole_checksum == checksum.of_bytes(data)
+    clean = om.Task.open(server.connect(prefix), "job", transfer=task.transfer)
+    assert clean.agent("c").consume("big") == data
+
+
 # -- the whole-object checksum ----------------------------------------------------------------
 
 

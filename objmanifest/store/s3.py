@@ -77,6 +77,9 @@ _PART_DAMAGED_CODES = _DAMAGED_CODES | {"SignatureDoesNotMatch"}
 """A part carries no digest, but its signature covers its Content-Length: a part cut short
 on its way (with a length to match) is refused as SignatureDoesNotMatch (SeaweedFS), by a
 store that had just taken the same credentials for the upload itself."""
+_COMPLETE_DAMAGED_CODES = _DAMAGED_CODES | {"MalformedXML"}
+"""The part list of a completion is XML we wrote: refused as malformed, it was damaged on
+its way (a byte flipped, the body cut short), and nothing was done."""
 
 
 def _client_config(**overrides: Any) -> Config:
@@ -585,15 +588,21 @@ class S3Store:
             kwargs["IfNoneMatch"] = "*"
         elif mode.kind == "update":
             kwargs["IfMatch"] = mode.etag
-        try:
-            self._call(
+
+        def send() -> Any:
+            return self._call(
                 "complete the multipart upload of",
                 key,
                 lambda: self.client.complete_multipart_upload(**kwargs),
                 conditional=mode.kind != "overwrite",
                 upload=True,
                 write=True,
+                resent=True,
+                damaged=_COMPLETE_DAMAGED_CODES,
             )
+
+        try:
+            send_whole(send, self.runtime, f"the completion of {self.describe(key)}")
         except (StoreError, NotFound) as e:
             if self._unclear_but_gone(e, key, upload_id):
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
