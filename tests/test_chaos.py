@@ -66,16 +66,16 @@ def test_a_pipeline_under_chaos_breaks_no_invariant(name: str, tmp_path: object)
 
 def test_a_lease_judged_on_the_local_clock_is_caught(tmp_path: object) -> None:
     """The same run with every agent judging leases on its own clock (a broken variant,
-    ``agent.BROKEN``): the agent whose clock runs minutes ahead (seed 6: ``write-1``, +3
-    minutes) takes over leases that have not ended, and the checker says so."""
+    ``agent.BROKEN``), every agent minutes off: an agent ahead of another takes over leases
+    that have not ended, and the checker says so."""
     server: Server = running("moto")
     settings = Settings(
         seed=6,
         backend="moto",
         duration=15.0,
-        entries=36,
-        agents=6,
-        skewed=2,
+        entries=24,
+        agents=9,
+        skewed=9,
         broken="local-clock",
         calm_timeout=240.0,
         work_dir=str(tmp_path),
@@ -83,6 +83,5 @@ def test_a_lease_judged_on_the_local_clock_is_caught(tmp_path: object) -> None:
     out = io.StringIO()
     report = Harness(settings, out=out).run(Endpoint(server.endpoint_url, server.env))
     summary = "\n".join([out.getvalue(), *report.lines()])
-    assert any(s.endswith("+3m") for s in report.skewed), summary
     stolen = [v for v in report.violations if v.startswith("checker: lease-stolen")]
     assert stolen, summary
