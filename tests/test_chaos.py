@@ -37,12 +37,10 @@ def test_the_schedule_draws_every_fault_from_its_seed() -> None:
         Chaos(1, reset=0.6, lost=0.6)
 
 
-@pytest.mark.parametrize("name", backends())
-def test_a_pipeline_under_chaos_breaks_no_invariant(name: str, tmp_path: object) -> None:
-    server: Server = running(name)
+def test_a_pipeline_under_chaos_breaks_no_invariant(server: Server, tmp_path: object) -> None:
     settings = Settings(
-        seed=SEEDS.get(name, 13),
-        backend=name,
+        seed=SEEDS.get(server.name, 13),
+        backend=server.name,
         duration=20.0,
         entries=36,
         agents=6,
@@ -64,7 +62,7 @@ def test_a_pipeline_under_chaos_breaks_no_invariant(name: str, tmp_path: object)
     assert len(report.invariants) >= 14, summary
 
 
-@pytest.mark.parametrize("name", backends()[:1])
+@pytest.mark.parametrize("name", backends()[:1])  # one server is enough to be caught on
 def test_a_lease_judged_on_the_local_clock_is_caught(name: str, tmp_path: object) -> None:
     """The same run with every agent judging leases on its own clock (a broken variant,
     ``agent.BROKEN``), every agent minutes off: an agent ahead of another takes over leases

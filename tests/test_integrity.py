@@ -325,15 +325,14 @@ def test_a_part_cut_short_on_its_way_is_sent_again(
     assert clean.agent("c").consume("big") == data
 
 
+@pytest.mark.s3_only  # a proxy damages the completion's body
 @pytest.mark.parametrize("how", ["flip", "truncate"])
-@pytest.mark.parametrize("name", backends())
 def test_a_completion_damaged_on_its_way_is_sent_again(
-    name: str, prefix: str, tmp_path: Path, how: str
+    server: Server, prefix: str, tmp_path: Path, how: str
 ) -> None:
     """The part list of a completion damaged on its way is refused (MalformedXML) and
     nothing is done: it is sent again and the put lands. (Found by the chaos runs, seed 5
     on SeaweedFS: the refusal failed the put.)"""
-    server = running(name)
     source = tmp_path / "big.bin"
     data = make_file(source, 6 * MiB)  # two parts
     with FaultProxy(server.endpoint_url) as proxy:
