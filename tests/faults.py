@@ -22,16 +22,21 @@ connection keeps one upstream connection instead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import http.client
 import os
+import random
 import signal
 import socket
+import struct
+import sys
 import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from email.utils import format_datetime, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,7 +44,7 @@ from types import TracebackType
 
 import botocore.auth
 
-__all__ = ["FaultProxy", "ignoring_conditions"]
+__all__ = ["CHAOS_KINDS", "Chaos", "FaultProxy", "ignoring_conditions"]
 
 # Hop-by-hop headers (RFC 9110 7.6.1) belong to one connection and are never forwarded.
 # Expect is answered by the proxy itself (BaseHTTPRequestHandler sends 100 Continue).
@@ -54,6 +59,78 @@ _CONDITIONAL_HEADERS = frozenset({"if-match", "if-none-match"})
 _UPSTREAM_TIMEOUT = 120.0
 _MAX_LINE = 64 * 1024
 _LONGEST_PAUSE = 300.0  # a request held longer than this goes on anyway: a test forgot resume()
+
+
+CHAOS_KINDS = (
+    "latency",
+    "reset",
+    "slowdown",
+    "error500",
+    "error500_applied",
+    "lost",
+    "truncate",
+    "flip",
+)
+"""The faults a ``Chaos`` schedule injects, in the order its figures print them."""
+
+
+@dataclass(frozen=True)
+class Chaos:
+    """A seeded fault schedule: each request draws at most one fault, with these
+    probabilities (latency is drawn on its own, so a faulted request may also be slow).
+
+    ``reset`` closes the client's connection with a TCP RST before forwarding; ``slowdown``
+    (503 SlowDown) and ``error500`` (500 InternalError) answer without forwarding;
+    ``error500_applied`` forwards, then answers 500 in place of the store's answer;
+    ``lost`` forwards, then closes the connection without an answer; ``truncate`` and
+    ``flip`` damage a request body as ``FaultProxy.damage_request`` does, drawn only by
+    requests with a body and a target containing one of ``damage_paths`` (empty: every
+    target). The n-th request to arrive
+    draws from ``random.Random(f"{seed}:{n}")``, so a schedule is reproducible in the order
+    requests arrive (which threads and processes decide, so a run is seeded, not replayed).
+    """
+
+    seed: int
+    latency: float = 0.25
+    max_latency: float = 0.05
+    reset: float = 0.015
+    slowdown: float = 0.015
+    error500: float = 0.015
+    error500_applied: float = 0.015
+    lost: float = 0.015
+    truncate: float = 0.02
+    flip: float = 0.02
+    damage_paths: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        odds = [getattr(self, kind) for kind in CHAOS_KINDS]
+        if any(not 0 <= p <= 1 for p in odds) or sum(odds[1:]) > 1 or self.max_latency < 0:
+            raise ValueError(f"chaos probabilities must be in [0, 1] and sum to at most 1: {self}")
+
+    def draw(self, n: int, method: str, target: str, has_body: bool) -> tuple[float, str | None]:
+        """The added latency (seconds) and the fault (or None) of the ``n``-th request. A
+        request with a body it may damage draws ``truncate`` and ``flip`` first."""
+        rng = random.Random(f"{self.seed}:{n}")
+        delay = rng.uniform(0, self.max_latency) if rng.random() < self.latency else 0.0
+        damageable = has_body and (
+            not self.damage_paths or any(p in target for p in self.damage_paths)
+        )
+        roll = rng.random()
+        for kind in CHAOS_KINDS[1:] if damageable else CHAOS_KINDS[1:-2]:
+            roll -= getattr(self, kind)
+            if roll < 0:
+                return delay, kind
+        return delay, None
+
+    def scaled(self, intensity: float) -> Chaos:
+        """This schedule with every fault's probability (not latency's) times
+        ``intensity``."""
+        odds = {kind: getattr(self, kind) * intensity for kind in CHAOS_KINDS[1:]}
+        return dataclasses.replace(self, **odds)
+
+    def describe(self) -> dict[str, object]:
+        """The schedule as plain data (for a run's report)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
@@ -102,6 +179,11 @@ class _ProxyServer(ThreadingHTTPServer):
     def __init__(self, proxy: FaultProxy) -> None:
         self.proxy = proxy
         super().__init__(("127.0.0.1", 0), _ProxyHandler)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Quiet about a client that went away (a reset, a killed agent); loud otherwise."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):
@@ -171,6 +253,24 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         proxy._hold_while_paused()
         if proxy.delay > 0:
             time.sleep(proxy.delay)
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        fault = proxy._chaos_fault(method, self.path, bool(body) and not chunked)
+        if fault == "reset":
+            # SO_LINGER 0: closing sends a RST, as a peer or a middlebox that resets would.
+            with contextlib.suppress(OSError):
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+            self.close_connection = True
+            return
+        if fault in ("slowdown", "error500"):
+            self._answer_error(fault)
+            return
+        if fault in ("truncate", "flip"):
+            body = _damaged(body, fault)
+            headers = [
+                (n, str(len(body)) if n.lower() == "content-length" else v) for n, v in headers
+            ]
         kill = proxy._take_kill(method, self.path)
         if kill is not None and kill.phase == "before":
             proxy._kill(kill)  # the request never reaches the store
@@ -202,8 +302,16 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.wfile.write(message)
             return
 
-        if damaged:
+        if damaged or fault in ("truncate", "flip"):
             proxy._answered_damaged(status)
+        if fault == "error500_applied":
+            self._answer_error(fault)  # the store applied it; the client hears it failed
+            return
+        if fault == "lost":
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
         if kill is not None:
             proxy._kill(kill)  # applied upstream; the client died before the answer
             self.close_connection = True
@@ -246,6 +354,28 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if not no_body and resp_body:
             self.wfile.write(resp_body)
+        self.wfile.flush()
+
+    def _answer_error(self, fault: str) -> None:
+        """An S3 error answer of the proxy's own: 503 SlowDown or 500 InternalError."""
+        status, code = (503, "SlowDown") if fault == "slowdown" else (500, "InternalError")
+        message = f"{code} (injected by the fault proxy's chaos schedule)"
+        body = (
+            b""
+            if self.command == "HEAD"
+            else (
+                '<?xml version="1.0" encoding="UTF-8"?>\n'
+                f"<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+            ).encode()
+        )
+        self.close_connection = True
+        self.send_response_only(status, code)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if body:
+            self.wfile.write(body)
         self.wfile.flush()
 
     do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = do_PATCH = do_OPTIONS = _proxy
@@ -301,6 +431,11 @@ class FaultProxy:
         self._cuts: list[_CutRule] = []
         self._kills: list[_KillRule] = []
         self.killed = 0
+        self.chaos: Chaos | None = None
+        """A fault schedule every request draws from (``None``: no chaos); set it any time."""
+        self.faults: Counter[str] = Counter()
+        """Under chaos: ``requests`` seen, and how many drew each fault of ``CHAOS_KINDS``."""
+        self._chaos_seen = 0
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._server = _ProxyServer(self)
@@ -521,11 +656,30 @@ class FaultProxy:
                 rule.remaining -= 1
                 self.damaged.append((method, path, rule.how))
                 self._damaged_bodies.add(identity)
-                if rule.how == "truncate":
-                    return body[: len(body) // 2]
-                middle = len(body) // 2
-                return body[:middle] + bytes([body[middle] ^ 0x01]) + body[middle + 1 :]
+                return _damaged(body, rule.how)
         return body
+
+    def _chaos_fault(self, method: str, path: str, has_body: bool) -> str | None:
+        """Under a chaos schedule: wait this request's added latency, count and return its
+        fault (None for none)."""
+        chaos = self.chaos
+        if chaos is None:
+            return None
+        with self._lock:
+            n = self._chaos_seen
+            self._chaos_seen += 1
+        delay, fault = chaos.draw(n, method, path, has_body)
+        if delay > 0:
+            time.sleep(delay)
+        with self._lock:
+            self.faults["requests"] += 1
+            if delay > 0:
+                self.faults["latency"] += 1
+            if fault is not None:
+                self.faults[fault] += 1
+                if fault in ("truncate", "flip"):
+                    self.damaged.append((method, path, fault))
+        return fault
 
     def _answered_damaged(self, status: int) -> None:
         with self._lock:
@@ -608,6 +762,15 @@ class FaultProxy:
         resp = conn.getresponse()
         data = resp.read()
         return resp.status, resp.reason, resp.getheaders(), data
+
+
+def _damaged(body: bytes, how: str) -> bytes:
+    """``body`` cut to its first half (``truncate``) or with one bit of its middle byte
+    inverted (``flip``)."""
+    if how == "truncate":
+        return body[: len(body) // 2]
+    middle = len(body) // 2
+    return body[:middle] + bytes([body[middle] ^ 0x01]) + body[middle + 1 :]
 
 
 @contextlib.contextmanager

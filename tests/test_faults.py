@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import io
 import json
@@ -17,7 +18,7 @@ import botocore.auth
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionClosedError, HTTPClientError
-from faults import FaultProxy
+from faults import CHAOS_KINDS, Chaos, FaultProxy
 
 from objmanifest import servers
 from objmanifest.servers import LocalS3
@@ -370,3 +371,68 @@ def test_conditional_reads_and_streamed_bodies_pass_through(s3: LocalS3, bucket:
         assert head["ResponseMetadata"]["HTTPHeaders"].get("date")
         got = client.get_object(Bucket=bucket, Key="k", IfMatch=etag)
         assert got["Body"].read() == b"x" * 100_000
+
+
+# ------------------------------------------------------------------- the chaos schedule
+
+
+def _only(kind: str) -> Chaos:
+    """A schedule that gives every request exactly this fault (latency: 30 ms on each)."""
+    odds = dict.fromkeys(CHAOS_KINDS[1:], 0.0)
+    if kind != "latency":
+        odds[kind] = 1.0
+    return Chaos(1, latency=1.0 if kind == "latency" else 0.0, max_latency=0.03, **odds)
+
+
+@pytest.mark.parametrize(
+    ("kind", "reaches_upstream", "status"),
+    [
+        ("latency", True, 200),
+        ("reset", False, None),
+        ("slowdown", False, 503),
+        ("error500", False, 500),
+        ("error500_applied", True, 500),
+        ("lost", True, None),
+        ("truncate", True, 200),
+        ("flip", True, 200),
+    ],
+)
+def test_each_chaos_fault_does_what_it_says(
+    echo_proxy: FaultProxy, kind: str, reaches_upstream: bool, status: int | None
+) -> None:
+    echo_proxy.chaos = _only(kind)
+    conn = _conn(echo_proxy)
+    body = b"0123456789"
+    conn.request("PUT", "/b/k", body=body, headers={"Content-Length": str(len(body))})
+    if status is None:  # no answer: the connection reset, or closed with nothing
+        with pytest.raises((ConnectionError, http.client.HTTPException)):
+            conn.getresponse().read()
+    else:
+        resp = conn.getresponse()
+        answer = resp.read()
+        assert resp.status == status
+        if status == 503:
+            assert b"<Code>SlowDown</Code>" in answer
+        if status == 500:
+            assert b"<Code>InternalError</Code>" in answer
+    assert len(_Echo.seen) == (1 if reaches_upstream else 0)
+    if reaches_upstream:
+        sent = _Echo.seen[0]["body"]
+        expected = {"truncate": "01234", "flip": "01234" + chr(ord("5") ^ 1) + "6789"}
+        assert sent == expected.get(kind, "0123456789")
+    assert echo_proxy.faults["requests"] == 1
+    assert echo_proxy.faults[kind] == 1
+    assert sum(echo_proxy.faults[k] for k in CHAOS_KINDS) == 1
+
+
+def test_chaos_damages_only_bodies_on_the_paths_it_names(echo_proxy: FaultProxy) -> None:
+    echo_proxy.chaos = dataclasses.replace(_only("flip"), damage_paths=("/data/",))
+    for path in ("/b/shards/x", "/b/data/x"):
+        conn = _conn(echo_proxy)
+        conn.request("PUT", path, body=b"abcdef", headers={"Content-Length": "6"})
+        assert conn.getresponse().status == 200
+    conn = _conn(echo_proxy)
+    conn.request("GET", "/b/data/x")
+    assert conn.getresponse().status == 200
+    assert [r["body"] for r in _Echo.seen] == ["abcdef", "abc" + chr(ord("d") ^ 1) + "ef", ""]
+    assert echo_proxy.faults["flip"] == 1 and echo_proxy.faults["requests"] == 3

@@ -73,6 +73,13 @@ _DAMAGED_CODES = frozenset(
     }
 )
 """Refusals of a body that arrived other than it was sent: nothing was stored."""
+_PART_DAMAGED_CODES = _DAMAGED_CODES | {"SignatureDoesNotMatch"}
+"""A part carries no digest, but its signature covers its Content-Length: a part cut short
+on its way (with a length to match) is refused as SignatureDoesNotMatch (SeaweedFS), by a
+store that had just taken the same credentials for the upload itself."""
+_COMPLETE_DAMAGED_CODES = _DAMAGED_CODES | {"MalformedXML"}
+"""The part list of a completion is XML we wrote: refused as malformed, it was damaged on
+its way (a byte flipped, the body cut short), and nothing was done."""
 
 
 def _client_config(**overrides: Any) -> Config:
@@ -264,20 +271,22 @@ class S3Store:
         upload: bool = False,
         write: bool = False,
         resent: bool = False,
+        damaged: frozenset[str] = _DAMAGED_CODES,
     ) -> Any:
         """Run one request and map its outcome.
 
         ``conditional``: a lost race is ``PreconditionFailed``; ``upload``: a vanished
         upload is ``UploadGone`` and a rejected part list ``PartsRejected``; ``write``: a
         connection lost after sending is ``OutcomeUnknown``; ``resent``: a body refused as
-        damaged is ``BodyDamaged`` (the caller sends it again, ``send_whole``).
+        damaged (an error code in ``damaged``) is ``BodyDamaged`` (the caller sends it
+        again, ``send_whole``).
         """
         try:
             response = call()
         except botocore.exceptions.ClientError as e:
             self._observe(e.response)
             code, status = _error_code(e)
-            if resent and code in _DAMAGED_CODES:
+            if resent and code in damaged:
                 raise BodyDamaged(f"{self.describe(key)}: {code}") from e
             if upload and code == "NoSuchUpload":
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
@@ -484,7 +493,8 @@ class S3Store:
 
         A part streamed from a file carries no digest header (that would need a second read
         of it): the caller compares the ETag with the MD5 of what it sent. A part the store
-        refuses as damaged anyway (a signed payload hash over http) is sent again.
+        refuses as damaged anyway (a signed payload hash over http, or a signature that no
+        longer matches a part cut short) is sent again.
 
         Bytes go as a file object too: given ``bytes``, botocore copies them into one buffer
         with the headers; ``BytesIO`` shares them and is rewound for a retry.
@@ -507,6 +517,7 @@ class S3Store:
                 ),
                 upload=True,
                 resent=True,
+                damaged=_PART_DAMAGED_CODES,
             )
 
         try:
@@ -577,15 +588,21 @@ class S3Store:
             kwargs["IfNoneMatch"] = "*"
         elif mode.kind == "update":
             kwargs["IfMatch"] = mode.etag
-        try:
-            self._call(
+
+        def send() -> Any:
+            return self._call(
                 "complete the multipart upload of",
                 key,
                 lambda: self.client.complete_multipart_upload(**kwargs),
                 conditional=mode.kind != "overwrite",
                 upload=True,
                 write=True,
+                resent=True,
+                damaged=_COMPLETE_DAMAGED_CODES,
             )
+
+        try:
+            send_whole(send, self.runtime, f"the completion of {self.describe(key)}")
         except (StoreError, NotFound) as e:
             if self._unclear_but_gone(e, key, upload_id):
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
