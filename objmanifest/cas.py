@@ -37,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -174,7 +175,7 @@ class Stats:
 class _Version(Generic[T]):
     doc: T
     etag: str | None  # None: the object does not exist yet
-    confirmed: float = float("-inf")
+    confirmed: float = -math.inf
     """When (the runtime's monotonic clock) this process last knew it was the object's
     current version: read (200 or 304), or written by a write that landed."""
 
@@ -463,7 +464,7 @@ class Documents:
         if cached is None:
             return False
         now, fresh = self.store.runtime.monotonic(), self.policy.fresh_seconds
-        lost = self._lost.get(key, float("-inf"))
+        lost = self._lost.get(key, -math.inf)
         return now - cached.confirmed < fresh and now - lost >= fresh
 
     def forget(self, key: str) -> None:
