@@ -5,16 +5,19 @@ the sync call to a thread pool and awaits it, so the event loop never blocks on 
 and everything below (changes, states, leases, layout, the CAS loop, transfers) is the
 one core the sync API uses, with its tests and its guarantees.
 
-Why a thread pool and not an async S3 client (aiobotocore): measured, the sync store run
-in a pool as large as the store's connection pool (``store.connections``, so no thread
-waits for a connection) was at least as fast as aiobotocore on the same work, because the
-time goes to waiting on the store, which threads do without holding the GIL; coroutines
-here run level with threads of the sync API (ratios 0.88 to 1.09 for 8 and 32 workers
-25 ms from the store: ``python -m bench --only aio``, BENCHMARKS.md). It needs no new
-dependency and keeps one store, one CAS loop and one retry and fault-handling path; threads
-of one process that commit to one shard share its writes (group commits), so coroutines of
-one ``AsyncTask`` share them too. An async client would need a second store and a second
-CAS loop kept equal to the first.
+Why a thread pool and not an async S3 client (aiobotocore): the sync store runs in a pool
+as large as the store's connection pool (``store.connections``, so no thread waits for a
+connection), and coroutines here run level with threads of the sync API (ratios 0.88 to
+1.09 for 8 and 32 workers 25 ms from the store: ``python -m bench --only aio``). On raw
+conditional writes aiobotocore is not always level: where latency is the limit (8 workers
+25 ms away) it ran 0.88 to 1.20 times the ops/s of boto3 threads, but where the client's
+CPU is the limit (32 workers, or bare) it ran up to 1.5 times when the machine had CPU to
+spare and 0.65 to 1.01 times when it was busy (``bench/aio_client.py``, BENCHMARKS.md).
+That gain is at request rates an agent process rarely needs; the pool needs no new
+dependency (aiobotocore pins botocore) and keeps one store, one CAS loop and one retry and
+fault-handling path; threads of one process that commit to one shard share its writes
+(group commits), so coroutines of one ``AsyncTask`` share them too. An async client would
+need a second store and a second CAS loop kept equal to the first.
 
 Cancellation. Cancelling a coroutine does not stop the thread doing its work, so:
 
