@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from objmanifest.errors import ExtraMissing, Stopped
+from objmanifest.errors import Stopped
 from objmanifest.mcp import tools  # the module: it imports cli's modules in turn
 
 from .commands import Context
+from .extras import extra_needed
 
 EXTRA_MODULES = (
     "mcp",
@@ -33,15 +34,8 @@ EXTRA_MODULES = (
 def load_server() -> ModuleType:
     """``objmanifest.mcp.server``, imported only when asked for: the ``mcp`` extra is
     optional, and no other command should pay for importing it."""
-    try:
+    with extra_needed("mcp", "mcp", EXTRA_MODULES):
         from objmanifest.mcp import server
-    except ModuleNotFoundError as e:
-        if (e.name or "").partition(".")[0] not in EXTRA_MODULES:
-            raise
-        raise ExtraMissing(
-            f"objmanifest mcp needs the optional extra 'mcp' (module {e.name!r} is missing): "
-            "install it with pip install 'objmanifest[mcp]'"
-        ) from None
     return server
 
 

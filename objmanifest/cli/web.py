@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from objmanifest.errors import ExtraMissing, Stopped
+from objmanifest.errors import Stopped
 from objmanifest.web.security import check_binding
 from objmanifest.web.views import Site
 
 from .commands import Context
+from .extras import extra_needed
 
 EXTRA_MODULES = ("starlette", "uvicorn", "anyio", "h11", "click")
 """Modules of the ``web`` extra (and of what it pulls in)."""
@@ -19,15 +20,8 @@ EXTRA_MODULES = ("starlette", "uvicorn", "anyio", "h11", "click")
 def load_server() -> ModuleType:
     """``objmanifest.web.server``, imported only when asked for: the ``web`` extra is
     optional, and no other command should pay for importing it."""
-    try:
+    with extra_needed("web", "web", EXTRA_MODULES):
         from objmanifest.web import server
-    except ModuleNotFoundError as e:
-        if (e.name or "").partition(".")[0] not in EXTRA_MODULES:
-            raise
-        raise ExtraMissing(
-            f"objmanifest web needs the optional extra 'web' (module {e.name!r} is missing): "
-            "install it with pip install 'objmanifest[web]'"
-        ) from None
     return server
 
 
