@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import objmanifest as om
 from objmanifest.cli.exits import ExitCode, NothingClaimable, classify
@@ -28,6 +28,8 @@ from objmanifest.cli.output import claim_json, entry_json, error_json, status_js
 from objmanifest.history import record_dict
 from objmanifest.model import check_file_id
 from objmanifest.runtime import Repeating
+
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -405,8 +407,23 @@ class Session:
             )
         return self._claimed(found)
 
+    def _with_claim(self, file_id: str, call: Callable[[om.Claim], R]) -> tuple[_Held, R]:
+        """``call`` on the held claim of ``file_id``, marked busy meanwhile; a claim found
+        lost (``LeaseLost``) stops being held, and what happened is told on later calls."""
+        held = self._take(file_id)
+        try:
+            return held, call(held.claim)
+        except om.LeaseLost as e:
+            self._drop(held, str(e))
+            raise
+        finally:
+            self._done(held)
+
+    def _hold_left(self, held: _Held) -> float:
+        return self.max_hold - (self.runtime.monotonic() - held.since)
+
     def _claimed_again(self, held: _Held) -> dict[str, Any]:
-        left = self.max_hold - (self.runtime.monotonic() - held.since)
+        left = self._hold_left(held)
         return {
             **claim_json(held.claim),
             "hold_seconds": round(left, 1),
@@ -426,29 +443,15 @@ class Session:
                 raise om.InvalidInput(f"path {path!r} is a directory: put one file")
             if not data.is_file():
                 raise om.InvalidInput(f"path {path!r} is not a file under the root {self.root}")
-        held = self._take(file_id)
-        try:
-            entry = self.agent.put(held.claim, data)
-        except om.LeaseLost as e:
-            self._drop(held, str(e))
-            raise
-        finally:
-            self._done(held)
+        held, entry = self._with_claim(file_id, lambda claim: self.agent.put(claim, data))
         self._drop(held)
         return entry_json(entry)
 
     def renew(self, file_id: str) -> dict[str, Any]:
-        held = self._take(file_id)
-        try:
-            renewed = self.agent.renew(held.claim)
-        except om.LeaseLost as e:
-            self._drop(held, str(e))
-            raise
-        finally:
-            self._done(held)
+        held, renewed = self._with_claim(file_id, self.agent.renew)
         with self._lock:
             held.claim = renewed
-        left = self.max_hold - (self.runtime.monotonic() - held.since)
+        left = self._hold_left(held)
         return {
             **claim_json(renewed),
             "hold_seconds": round(left, 1),
@@ -456,26 +459,12 @@ class Session:
         }
 
     def fail(self, file_id: str, reason: str) -> dict[str, Any]:
-        held = self._take(file_id)
-        try:
-            entry = self.agent.fail(held.claim, reason)
-        except om.LeaseLost as e:
-            self._drop(held, str(e))
-            raise
-        finally:
-            self._done(held)
+        held, entry = self._with_claim(file_id, lambda claim: self.agent.fail(claim, reason))
         self._drop(held, f"you gave {file_id!r} up (fail); claim it again to retry it")
         return entry_json(entry)
 
     def release(self, file_id: str) -> dict[str, Any]:
-        held = self._take(file_id)
-        try:
-            entry = self.agent.release(held.claim)
-        except om.LeaseLost as e:
-            self._drop(held, str(e))
-            raise
-        finally:
-            self._done(held)
+        held, entry = self._with_claim(file_id, self.agent.release)
         self._drop(held, f"you released {file_id!r}; claim it again to work on it")
         return entry_json(entry)
 
