@@ -151,10 +151,10 @@ def base_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
-    """The CLI for one test's prefix. No output of any command may contain the secret key
-    in its environment; moto accepts any credentials, so there it gets sentinel ones."""
+def make_cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
+    """The CLI for one test's prefix and task ``job``. No output of any command may contain
+    the secret key in its environment; moto accepts any credentials, so there it gets
+    sentinel ones."""
     env = {
         **base_env(),
         **server.env,
@@ -164,6 +164,11 @@ def cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
     if server.name == "moto":
         env.update(AWS_SECRET_ACCESS_KEY=SENTINEL_SECRET, AWS_ACCESS_KEY_ID=SENTINEL_KEY_ID)
     return Cli(env, tmp_path, (env["AWS_SECRET_ACCESS_KEY"],))
+
+
+@pytest.fixture
+def cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
+    return make_cli(server, prefix, tmp_path)
 
 
 MOTO_ONLY = pytest.mark.parametrize("server", ["moto"], indirect=True)

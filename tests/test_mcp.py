@@ -23,18 +23,17 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import BUCKET, Server, memory_store
+from conftest import Server, memory_store
 from mcp import Client, ClientSession
 from mcp import types as mcp_types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from test_cli import (
     MOTO_ONLY,
-    SENTINEL_KEY_ID,
-    SENTINEL_SECRET,
     Cli,
     base_env,
     finish,
+    make_cli,
     produce,
     read_line,
 )
@@ -62,17 +61,7 @@ TOOLS = {
 
 @pytest.fixture
 def cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
-    """The CLI for this test's prefix and task ``job``; no output may carry the secret key
-    (moto gets sentinel credentials)."""
-    env = {
-        **base_env(),
-        **server.env,
-        "OBJMANIFEST_URL": f"s3://{BUCKET}/{prefix}",
-        "OBJMANIFEST_TASK": "job",
-    }
-    if server.name == "moto":
-        env.update(AWS_SECRET_ACCESS_KEY=SENTINEL_SECRET, AWS_ACCESS_KEY_ID=SENTINEL_KEY_ID)
-    return Cli(env, tmp_path, (env["AWS_SECRET_ACCESS_KEY"],))
+    return make_cli(server, prefix, tmp_path)
 
 
 class Agent:

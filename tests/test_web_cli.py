@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BUCKET, Server
-from test_cli import SENTINEL_KEY_ID, SENTINEL_SECRET, Cli, base_env, finish, read_line
+from conftest import Server
+from test_cli import Cli, base_env, finish, make_cli, read_line
 
 from objmanifest.cli import exits
 
@@ -28,17 +28,7 @@ TOKEN = "cli-web-token-0123456789abcdef"
 
 @pytest.fixture
 def cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
-    """The CLI for this test's prefix and task ``job``, as ``test_cli`` makes it: no output
-    may carry the secret key (moto gets sentinel credentials)."""
-    env = {
-        **base_env(),
-        **server.env,
-        "OBJMANIFEST_URL": f"s3://{BUCKET}/{prefix}",
-        "OBJMANIFEST_TASK": "job",
-    }
-    if server.name == "moto":
-        env.update(AWS_SECRET_ACCESS_KEY=SENTINEL_SECRET, AWS_ACCESS_KEY_ID=SENTINEL_KEY_ID)
-    return Cli(env, tmp_path, (env["AWS_SECRET_ACCESS_KEY"],))
+    return make_cli(server, prefix, tmp_path)
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
