@@ -82,6 +82,19 @@ class Warp:
 WARP = Warp(float(os.environ.get("OBJMANIFEST_TEST_MEMORY_WARP", "10")))
 
 
+class ManualClock:
+    """A store clock the test moves by hand (``MemoryStore(clock=...)``)."""
+
+    def __init__(self, now: datetime = datetime(2030, 1, 1, tzinfo=timezone.utc)) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
 def memory_store(prefix: str, skew: float | None = None) -> om.MemoryStore:
     """A MemoryStore of the test bucket on the session's warped time; or, with ``skew``, on
     this machine's wall clock shifted by ``skew`` seconds (a store whose clock is off)."""

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ManualClock
 
 from objmanifest import checksum
 from objmanifest.model import Entry, Shard, State
@@ -40,19 +41,6 @@ from tests.checker import (
     summary,
 )
 
-T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
 
 @dataclass(frozen=True)
 class Doctor:
@@ -73,7 +61,7 @@ class Doctor:
 @dataclass
 class Run:
     task: Task
-    clock: Clock
+    clock: ManualClock
     log: OpLog
 
     def doctor(self, name: str, actor: str, file_id: str, **fields: Any) -> None:
@@ -111,7 +99,7 @@ class Run:
 
 @pytest.fixture
 def run() -> Run:
-    clock = Clock()
+    clock = ManualClock()
     store = MemoryStore(f"checker-{uuid.uuid4().hex[:12]}", clock=clock)
     task = Task.create(store, "job", ["make"], lease_seconds=30, max_retries=5)
     r = Run(task, clock, OpLog())

@@ -16,11 +16,12 @@ import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ManualClock
 
 import objmanifest as om
 from objmanifest import permissions
@@ -194,14 +195,6 @@ def test_the_evaluator_reads_wildcards_conditions_and_denials() -> None:
 # -- agents and operators at work, judged by the policies --------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2030, 1, 1, tzinfo=timezone.utc)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 @contextmanager
 def recording(store: om.MemoryStore) -> Iterator[list[tuple[str, str]]]:
     calls: list[tuple[str, str]] = []
@@ -216,7 +209,7 @@ def recording(store: om.MemoryStore) -> Iterator[list[tuple[str, str]]]:
         store.faults.hooks.remove(hook)
 
 
-def agents_at_work(store: om.MemoryStore, clock: Clock) -> om.Task:
+def agents_at_work(store: om.MemoryStore, clock: ManualClock) -> om.Task:
     """Every agent command: create (with its probe), declare, claim, renew, put (one object
     and chunked), a fenced put, fail until dead, release, revive, undeclare, consume, the
     views, reap, and the doctor's whole probe."""
@@ -275,12 +268,12 @@ def agents_at_work(store: om.MemoryStore, clock: Clock) -> om.Task:
     return task
 
 
-def store_with(clock: Clock) -> om.MemoryStore:
+def store_with(clock: ManualClock) -> om.MemoryStore:
     return om.MemoryStore(f"perm-{uuid.uuid4().hex[:8]}", PREFIX, clock=clock)
 
 
 def test_agents_at_work_need_nothing_beyond_the_agent_policy() -> None:
-    clock = Clock()
+    clock = ManualClock()
     store = store_with(clock)
     with recording(store) as calls:
         agents_at_work(store, clock)
@@ -321,7 +314,7 @@ def admin_commands(task: om.Task) -> dict[str, Any]:
 def test_operators_need_the_admin_policy_and_an_agent_cannot_do_their_work() -> None:
     agent_policy = permissions.policy(BUCKET, PREFIX, "agent")
     admin_policy = permissions.policy(BUCKET, PREFIX, "admin")
-    clock = Clock()
+    clock = ManualClock()
     store = store_with(clock)
     task = agents_at_work(store, clock)
     clock.now += timedelta(days=2)

@@ -11,9 +11,10 @@ import os
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
+from conftest import ManualClock
 
 from objmanifest.errors import LeaseLost, NotFound, OutcomeUnknown
 from objmanifest.model import State
@@ -68,28 +69,18 @@ def test_a_broken_variant_is_caught_within_the_ci_seeds(
 
 # -- the bugs it found ------------------------------------------------------------------------
 
-T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(clock: Clock) -> Iterator[MemoryStore]:
+def store(clock: ManualClock) -> Iterator[MemoryStore]:
     yield MemoryStore(f"sim-bugs-{uuid.uuid4().hex[:12]}", clock=clock)
 
 
-def fenced_holder(store: MemoryStore, clock: Clock) -> tuple[Task, object]:
+def fenced_holder(store: MemoryStore, clock: ManualClock) -> tuple[Task, object]:
     """A task where ``old`` holds a claim that ``new`` has since taken over."""
     task = Task.create(store, "job", ["make"], lease_seconds=10)
     task.declare("a", "make")
@@ -100,7 +91,7 @@ def fenced_holder(store: MemoryStore, clock: Clock) -> tuple[Task, object]:
 
 
 def test_a_fenced_put_whose_cleanup_delete_answer_is_lost_is_still_lease_lost(
-    store: MemoryStore, clock: Clock
+    store: MemoryStore, clock: ManualClock
 ) -> None:
     """Seed 7: the fenced holder's delete of its own object lost its answer, and
     ``OutcomeUnknown`` escaped ``put`` (``MemoryStore`` said it, ``S3Store`` says
@@ -116,7 +107,7 @@ def test_a_fenced_put_whose_cleanup_delete_answer_is_lost_is_still_lease_lost(
 
 
 def test_gc_whose_delete_answer_is_lost_reports_it_and_lets_nothing_out(
-    store: MemoryStore, clock: Clock
+    store: MemoryStore, clock: ManualClock
 ) -> None:
     """Seed 3: ``gc`` removing a fenced holder's data lost the delete's answer."""
     task, _ = fenced_holder(store, clock)
