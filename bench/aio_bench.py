@@ -13,12 +13,12 @@ it runs on; 1.0 means nothing.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import objmanifest as om
-from bench.common import Bench, create_task, fmt, new_prefix, ratio, say
+from bench.common import Bench, create_task, fmt, new_prefix, ratio, run_together, say
 from objmanifest.aio import AsyncTask
 
 BODY = b"x" * 100
@@ -37,23 +37,19 @@ def _task(b: Bench, delay_ms: int, name: str, entries: int) -> tuple[om.Task, An
 def with_threads(task: om.Task, workers: int) -> tuple[int, float]:
     """Entries made ready by ``workers`` threads, and the seconds it took."""
     made = [0] * workers
-    start = threading.Barrier(workers + 1)
 
-    def work(n: int) -> None:
+    def prepare(n: int) -> Callable[[], None]:
         agent = task.agent(f"t{n}")
-        start.wait()
-        while (claim := agent.claim(stage="s")) is not None:
-            agent.put(claim, BODY)
-            made[n] += 1
 
-    threads = [threading.Thread(target=work, args=(n,), daemon=True) for n in range(workers)]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    return sum(made), time.perf_counter() - t0
+        def work() -> None:
+            while (claim := agent.claim(stage="s")) is not None:
+                agent.put(claim, BODY)
+                made[n] += 1
+
+        return work
+
+    seconds = run_together(prepare, workers)
+    return sum(made), seconds
 
 
 def with_coroutines(task: om.Task, workers: int) -> tuple[int, float]:

@@ -22,11 +22,21 @@ import argparse
 import asyncio
 import json
 import os
-import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from bench.common import BUCKET, Bench, bench_context, fmt, machine, new_prefix, ratio, say
+from bench.common import (
+    BUCKET,
+    Bench,
+    bench_context,
+    fmt,
+    machine,
+    new_prefix,
+    ratio,
+    run_together,
+    say,
+)
 from objmanifest.store import make_client
 
 try:
@@ -58,28 +68,20 @@ def _shares(ops: int, workers: int) -> list[int]:
 def with_threads(endpoint: str, prefix: str, workers: int, ops: int) -> float:
     """Ops/s of ``workers`` threads sharing one boto3 client."""
     client = make_client(endpoint, max_pool_connections=workers)
-    start = threading.Barrier(workers + 1)
+    shares = _shares(ops, workers)
 
-    def work(n: int, count: int) -> None:
-        start.wait()
-        for i in range(count):
-            key = f"{prefix}/t{n}-{i}"
-            client.put_object(Bucket=BUCKET, Key=key, Body=BODY, IfNoneMatch="*")
-            got = client.get_object(Bucket=BUCKET, Key=key)
-            got["Body"].read()
-            client.put_object(Bucket=BUCKET, Key=key, Body=BODY, IfMatch=got["ETag"])
+    def prepare(n: int) -> Callable[[], None]:
+        def work() -> None:
+            for i in range(shares[n]):
+                key = f"{prefix}/t{n}-{i}"
+                client.put_object(Bucket=BUCKET, Key=key, Body=BODY, IfNoneMatch="*")
+                got = client.get_object(Bucket=BUCKET, Key=key)
+                got["Body"].read()
+                client.put_object(Bucket=BUCKET, Key=key, Body=BODY, IfMatch=got["ETag"])
 
-    threads = [
-        threading.Thread(target=work, args=(n, c), daemon=True)
-        for n, c in enumerate(_shares(ops, workers))
-    ]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - t0
+        return work
+
+    seconds = run_together(prepare, workers)
     client.close()
     return ops / seconds
 

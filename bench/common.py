@@ -12,9 +12,10 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,26 @@ class CpuWindow:
 
 
 # -- statistics --------------------------------------------------------------------------------
+
+
+def run_together(prepare: Callable[[int], Callable[[], None]], workers: int) -> float:
+    """``workers`` threads, each ``prepare(n)`` first (untimed), then all of them running
+    what it returned from one instant: the seconds until the last one ended."""
+    start = threading.Barrier(workers + 1)
+
+    def run(n: int) -> None:
+        work = prepare(n)
+        start.wait()
+        work()
+
+    threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in range(workers)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - t0
 
 
 def pct(values: Iterable[float], q: float) -> float | None:
