@@ -690,8 +690,11 @@ def _mcp(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def hold_seconds(text: str) -> float:
-    """``mcp --max-hold``: above 0, at most a day."""
-    value = seconds(text)
+    """``mcp --max-hold``: above 0, at most a day (one message for every value outside)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not 0 < value <= 86400:
         raise argparse.ArgumentTypeError(f"must be above 0 and at most 86400 seconds, not {text}")
     return value
