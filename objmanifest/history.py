@@ -33,6 +33,22 @@ BLOCK_SCHEMA = 1
 MARKER_SCHEMA = 1
 
 
+def decided_order(groups: Iterable[Sequence[JournalRecord]]) -> list[JournalRecord]:
+    """Records of several objects (each group one object's, in version order) in the order
+    they were decided: by store time, then object and version, except that within one
+    object its versions are the order. Agents' store clocks are estimates (the ``Date``
+    header has whole seconds), so a later version written by another process may carry an
+    earlier time; it is placed at the time of the version before it, never before it."""
+    keyed: list[tuple[tuple[datetime, str, int], JournalRecord]] = []
+    for records in groups:
+        latest: datetime | None = None
+        for record in records:
+            latest = record.at if latest is None or record.at > latest else latest
+            keyed.append(((latest, record.object_key or "", record.version), record))
+    keyed.sort(key=lambda pair: pair[0])
+    return [record for _, record in keyed]
+
+
 @dataclass(frozen=True)
 class Transition:
     """One step in an entry's history: the commit (object version, command, actor, store
@@ -293,21 +309,22 @@ class History:
         agent: str | None = None,
         objects: Iterable[tuple[str, Codec[Any]]] | None = None,
     ) -> list[JournalRecord]:
-        """The task's records in the order they were decided (store time, then object and
-        version), filtered by time, stage and actor."""
-        out: list[JournalRecord] = []
+        """The task's records in the order they were decided (``decided_order``), filtered
+        by time, stage and actor."""
+        groups: list[list[JournalRecord]] = []
         for key, codec in objects if objects is not None else self._objects():
             parsed = self.layout.parse(key)
             if stage is not None and parsed.stage != stage:
                 continue
-            for record in self.records(key, codec):
-                if since is not None and record.at < since:
-                    continue
-                if agent is not None and record.actor != agent:
-                    continue
-                out.append(record)
-        out.sort(key=lambda r: (r.at, r.object_key or "", r.version))
-        return out
+            groups.append(
+                [
+                    record
+                    for record in self.records(key, codec)
+                    if (since is None or record.at >= since)
+                    and (agent is None or record.actor == agent)
+                ]
+            )
+        return decided_order(groups)
 
     def newer(
         self, seen: dict[str, int], objects: Iterable[tuple[str, Codec[Any]]] | None = None
@@ -316,7 +333,7 @@ class History:
         returned; updated), oldest first. Each object costs a conditional GET (a 304 when
         it did not change); its blocks are read only if records moved there meanwhile, and
         only those."""
-        out: list[JournalRecord] = []
+        groups: list[list[JournalRecord]] = []
         for key, codec in objects if objects is not None else self._objects():
             try:
                 doc = self.docs.read(key, codec)
@@ -334,9 +351,8 @@ class History:
             else:
                 found = [r.model_copy(update={"object_key": key}) for r in live]
             seen[key] = found[-1].version
-            out += found
-        out.sort(key=lambda r: (r.at, r.object_key or "", r.version))
-        return out
+            groups.append(found)
+        return decided_order(groups)
 
     def history(self, file_id: str, shard_key: str, codec: Codec[Any]) -> list[Transition]:
         """Every transition of ``file_id`` in its shard, oldest first, across takeovers."""
