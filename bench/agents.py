@@ -17,6 +17,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -162,8 +163,14 @@ class Pool:
             child.close()
             self._workers.append((proc, parent))
 
-    def run(self, jobs: list[dict[str, Any]], timeout: float = 120.0) -> list[dict[str, Any]]:
-        """Run ``jobs`` (one per process), started together once all are ready."""
+    def run(
+        self,
+        jobs: list[dict[str, Any]],
+        timeout: float = 120.0,
+        on_ready: Callable[[], None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run ``jobs`` (one per process), started together once all are ready (warmed up:
+        ``on_ready`` is called then, so that what it counts leaves the warm-up out)."""
         self._grow(len(jobs))
         conns = [conn for _, conn in self._workers[: len(jobs)]]
         for conn, job in zip(conns, jobs, strict=True):
@@ -175,6 +182,8 @@ class Pool:
                 failures.append(detail)
         if failures:
             raise RuntimeError(f"an agent process failed to start its job:\n{failures[0]}")
+        if on_ready is not None:
+            on_ready()
         start_at = time.time() + 0.25
         for conn in conns:
             conn.send(start_at)

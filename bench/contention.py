@@ -91,13 +91,18 @@ def point(
         for i in range(agents)
     ]
     proxy = b.proxy(delay_ms) if delay_ms else None
-    seen = len(proxy.requests) if proxy else 0
-    window = CpuWindow(b.server_pid).start()
-    summary = summarize(pool.run(jobs))
+    seen = [0]
+    window = CpuWindow(b.server_pid)
+
+    def warmed_up() -> None:  # requests and CPU counted from here: the warm-up left out
+        seen[0] = len(proxy.requests) if proxy else 0
+        window.start()
+
+    summary = summarize(pool.run(jobs, on_ready=warmed_up))
     cpu = window.stop()
     counted: dict[str, Any] = {}
     if proxy is not None and summary["entries"]:
-        kinds = Counter(kind(method, target) for method, target in proxy.requests[seen:])
+        kinds = Counter(kind(method, target) for method, target in proxy.requests[seen[0] :])
         made = summary["entries"]
         counted = {
             "requests_per_entry": round(sum(kinds.values()) / made, 3),

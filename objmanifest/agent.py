@@ -32,7 +32,7 @@ from .errors import (
     ReadBrokeOff,
     StoreError,
 )
-from .leases import Renewer
+from .leases import Renewer, held_by_another
 from .manifest import Manifest
 from .model import Claim, Entry, State, Stored, check_agent, error_text
 
@@ -62,6 +62,9 @@ class Agent:
         self.task = task
         self.name = check_agent("agent name", name)
         self.role = name if role is None or role == "" else check_agent("consumer role", role)
+        self._homes: dict[str, tuple[str, bool]] = {}
+        """Per split stage, the partition its claims by stage start at, and whether it was
+        settled there by a claim that lost no race (``_home_of``)."""
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, role={self.role!r}, task={self.task.task_id!r})"
@@ -99,22 +102,60 @@ class Agent:
         task = self.task
         task.check_stage(stage)  # refuses an unknown stage, without a request
         shards = task.layout.shards_of(stage)
-        # A split stage: start at a random partition and move on while one has nothing
-        # claimable, so that agents of the stage spread over its shards.
-        start = int(task.store.runtime.random() * len(shards)) % len(shards)
         only = stage if task.layout.single else None
         claims: list[Claim] = []
-        for shard in shards[start:] + shards[:start]:
+        start, exploring = self._home_of(stage, shards)
+        ahead, passed = shards[start:] + shards[:start], list[str]()
+        now = task.store.now() if exploring else None
+        while ahead or passed:
+            looking = bool(ahead)
+            shard = ahead.pop(0) if ahead else passed.pop(0)
             current = task.claim_base(shard)
+            if (
+                looking
+                and now is not None
+                and held_by_another(current.entries.values(), self.name, now)
+            ):
+                passed.append(shard)  # another agent works here: look further first
+                continue
             lookups = task.lookup_for(shard, current.entries.values())
-            claims += task.docs.commit(
-                task.layout.shard(shard),
+            key = task.layout.shard(shard)
+            began = task.store.runtime.monotonic()
+            found = task.docs.commit(
+                key,
                 task.codec(shard),
                 changes.ClaimAny(self.name, limit - len(claims), task.rules, lookups, only),
             )
+            claims += found
+            if found and len(shards) > 1:
+                self._settle_home(stage, shards, shard, task.docs.lost_since(key, began))
             if len(claims) >= limit:
                 break
         return claims
+
+    def _home_of(self, stage: str, shards: list[str]) -> tuple[int, bool]:
+        """Where a claim by stage of a split stage starts: this agent's home partition, the
+        last one it claimed from (at first a random one); and whether it is still looking
+        for a home of its own (none yet, or it just lost a race for the last one), when a
+        partition another agent works in is passed over while others remain."""
+        if len(shards) == 1:
+            return 0, False
+        home = self._homes.get(stage)
+        if home is None or home[0] not in shards:
+            return int(self.task.store.runtime.random() * len(shards)) % len(shards), True
+        return shards.index(home[0]), not home[1]
+
+    def _settle_home(self, stage: str, shards: list[str], shard: str, lost: bool) -> None:
+        """Stay where claims were found, unless a race for it was lost on the way: another
+        agent works there too, so the next claim starts at a random other partition, and
+        looks for one nobody works in. Agents of one stage so spread out until each has a
+        partition of its own."""
+        if lost:
+            others = [s for s in shards if s != shard]
+            chosen = others[int(self.task.store.runtime.random() * len(others)) % len(others)]
+            self._homes[stage] = (chosen, False)
+        else:
+            self._homes[stage] = (shard, True)
 
     # -- holding -----------------------------------------------------------------------
 
@@ -222,12 +263,14 @@ class Agent:
         the data of ``claims[i]``, each what ``put`` takes.
 
         The data objects go up ``concurrency`` at a time (default: the task's transfer
-        setting, 8), each written once at its claim's epoch key with its xxh3, as ``put``
-        writes it; data above ``threshold`` becomes a chunked entry, sent one at a time
-        with its parts in parallel (memory as ``put``'s). Then one commit per shard makes
-        every uploaded entry ready (``finish_many``): 100 entries of one stage cost one
-        shard commit. While the data goes up, the leases are renewed in the background,
-        one commit per claim, every third of the lease.
+        setting, 8; a batch whose datas are all bytes, already in memory, goes up to the
+        store's connection pool at a time, 32 by default), each written once at its
+        claim's epoch key with its xxh3, as ``put`` writes it; data above ``threshold``
+        becomes a chunked entry, sent one at a time with its parts in parallel (memory as
+        ``put``'s). Then one commit per shard makes every uploaded entry ready
+        (``finish_many``): 100 entries of one stage cost one shard commit. While the data
+        goes up, the leases are renewed in the background, one commit per claim, every
+        third of the lease.
 
         Returns a list aligned with ``claims``: each the ready ``Entry``, or the exception
         for that claim alone: ``LeaseLost`` for a claim that was fenced (taken over after
@@ -262,7 +305,12 @@ class Agent:
             leases.renew, task.lease_seconds / 3, f"{len(batch)}-claims", task.store.runtime
         )
         with renewer:
-            uploaded = self._upload_many(batch, config, part_size is not None, leases, interrupted)
+            in_memory = concurrency is None and all(
+                isinstance(data, (bytes, bytearray, memoryview)) for _, data in batch
+            )
+            uploaded = self._upload_many(
+                batch, config, part_size is not None, leases, interrupted, in_memory
+            )
         interrupted()  # the last checkpoint: past it the ready commits are sent
         return self._finish_many(uploaded)
 
@@ -317,11 +365,14 @@ class Agent:
         explicit: bool,
         leases: _Leases,
         interrupted: Callable[[], None],
+        in_memory: bool = False,
     ) -> list[tuple[Claim, Stored | Exception]]:
-        """Every claim's data stored, ``config.concurrency`` at a time: where it landed, or
-        the error that kept it from landing."""
+        """Every claim's data stored, ``config.concurrency`` at a time (``in_memory``: as
+        many as the store has connections, since holding them costs no more memory): where
+        it landed, or the error that kept it from landing."""
         store = self.task.store
-        workers = max(1, min(config.concurrency, store.connections, len(batch)))
+        wanted = store.connections if in_memory else config.concurrency
+        workers = max(1, min(wanted, store.connections, len(batch)))
         chunked = threading.Lock()  # one chunked upload at a time: memory as put()'s
 
         def one(claim: Claim, data: sources.Source) -> Stored | Exception:

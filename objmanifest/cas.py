@@ -132,8 +132,12 @@ class CasPolicy:
     max_group: int = GROUP_MAX
     fresh_seconds: float = 1.0
     """How long a cached version confirmed current (read, or written here) counts as likely
-    still current (``Documents.likely_current``), unless a write of the object lost a race
-    as recently; 0: never."""
+    still current (``Documents.likely_current``); 0: never."""
+    contended_seconds: float = 0.1
+    """How long it counts instead while a write of the object lost a race less than
+    ``fresh_seconds`` ago: an object others write too is read first, unless this process
+    confirmed it this recently (a write of its own that just landed is as fresh as a read
+    would be, and saves the read's round trip)."""
 
     def backoff(self, attempt: int, rand: float) -> float:
         """The pause after lost race number ``attempt``; ``rand`` is uniform in [0, 1)."""
@@ -308,7 +312,8 @@ class BlockWriter:
         self.store = store
         self.stats = stats
         self.block_key = block_key
-        self._stored: set[tuple[str, str, int]] = set()  # (key, journal id, block end)
+        self._stored: dict[tuple[str, str], set[int]] = {}
+        """Per (key, journal id), the ends of the blocks known to be stored."""
         self._started: dict[tuple[str, str, int], cf.Future[None]] = {}
         self._guard = threading.RLock()  # held while a job is submitted; a job takes it too
         self._pool: cf.Executor | None = None
@@ -316,26 +321,32 @@ class BlockWriter:
     def unstored(
         self, key: str, journal_id: str, records: Sequence[JournalRecord]
     ) -> list[JournalRecord]:
+        if not records:
+            return []
+        low, high = block_end(records[0].version), block_end(records[-1].version)
         with self._guard:
-            stored = self._stored
-            return [r for r in records if (key, journal_id, block_end(r.version)) not in stored]
+            stored = self._stored.get((key, journal_id), set())
+            if not any(end in stored for end in range(low, high + 1, BLOCK)):
+                return list(records)  # the usual case: no block carried is stored
+            return [r for r in records if block_end(r.version) not in stored]
 
     def write_due(self, key: str, journal_id: str, records: Sequence[JournalRecord]) -> None:
-        if self.block_key is None:
+        if self.block_key is None or not records:
             return
-        blocks: dict[int, list[JournalRecord]] = {}
-        for record in records:
-            blocks.setdefault(block_end(record.version), []).append(record)
         with self._guard:
             # A finished job is forgotten: stored, or failed and due to be sent again.
             self._started = {j: f for j, f in self._started.items() if not f.done()}
-        for end, block in sorted(blocks.items()):
-            # Records are contiguous (each version adds the next; only whole blocks leave),
-            # so a block is whole once it holds its last version.
+        low, last = block_end(records[0].version), records[-1].version
+        for end in range(low, last + 1, BLOCK):  # the blocks that may be whole
             job = (key, journal_id, end)
             with self._guard:
                 # A stored block is not sent again, though the doc still carries it.
-                if block[-1].version != end or job in self._started or job in self._stored:
+                if job in self._started or end in self._stored.get((key, journal_id), ()):
+                    continue
+                block = [r for r in records if block_end(r.version) == end]
+                # A block is whole once it holds its last version (records are contiguous:
+                # each version adds the next; only whole blocks leave).
+                if not block or block[-1].version != end:
                     continue
                 if self._pool is None:
                     self._pool = self.store.runtime.pool(1, "objmanifest-journal")
@@ -355,7 +366,7 @@ class BlockWriter:
                 self.store.put(block_key, body, mode=CREATE)
             self.stats.count("journal_blocks")
             with self._guard:
-                self._stored.add((key, journal_id, last))
+                self._stored.setdefault((key, journal_id), set()).add(last)
         except ObjManifestError as e:
             # The records stay in the object; whoever commits to it next tries again.
             log.warning("could not write journal block %s: %s", block_key, e)
@@ -452,20 +463,33 @@ class Documents:
 
     def likely_current(self, key: str) -> bool:
         """Whether the cached version of ``key`` was confirmed current less than
-        ``policy.fresh_seconds`` ago and no write of it lost a race for as long.
+        ``policy.fresh_seconds`` ago, and no write of it has lost a race since (a loss at
+        the same reading of the clock came first: the confirmation is its re-read); while
+        one lost a race less than ``fresh_seconds`` ago, only a confirmation less than
+        ``policy.contended_seconds`` old counts.
 
         A caller may then choose on the cached version without reading first, as long as
         what it chose is a commit: the commit's write is conditional on that version, so a
         stale one costs a 412, a re-read and the command applied again on the fresh version
         (and a refusal or no-op decided on it is checked by a read anyway). Saves the read
-        of an object this process alone is writing; where others write too, a lost race
-        turns it off for a while, so a busy object is read first as before."""
+        of an object this process alone is writing. Where others write too, a version
+        confirmed a while ago is likely stale, so it is read first; one this process wrote
+        a moment ago is as fresh as a read would be, since the other writers' chance to
+        come in between is the same one round trip either way."""
         cached = self._cache.get(key)
         if cached is None:
             return False
-        now, fresh = self.store.runtime.monotonic(), self.policy.fresh_seconds
+        now, policy = self.store.runtime.monotonic(), self.policy
+        age = now - cached.confirmed
         lost = self._lost.get(key, -math.inf)
-        return now - cached.confirmed < fresh and now - lost >= fresh
+        if age >= policy.fresh_seconds or lost > cached.confirmed:
+            return False
+        return now - lost >= policy.fresh_seconds or age < policy.contended_seconds
+
+    def lost_since(self, key: str, since: float) -> bool:
+        """Whether a write of ``key`` lost a race at or after ``since`` (the runtime's
+        monotonic clock): another writer was there meanwhile."""
+        return self._lost.get(key, -math.inf) >= since
 
     def forget(self, key: str) -> None:
         """Drop the cached version of ``key`` (after the write in flight, if any)."""

@@ -6,7 +6,7 @@ Every time here is the store's time (see ``store.StoreClock``), never the agent'
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from .errors import LeaseLost, ObjManifestError
@@ -66,6 +66,14 @@ def expired(entry: Entry, now: datetime) -> bool:
         entry.state is State.writing
         and entry.lease_expires_at is not None
         and now > entry.lease_expires_at + MARGIN
+    )
+
+
+def held_by_another(entries: Iterable[Entry], agent: str, now: datetime) -> bool:
+    """Whether an agent other than ``agent`` holds one of ``entries`` under a lease that has
+    not expired: someone is working in the shard they come from right now."""
+    return any(
+        e.state is State.writing and e.owner != agent and not expired(e, now) for e in entries
     )
 
 

@@ -2,8 +2,9 @@
 
 A split stage is one stage to everyone who reads it (status, entries, claims by stage), and
 many objects to the CAS loop: each entry lives in the partition a stable hash of its id
-picks, claims by stage start at a random partition and move on past those with nothing
-claimable, and every commit goes to one partition. The single-shard layout is the baseline
+picks, claims by stage start at the agent's home partition (a random one at first, moved to
+a random other after a lost race) and move on past those with nothing claimable, and every
+commit goes to one partition. The single-shard layout is the baseline
 the benchmarks compare against; it must still keep stages apart.
 """
 
@@ -151,15 +152,18 @@ def test_a_split_stage_is_one_stage_to_its_readers(store: om.Store) -> None:
 def test_claims_by_stage_spread_over_partitions_and_find_the_last_entry(store: om.Store) -> None:
     task = om.Task.create(store, "job", stages=["collect"], partitions={"collect": 8})
     task.declare_many([(f"f{i}", "collect") for i in range(40)])
-    agent = task.agent("a")
-    first = [agent.claim(stage="collect") for _ in range(24)]
-    # Each claim by stage starts at a random partition: 24 claims from one of 8 would
-    # happen about once in 10^20 runs.
+    # Each new agent starts at a random partition: 16 agents all starting at one of 8 would
+    # happen about once in 10^14 runs.
+    first = [task.agent(f"a{i}").claim(stage="collect") for i in range(16)]
     assert len({c.shard for c in first if c is not None}) > 1
     assert all(c is not None for c in first)
+    agent = task.agent("a")
+    more = [agent.claim(stage="collect") for _ in range(8)]
+    assert all(c is not None for c in more)
     rest = agent.claim_many("collect", limit=100)  # moves on past drained partitions
     assert len(rest) == 16
-    assert {c.file_id for c in [*first, *rest] if c is not None} == {f"f{i}" for i in range(40)}
+    claimed = {c.file_id for c in [*first, *more, *rest] if c is not None}
+    assert claimed == {f"f{i}" for i in range(40)}
     assert agent.claim(stage="collect") is None
 
 

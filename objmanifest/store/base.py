@@ -241,24 +241,37 @@ class StoreClock:
         self._window = window
         self._monotonic = monotonic or Runtime().monotonic
         self._seen: deque[tuple[float, float]] = deque()  # (monotonic, offset), newest last
+        self._best: float | None = None
+        """The largest offset ``_seen`` holds; None: not known since the last one left."""
+        self._date: tuple[str, float] | None = None  # the last Date header, parsed
         self._lock = threading.Lock()
 
     def observe(self, headers: dict[str, str] | None) -> None:
         date = (headers or {}).get("date")
         if not date:
             return
-        try:
-            store_time = parsedate_to_datetime(date).timestamp()
-        except (TypeError, ValueError):
-            return
+        if self._date is not None and self._date[0] == date:  # answers of one second
+            store_time = self._date[1]
+        else:
+            try:
+                store_time = parsedate_to_datetime(date).timestamp()
+            except (TypeError, ValueError):
+                return
+            self._date = (date, store_time)
         mono = self._monotonic()
+        offset = store_time - mono
         with self._lock:
-            self._seen.append((mono, store_time - mono))
+            self._seen.append((mono, offset))
+            if self._best is not None and offset > self._best:
+                self._best = offset
             while len(self._seen) > 1 and self._seen[0][0] < mono - self._window:
-                self._seen.popleft()
+                _, gone = self._seen.popleft()
+                if self._best is not None and gone >= self._best:
+                    self._best = None
             if len(self._seen) > 256:  # many answers per second: keep the best of the old
                 best = max(self._seen, key=lambda seen: seen[1])
                 self._seen = deque([best, self._seen[-1]])
+                self._best = best[1]
 
     @property
     def known(self) -> bool:
@@ -268,5 +281,7 @@ class StoreClock:
         with self._lock:
             if not self._seen:
                 raise StoreError("the store's time is not known yet: no response carried a Date")
-            offset = max(offset for _, offset in self._seen)
+            if self._best is None:
+                self._best = max(offset for _, offset in self._seen)
+            offset = self._best
         return datetime.fromtimestamp(offset + self._monotonic(), tz=timezone.utc)

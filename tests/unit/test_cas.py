@@ -473,27 +473,105 @@ def test_a_write_that_landed_is_likely_current(rig: Rig) -> None:
     assert rig.docs.likely_current(KEY)
 
 
-def test_a_lost_race_keeps_the_cache_unlikely_current_for_fresh_seconds(rig: Rig) -> None:
-    """The object has another writer: for a while it is read first, though the version
-    this process then wrote is confirmed current."""
+CONTENDED = CasPolicy().contended_seconds
+
+
+def test_a_version_counts_for_a_tenth_of_a_second_while_the_object_is_contended() -> None:
+    assert CONTENDED == 0.1
+
+
+def lose_a_race(rig: Rig) -> float:
+    """Our write of a version read 10 s ago loses to the rival's; the 412 comes back 0.5 s
+    after the commit began, and the write after the re-read lands 0.5 s later. Returns when
+    the race was lost."""
     rig.docs.commit(KEY, CODEC, Add("x"))
     rig.monotonic.t += 10
     rig.rival.commit(KEY, CODEC, Add("y"))
-    lost_at = rig.monotonic.t
 
-    def later() -> None:  # the 412 comes back half a second after the commit began
+    def later() -> None:
         rig.monotonic.t += 0.5
 
-    rig.before("put", later)
+    rig.before("put", later, times=2)
     rig.forget_calls()
     rig.docs.commit(KEY, CODEC, Add("x"))  # a 412 on the cache, a re-read, then it lands
     assert rig.calls == {"put": 2, "get": 1}
     assert rig.docs.stats.conflicts == 1
+    return rig.monotonic.t - 0.5
+
+
+def test_after_a_lost_race_a_version_counts_only_while_just_confirmed(rig: Rig) -> None:
+    """The object has another writer: the version this process wrote a moment ago is as
+    fresh as a read would be, one confirmed longer ago is likely stale."""
+    lost_at = lose_a_race(rig)
+    landed_at = rig.monotonic.t
+    assert landed_at == lost_at + 0.5
+    assert rig.docs.likely_current(KEY)  # just written
+    rig.monotonic.t = landed_at + CONTENDED - 0.01
+    assert rig.docs.likely_current(KEY)
+    rig.monotonic.t = landed_at + CONTENDED
     assert not rig.docs.likely_current(KEY)
-    rig.monotonic.t = lost_at + 0.5 + FRESH - 0.25
-    rig.docs.read(KEY, CODEC)  # confirmed again, but the lost race is recent
+
+    rig.monotonic.t = lost_at + FRESH - 0.2
+    rig.docs.read(KEY, CODEC)  # a 304: confirmed again, but the lost race is recent
+    assert rig.docs.likely_current(KEY)
+    rig.monotonic.t += CONTENDED
     assert not rig.docs.likely_current(KEY)
-    rig.monotonic.t = lost_at + 0.5 + FRESH  # fresh_seconds after the 412
+
+
+def test_a_contended_version_stops_counting_exactly_contended_seconds_after() -> None:
+    rig = make_rig(CasPolicy(contended_seconds=0.25))  # a binary fraction: exact sums
+    lost_at = lose_a_race(rig)
+    landed_at = lost_at + 0.5
+    rig.monotonic.t = landed_at + 0.25 - 2**-20
+    assert rig.docs.likely_current(KEY)
+    rig.monotonic.t = landed_at + 0.25
+    assert rig.monotonic.t - landed_at == 0.25
+    assert not rig.docs.likely_current(KEY)
+
+
+def test_once_a_lost_race_is_fresh_seconds_old_a_version_counts_for_fresh_seconds(
+    rig: Rig,
+) -> None:
+    lost_at = lose_a_race(rig)
+    rig.monotonic.t = lost_at + FRESH - 0.5
+    rig.docs.read(KEY, CODEC)  # confirmed half a second before the lost race is old
+    rig.monotonic.t = lost_at + FRESH - 0.01
+    assert not rig.docs.likely_current(KEY)  # 0.49 s old, while contended
+    rig.monotonic.t = lost_at + FRESH  # no race lost for fresh_seconds
+    assert rig.docs.likely_current(KEY)
+    rig.monotonic.t = lost_at + FRESH - 0.5 + FRESH - 0.01
+    assert rig.docs.likely_current(KEY)
+    rig.monotonic.t = lost_at + FRESH - 0.5 + FRESH
+    assert not rig.docs.likely_current(KEY)
+
+
+def test_a_race_lost_after_the_version_was_confirmed_makes_it_stale(rig: Rig) -> None:
+    """A write of the cached version lost (its re-read then failed): the version is known
+    to be old, however recently it was confirmed."""
+    rig.docs.commit(KEY, CODEC, Add("x"))
+    rig.rival.commit(KEY, CODEC, Add("y"))
+    rig.monotonic.t += 0.01
+    assert rig.docs.likely_current(KEY)  # the rival's write is not known here yet
+
+    def unreadable() -> None:
+        raise StoreError("the store is down")
+
+    rig.before("get", unreadable)
+    with pytest.raises(StoreError):
+        rig.docs.commit(KEY, CODEC, Add("x"))  # a 412 on the cache, then the read fails
+    assert rig.docs.stats.conflicts == 1
+    assert not rig.docs.likely_current(KEY)
+    assert rig.docs.lost_since(KEY, rig.monotonic.t)
+    assert not rig.docs.lost_since(KEY, rig.monotonic.t + 0.001)
+
+
+def test_a_race_lost_at_the_instant_of_the_confirmation_leaves_it_current(rig: Rig) -> None:
+    """The 412's re-read confirms the version at the same clock reading as the loss: the
+    confirmation came after it."""
+    rig.docs.commit(KEY, CODEC, Add("x"))
+    rig.rival.commit(KEY, CODEC, Add("y"))
+    rig.docs.commit(KEY, CODEC, Add("x"))  # the clock does not move: lost and re-read at once
+    assert rig.docs.stats.conflicts == 1
     assert rig.docs.likely_current(KEY)
 
 

@@ -1,8 +1,9 @@
 """A claim chooses on the cached shard while it is likely current (``Manifest.claim_base``):
 warm, a produced entry costs its three PUTs and nothing else; a stale cache still makes the
 right choice (the claim's write meets a 412, the shard is read again, the claim chooses
-again on it); a shard whose cache is old, or that lost a race lately, is read first; the
-dependencies in other shards are read fresh whatever is cached. On ``MemoryStore``, each
+again on it); a shard whose cache is old, or that lost a race lately (unless this process
+just confirmed it), is read first; the dependencies in other shards are read fresh
+whatever is cached. On ``MemoryStore``, each
 agent its own task object (its own cache, as another process), and a monotonic clock that
 moves only when a test moves it."""
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 import objmanifest as om
-from objmanifest.cas import BLOCK
+from objmanifest.cas import BLOCK, BlockWriter, Stats
 from objmanifest.changes import Declare
 from objmanifest.errors import UnsupportedSchema
-from objmanifest.model import Declaration, JournalBlock, TaskHeader
+from objmanifest.model import Declaration, JournalBlock, JournalRecord, TaskHeader
 from objmanifest.runtime import DEFAULT, Runtime
 from objmanifest.store import CREATE
 
@@ -462,3 +462,67 @@ def test_after_a_migration_the_first_block_starts_at_the_first_journaled_version
     records = task.journal.records(task.shard_key("a"), task.codec("a"))
     assert versions(records) == list(range(4, 50))
     assert min(r["version"] for r in raw(s, task.shard_key("a"))["journal"]) == BLOCK + 1
+
+
+class _Held(cf.Executor):
+    """Keeps each job until ``run`` is called."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[cf.Future[Any], Callable[[], Any]]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        future: cf.Future[Any] = cf.Future()
+        self.jobs.append((future, lambda: fn(*args, **kwargs)))
+        return future
+
+    def run(self) -> None:
+        jobs, self.jobs = self.jobs, []
+        for future, job in jobs:
+            future.set_result(job())
+
+
+def test_a_block_stored_while_a_commit_carrying_it_was_in_flight_is_not_sent_again() -> None:
+    held = _Held()
+    s, task = fresh(replace(DEFAULT, pool=lambda workers, name: held))
+    agent = task.agent("ann")
+    task.declare("x", "a")
+    claim = agent.claim("x")
+    assert claim is not None
+    for _ in range(2 * BLOCK):  # until a version makes the shard's first block whole
+        if held.jobs:
+            break
+        claim = agent.renew(claim)
+    assert len(held.jobs) == 1
+    shard = task.layout.shard("a")
+
+    def store_the_block_first(name: str, key: str) -> None:
+        if name == "put" and key == shard and held.jobs:
+            held.run()  # the block lands while the next commit, still carrying it, is out
+
+    s.faults.hooks.append(store_the_block_first)
+    claim = agent.renew(claim)
+    assert held.jobs == []  # the version that landed still carries it: it is not sent again
+    assert task.docs.stats.journal_blocks == 1
+    claim = agent.renew(claim)  # this one no longer carries it
+    assert held.jobs == []
+    assert len([k for k in blocks(s, task) if "/shards/a/" in k]) == 1
+
+
+def test_without_a_block_key_no_block_is_ever_started() -> None:
+    pools: list[str] = []
+
+    def pool(workers: int, name: str) -> cf.Executor:
+        pools.append(name)
+        return _Inline()
+
+    s = store(f"journal-{uuid.uuid4().hex[:8]}", replace(DEFAULT, pool=pool))
+    writer = BlockWriter(s, Stats(), None)
+    at = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    records = [
+        JournalRecord(version=v, commit_id=f"c.{v}", command="renew", actor="ann", at=at)
+        for v in range(1, BLOCK + 1)
+    ]
+    writer.write_due("k", "j", records)
+    assert pools == []
+    assert writer.unstored("k", "j", records) == records
+    assert writer.unstored("k", "j", []) == []

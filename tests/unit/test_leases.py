@@ -27,6 +27,17 @@ def test_a_lease_ends_lease_seconds_after_now() -> None:
     assert leases.expires_at(at(7), 0) == at(7)
 
 
+def test_a_shard_is_held_by_another_while_another_agent_holds_a_live_lease() -> None:
+    mine, theirs = held("m", owner="ann"), held("t", owner="bob", lease=30)
+    pending, done = entry("p"), entry("d", state=State.ready, owner="bob")
+    assert leases.held_by_another([pending, mine, theirs], "ann", at(0))
+    assert leases.held_by_another([theirs], "ann", at(32))  # within the margin: still his
+    assert not leases.held_by_another([theirs], "ann", at(32) + timedelta(microseconds=1))
+    assert not leases.held_by_another([mine, pending, done], "ann", at(0))  # ready: not held
+    assert not leases.held_by_another([theirs], "bob", at(0))  # his own
+    assert not leases.held_by_another([], "ann", at(0))
+
+
 def test_the_margin_is_two_seconds() -> None:
     assert timedelta(seconds=2) == leases.MARGIN
 
