@@ -42,7 +42,9 @@ def mid_pipeline(store: om.Store) -> Pipeline:
     """Versions 1..32 of the collect shard reach a journal block: a declaration, a takeover,
     twelve entries produced, five consumed. Versions 33.. (a claim, a produced entry, a
     consumption) live only in the shard itself."""
-    task = om.Task.create(store, "job", stages=["collect", "write"], lease_seconds=1, max_retries=2)
+    # A lease of 4 s: short enough to wait out once, long enough that no put's background
+    # renewal (every third of it) adds a version on a busy machine.
+    task = om.Task.create(store, "job", stages=["collect", "write"], lease_seconds=4, max_retries=2)
     task.declare_many(
         [
             {"file_id": f, "stage": "collect", "consumers": ["checker"] if f == "c00" else []}
