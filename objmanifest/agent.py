@@ -142,8 +142,12 @@ class Agent:
             return 0, False
         home = self._homes.get(stage)
         if home is None or home[0] not in shards:
-            return int(self.task.store.runtime.random() * len(shards)) % len(shards), True
+            return self._random_index(len(shards)), True
         return shards.index(home[0]), not home[1]
+
+    def _random_index(self, n: int) -> int:
+        """A random whole number in [0, n), from the runtime's randomness."""
+        return int(self.task.store.runtime.random() * n) % n
 
     def _settle_home(self, stage: str, shards: list[str], shard: str, lost: bool) -> None:
         """Stay where claims were found, unless a race for it was lost on the way: another
@@ -152,8 +156,7 @@ class Agent:
         partition of its own."""
         if lost:
             others = [s for s in shards if s != shard]
-            chosen = others[int(self.task.store.runtime.random() * len(others)) % len(others)]
-            self._homes[stage] = (chosen, False)
+            self._homes[stage] = (others[self._random_index(len(others))], False)
         else:
             self._homes[stage] = (shard, True)
 

@@ -250,8 +250,9 @@ class StoreClock:
         date = (headers or {}).get("date")
         if not date:
             return
-        if self._date is not None and self._date[0] == date:  # answers of one second
-            store_time = self._date[1]
+        last = self._date  # read once: another thread may replace it meanwhile
+        if last is not None and last[0] == date:  # answers of one second
+            store_time = last[1]
         else:
             try:
                 store_time = parsedate_to_datetime(date).timestamp()
