@@ -169,12 +169,15 @@ def test_wait_returns_once_the_stage_is_ready_and_times_out_otherwise(store: om.
             waiter = asyncio.ensure_future(
                 task.wait(["collect"], timeout=BOUND, on_wait=outstanding.append)
             )
+            # Produce only once the waiter has seen the stage outstanding: were the puts
+            # done before its first read, it would find everything ready and never wait.
+            await until(lambda: bool(outstanding), "the waiter's first read")
             producer = task.agent("p")
             for claim in await producer.claim_many("collect", limit=3):
                 await producer.put(claim, claim.file_id.encode())
             found = await waiter
             assert found == dict.fromkeys(["f0", "f1", "f2"], om.State.ready)
-            assert outstanding and set(outstanding[0]) <= {"f0", "f1", "f2"}
+            assert sorted(outstanding[0]) == ["f0", "f1", "f2"]
             with pytest.raises(om.InvalidInput):
                 await task.wait("collect")
 
