@@ -271,9 +271,14 @@ def test_a_file_is_handed_from_shell_agent_to_shell_agent(cli: Cli, tmp_path: Pa
 
 
 @MOTO_ONLY
-def test_every_command_prints_one_json_object(cli: Cli, task: om.Task, tmp_path: Path) -> None:
+def test_every_command_prints_one_json_object(cli: Cli, store: om.Store, tmp_path: Path) -> None:
+    # A lease far longer than the test: a dozen commands, each a process of its own, can
+    # take a minute on a loaded machine, and the claim must outlive them (reap, put).
+    task = om.Task.create(
+        store, "job", stages=["collect", "write", "check"], lease_seconds=600, max_retries=2
+    )
     again = cli.json(
-        "init", "collect", "write", "check", "--lease", "30", "--retries", "2", "--exist-ok"
+        "init", "collect", "write", "check", "--lease", "600", "--retries", "2", "--exist-ok"
     )
     assert again["created"] is False and again["creation_id"] == task.header.creation_id
     one = cli.json("declare", "in/x", "--stage", "collect", "--consumer", "checker")
