@@ -47,6 +47,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from .errors import (
     ConflictRetriesExhausted,
     CorruptShard,
+    InvalidInput,
     NotFound,
     ObjManifestError,
     OutcomeUnknown,
@@ -138,6 +139,29 @@ class CasPolicy:
     ``fresh_seconds`` ago: an object others write too is read first, unless this process
     confirmed it this recently (a write of its own that just landed is as fresh as a read
     would be, and saves the read's round trip)."""
+
+    def __post_init__(self) -> None:
+        """Refuse a policy that would loop forever, never try, or pause for a negative or
+        unbounded time: a bad number here is the caller's, so it is ``InvalidInput``."""
+        for name in ("max_attempts", "max_group"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInput(f"CasPolicy.{name} must be a whole number >= 1, not {value!r}")
+        if self.max_group > GROUP_MAX:  # repair's RECORDS_AT_RISK counts on this bound
+            raise InvalidInput(
+                f"CasPolicy.max_group must be at most {GROUP_MAX}, not {self.max_group}"
+            )
+        for name in ("base_delay", "max_delay", "fresh_seconds", "contended_seconds"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise InvalidInput(
+                    f"CasPolicy.{name} must be a finite number of seconds >= 0, not {value!r}"
+                )
 
     def backoff(self, attempt: int, rand: float) -> float:
         """The pause after lost race number ``attempt``; ``rand`` is uniform in [0, 1)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import re
 import threading
 import uuid
@@ -24,10 +25,11 @@ from typing import Any, BinaryIO
 
 import pytest
 
-from objmanifest.cas import CasPolicy, Documents, Stats
+from objmanifest.cas import GROUP_MAX, CasPolicy, Documents, Stats
 from objmanifest.errors import (
     ConflictRetriesExhausted,
     CorruptShard,
+    InvalidInput,
     NotFound,
     ObjManifestError,
     OutcomeUnknown,
@@ -1202,6 +1204,51 @@ def test_a_write_in_flight_holds_back_a_forget_of_its_key_only(rig: Rig, call: s
 
 def test_the_default_policy() -> None:
     assert CasPolicy() == CasPolicy(max_attempts=100, base_delay=0.01, max_delay=1.0)
+
+
+@pytest.mark.parametrize(
+    ("field_name", "value"),
+    [
+        ("max_attempts", 0),
+        ("max_attempts", -3),
+        ("max_attempts", 2.5),
+        ("max_attempts", True),
+        ("max_attempts", "5"),
+        ("max_group", 0),
+        ("max_group", GROUP_MAX + 1),
+        ("max_group", 1.0),
+        ("base_delay", -0.01),
+        ("max_delay", math.inf),
+        ("fresh_seconds", math.nan),
+        ("fresh_seconds", -1),
+        ("contended_seconds", -0.1),
+        ("contended_seconds", True),
+        ("base_delay", "0.1"),
+    ],
+)
+def test_a_policy_with_a_bad_number_is_refused_naming_the_field(
+    field_name: str, value: object
+) -> None:
+    with pytest.raises(
+        InvalidInput, match=rf"^CasPolicy\.{field_name} must be .*{re.escape(repr(value))}"
+    ):
+        CasPolicy(**{field_name: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"max_attempts": 1},
+        {"max_group": 1},
+        {"max_group": GROUP_MAX},
+        {"base_delay": 0, "max_delay": 0},
+        {"fresh_seconds": 0.0, "contended_seconds": 0},
+        {"base_delay": 2.0, "max_delay": 0.5},
+    ],
+)
+def test_edge_values_of_a_policy_are_accepted(overrides: dict[str, float]) -> None:
+    policy = CasPolicy(**overrides)  # type: ignore[arg-type]
+    assert all(getattr(policy, name) == value for name, value in overrides.items())
 
 
 @pytest.mark.parametrize(
