@@ -271,9 +271,9 @@ class Agent:
         claim's epoch key with its xxh3, as ``put`` writes it; data above ``threshold``
         becomes a chunked entry, sent one at a time with its parts in parallel (memory as
         ``put``'s). Then one commit per shard makes every uploaded entry ready
-        (``finish_many``): 100 entries of one stage cost one shard commit. While the data
-        goes up, the leases are renewed in the background, one commit per claim, every
-        third of the lease.
+        (``finish_many``; the shards of a batch are committed in parallel): 100 entries of
+        one stage cost one shard commit. While the data goes up, the leases are renewed in
+        the background, one commit per claim, every third of the lease.
 
         Returns a list aligned with ``claims``: each the ready ``Entry``, or the exception
         for that claim alone: ``LeaseLost`` for a claim that was fenced (taken over after
@@ -408,7 +408,9 @@ class Agent:
     def _finish_many(
         self, uploaded: list[tuple[Claim, Stored | Exception]]
     ) -> list[Entry | Exception]:
-        """One ``finish_many`` commit per shard for the claims whose data is stored."""
+        """One ``finish_many`` commit per shard for the claims whose data is stored; a
+        batch over several partitions commits them in parallel (each its own object, so
+        they do not contend), one round trip for the batch rather than one per shard."""
         task = self.task
         results: dict[int, Entry | Exception] = {}
         by_shard: dict[str, list[tuple[int, Claim, Stored]]] = {}
@@ -417,7 +419,8 @@ class Agent:
                 by_shard.setdefault(claim.shard, []).append((i, claim, got))
             else:
                 results[i] = got
-        for shard, items in by_shard.items():
+
+        def finish(shard: str, items: list[tuple[int, Claim, Stored]]) -> list[Entry | Exception]:
             finished = tuple((claim, stored) for _, claim, stored in items)
             done: list[Entry | Exception]
             try:
@@ -429,11 +432,23 @@ class Agent:
                     )
                 )
             except ObjManifestError as e:  # the shard's commit failed: each of its claims
-                done = [e] * len(items)
-            for (i, _, stored), result in zip(items, done, strict=True):
-                results[i] = result
+                return [e] * len(items)
+            for (_, _, stored), result in zip(items, done, strict=True):
                 if isinstance(result, LeaseLost) and stored.parts_key is None:
                     self._drop_fenced_object(stored.key)
+            return done
+
+        groups = list(by_shard.items())
+        if len(groups) <= 1:
+            outcomes = [finish(shard, items) for shard, items in groups]
+        else:
+            workers = max(1, min(len(groups), task.store.connections))
+            with task.store.runtime.pool(workers, "finish-many") as pool:
+                futures = [pool.submit(finish, shard, items) for shard, items in groups]
+                outcomes = [f.result() for f in futures]
+        for (_, items), done in zip(groups, outcomes, strict=True):
+            for (i, _, _), result in zip(items, done, strict=True):
+                results[i] = result
         return [results[i] for i in range(len(uploaded))]
 
     def _drop_fenced_object(self, key: str) -> None:

@@ -74,3 +74,33 @@ def test_a_batch_with_a_file_goes_up_at_the_transfer_concurrency(tmp_path: Path)
     results = agent.put_many(claims, [path, *datas])
     assert all(isinstance(r, om.Entry) for r in results), results
     assert 1 <= len(seen) <= agent.task.transfer.concurrency == 8
+
+
+def test_the_ready_commits_of_a_batch_over_several_partitions_go_out_at_once() -> None:
+    store = MemoryStore(f"width-{uuid.uuid4().hex}", "p")
+    task = om.Task.create(store, "job", stages=["s"], partitions={"s": 4})
+    task.declare_many([(f"f{i:02d}", "s") for i in range(N)])
+    agent = task.agent("ann")
+    claims = [agent.claim(f"f{i:02d}") for i in range(N)]
+    assert all(claims)
+    shards = {c.shard for c in claims if c is not None}
+    assert len(shards) == 4
+    layout, data_puts = task.layout, [0]
+    barrier = threading.Barrier(len(shards))  # broken unless every shard's commit is in flight
+    committing: set[str] = set()
+
+    def hook(name: str, key: str) -> None:
+        parsed = layout.parse(key)
+        if name == "put" and parsed.kind == "data":
+            data_puts[0] += 1
+        elif name == "put" and parsed.kind == "shard" and data_puts[0] == N:
+            assert parsed.shard is not None
+            committing.add(parsed.shard)
+            barrier.wait(timeout=10)
+
+    store.faults.hooks.append(hook)
+    ready = [c for c in claims if c is not None]
+    results = agent.put_many(ready, [c.file_id.encode() for c in ready])
+    assert all(isinstance(r, om.Entry) and r.state is om.State.ready for r in results), results
+    assert [r.file_id for r in results if isinstance(r, om.Entry)] == [c.file_id for c in ready]
+    assert committing == shards
