@@ -207,6 +207,13 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         """Quiet: a test run should not print a line per request."""
 
+    def handle_expect_100(self) -> bool:
+        """Answer ``100 Continue`` as a server ``delay`` away would: one round trip on."""
+        delay = self.server.proxy.delay
+        if delay > 0:
+            time.sleep(delay)
+        return super().handle_expect_100()
+
     def _read_body(self) -> bytes:
         """The request body exactly as received (chunked bodies keep their chunk framing)."""
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
@@ -388,7 +395,9 @@ class FaultProxy:
 
     ``date_offset`` (seconds, or a timedelta) is added to the ``Date`` header of every
     response: to a client behind this proxy the store's clock runs that far from its own.
-    ``delay`` (seconds) is added to every request before it is forwarded.
+    ``delay`` (seconds) is added to every request before it is forwarded, and to the
+    ``100 Continue`` it answers to a request that asks ``Expect: 100-continue`` (a server
+    ``delay`` away answers that one round trip later too).
     """
 
     def __init__(

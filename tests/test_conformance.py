@@ -52,6 +52,7 @@ from objmanifest.store import (
     S3Store,
     make_client,
 )
+from objmanifest.store.s3 import CONTINUE_THRESHOLD
 
 pytestmark = [pytest.mark.conformance, pytest.mark.behaviour]
 
@@ -861,3 +862,35 @@ def test_s3_quirks_become_one_outcome(s3_server: Server, prefix: str) -> None:
     assert raw in (409, 412)
     with pytest.raises(PreconditionFailed):
         store.put("quirk", b"x", mode=CREATE)
+
+
+# -- what goes on the wire (S3 only) --------------------------------------------------------
+
+
+def test_a_small_body_is_sent_at_once_and_a_large_one_asks_to_continue_first(
+    s3_server: Server, prefix: str
+) -> None:
+    """botocore sends ``Expect: 100-continue`` with every PutObject and UploadPart, so each
+    waits a round trip for the server's ``100 Continue``; the store's client keeps it only
+    for a body of ``CONTINUE_THRESHOLD`` or more. A refusal still arrives as itself."""
+    store = S3Store(make_client(s3_server.endpoint_url), BUCKET, prefix)
+    sent: list[tuple[str, str | None]] = []
+
+    def record(request: Any, **_: Any) -> None:
+        expect = request.headers.get("Expect")
+        sent.append((request.method, expect.decode() if isinstance(expect, bytes) else expect))
+
+    store.client.meta.events.register("before-send.s3", record)
+    small, large = data(1000, seed=41), data(CONTINUE_THRESHOLD, seed=42)
+    etag = store.put("small", small)
+    with pytest.raises(PreconditionFailed):
+        store.put("small", data(2000, seed=43), mode=PutMode.update(STALE))
+    store.put("large", large, mode=CREATE)
+    upload_id = store.create_upload("parts")
+    store.upload_part("parts", upload_id, 1, small)
+    store.abort_upload("parts", upload_id)
+    puts = [expect for method, expect in sent if method == "PUT"]
+    assert puts == [None, None, "100-continue", None]
+    assert store.get("small") == Blob(small, etag, {})
+    got = store.get("large")
+    assert got is not None and got.body == large
