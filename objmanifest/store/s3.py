@@ -109,10 +109,11 @@ def _continue_only_for_large_bodies(request: AWSRequest, **_: Any) -> None:
     """Drop the ``Expect: 100-continue`` botocore puts on every ``PutObject`` and
     ``UploadPart`` (it turns a bytes body into a file) when the body is small.
 
-    The client then waits for the server's ``100 Continue`` before sending the body: one
-    more round trip for every shard commit and small data object, to spare sending bytes a
-    refusal would waste, which for a body this small cost less than the wait. Large bodies
-    keep it. ``Expect`` is not signed, so dropping it leaves the signature as it is."""
+    With it the client waits for the server's ``100 Continue`` before sending the body: one
+    more round trip for every shard commit and small data object. The header spares the
+    bytes of a body the store refuses; for a small body those cost less than a round trip
+    on every PUT, so only large bodies keep it. ``Expect`` is not signed: dropping it
+    leaves the signature as it is."""
     if "Expect" not in request.headers:
         return
     size = determine_content_length(request.body)
