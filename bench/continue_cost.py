@@ -30,6 +30,7 @@ if __package__ in (None, ""):
 import objmanifest as om
 from bench.common import Bench, bench_context, new_prefix, say
 from objmanifest.store import make_client
+from objmanifest.store.s3 import CONTINUE_HANDLERS
 
 BODY = b"x" * 30_000
 
@@ -37,10 +38,8 @@ BODY = b"x" * 30_000
 def botocore_default(endpoint: str) -> Any:
     """The store's client with botocore's own ``Expect`` on every PUT, as before."""
     client = make_client(endpoint)
-    for operation in ("PutObject", "UploadPart"):
-        client.meta.events.unregister(
-            f"before-sign.s3.{operation}", unique_id=f"objmanifest-continue-{operation}"
-        )
+    for operation, unique_id in CONTINUE_HANDLERS.items():
+        client.meta.events.unregister(f"before-sign.s3.{operation}", unique_id=unique_id)
     return client
 
 

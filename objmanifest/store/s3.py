@@ -103,6 +103,9 @@ def _client_config(**overrides: Any) -> Config:
 CONTINUE_THRESHOLD = 2 * 1024 * 1024
 """A PUT body of at least this many bytes (or of unknown size) asks ``Expect: 100-continue``
 first; a smaller one is sent at once. The threshold of AWS's own Go SDK (v2)."""
+CONTINUE_HANDLERS = {op: f"objmanifest-continue-{op}" for op in ("PutObject", "UploadPart")}
+"""The operations whose ``Expect`` ``make_client`` decides, each with its handler's
+``unique_id`` (to unregister it, as ``bench/continue_cost.py`` does for botocore's way)."""
 
 
 def _continue_only_for_large_bodies(request: AWSRequest, **_: Any) -> None:
@@ -147,11 +150,9 @@ def make_client(
         region_name=region or "us-east-1",
         config=_client_config(**config),
     )
-    for operation in ("PutObject", "UploadPart"):
+    for operation, unique_id in CONTINUE_HANDLERS.items():
         client.meta.events.register(
-            f"before-sign.s3.{operation}",
-            _continue_only_for_large_bodies,
-            unique_id=f"objmanifest-continue-{operation}",
+            f"before-sign.s3.{operation}", _continue_only_for_large_bodies, unique_id=unique_id
         )
     return client
 
