@@ -162,16 +162,34 @@ class Agent:
 
     # -- holding -----------------------------------------------------------------------
 
-    def _check_holder(self, claim: Claim) -> None:
+    def _check_holder(self, claim: Claim) -> Claim:
+        """``claim``, if it is this agent's, routed to the shard its entry lives in (a claim
+        rebuilt by another process from its printed fields names only its stage)."""
         if claim.agent != self.name or claim.task_id != self.task.task_id:
             raise LeaseLost(
                 f"claim on {claim.file_id!r} belongs to agent {claim.agent!r} of task "
                 f"{claim.task_id!r}, not to {self.name!r} of {self.task.task_id!r}"
             )
+        return self.task.routed(claim)
+
+    def resume(self, file_id: str, epoch: int) -> Claim:
+        """The claim this agent got on ``file_id`` at ``epoch``, rebuilt (by a later process,
+        say, from the agent name and epoch the claiming one printed).
+
+        Rebuilding checks nothing: fencing does, on the next change the claim makes
+        (``renew``, ``put``, ``fail``, ``release``), which ``LeaseLost`` refuses unless
+        this agent still holds the entry at that epoch. The lease expiry is the entry's, or
+        the store's time for an entry that has none.
+        """
+        return self.resume_many([(file_id, epoch)])[0]
+
+    def resume_many(self, held: Iterable[tuple[str, int]]) -> list[Claim]:
+        """``resume`` for each (file id, epoch), reading the index and each shard once."""
+        return self.task.resumed(self.name, list(held))
 
     def renew(self, claim: Claim) -> Claim:
         """Move the lease forward (``LeaseLost`` if the claim was fenced)."""
-        self._check_holder(claim)
+        claim = self._check_holder(claim)
         task = self.task
         return task.docs.commit(
             task.layout.shard(claim.shard),
@@ -212,7 +230,7 @@ class Agent:
         stay recorded for the next put to adopt). Once the ready commit is sent, ``stop``
         no longer matters: the put ends with the commit's outcome.
         """
-        self._check_holder(claim)
+        claim = self._check_holder(claim)
         task = self.task
         interrupted = checkpoint(
             stop,
@@ -359,7 +377,8 @@ class Agent:
                 )
             first[claim.file_id] = i
             sources.check_source(data, f"put_many() (datas[{i}], for {claim.file_id!r})")
-        return list(zip(claims, datas, strict=True))
+        routed = [self.task.routed(claim) for claim in claims]
+        return list(zip(routed, datas, strict=True))
 
     def _upload_many(
         self,
@@ -523,7 +542,7 @@ class Agent:
     def fail(self, claim: Claim, reason: str) -> Entry:
         """Give the entry up: it becomes failed (claimable again) or dead. ``reason`` is
         stored in the entry, cut to ``model.MAX_ERROR_CHARS`` (1024) characters."""
-        self._check_holder(claim)
+        claim = self._check_holder(claim)
         task = self.task
         return task.docs.commit(
             task.layout.shard(claim.shard),
@@ -538,7 +557,7 @@ class Agent:
         (failed, if it failed before), claimable by anyone; ``LeaseLost`` (nothing written)
         if the claim was fenced. A chunked entry's upload is kept for the next holder to
         adopt. For a worker told to stop, or one that decides not to do the work."""
-        self._check_holder(claim)
+        claim = self._check_holder(claim)
         task = self.task
         return task.docs.commit(
             task.layout.shard(claim.shard), task.codec(claim.shard), verbs.Release(claim)

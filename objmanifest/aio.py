@@ -490,6 +490,13 @@ class AsyncAgent:
 
     # -- holding -----------------------------------------------------------------------
 
+    async def resume(self, file_id: str, epoch: int) -> Claim:
+        return await self._pool.run(lambda: self.agent.resume(file_id, epoch))
+
+    async def resume_many(self, held: Iterable[tuple[str, int]]) -> list[Claim]:
+        pairs = list(held)
+        return await self._pool.run(lambda: self.agent.resume_many(pairs))
+
     async def renew(self, claim: Claim) -> Claim:
         return await self._pool.run(lambda: self.agent.renew(claim))
 

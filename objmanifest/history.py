@@ -302,27 +302,71 @@ class History:
 
     # -- the task --------------------------------------------------------------------------
 
+    def of_stage(
+        self, objects: Iterable[tuple[str, Codec[Any]]], stage: str | None
+    ) -> list[tuple[str, Codec[Any]]]:
+        """The objects whose records may concern ``stage`` (all, for None): its shards and
+        upload states, and a task's one shard, which holds every stage (``narrowed`` then
+        keeps only its records of ``stage``)."""
+        if stage is None:
+            return list(objects)
+        kept = []
+        for key, codec in objects:
+            parsed = self.layout.parse(key)
+            shared = parsed.kind == "shard" and parsed.stage is None
+            if parsed.stage == stage or shared:
+                kept.append((key, codec))
+        return kept
+
+    def narrowed(
+        self,
+        records: Iterable[JournalRecord],
+        stage: str | None,
+        stage_of: Callable[[str], str | None] | None,
+    ) -> list[JournalRecord]:
+        """``records`` with only the transitions of entries of ``stage`` (``stage_of`` names
+        an entry's stage), leaving out a record of the task's one shard that changed none;
+        the records of any other object are of one stage and kept whole."""
+        if stage is None or stage_of is None:
+            return list(records)
+        out = []
+        for record in records:
+            parsed = self.layout.parse(record.object_key or "")
+            if not (parsed.kind == "shard" and parsed.stage is None):
+                out.append(record)
+                continue
+            mine = tuple(c for c in record.transitions if stage_of(c.item) == stage)
+            if len(mine) == len(record.transitions):
+                out.append(record)
+            elif mine:
+                out.append(record.model_copy(update={"transitions": mine}))
+        return out
+
     def log(
         self,
         since: datetime | None = None,
         stage: str | None = None,
         agent: str | None = None,
         objects: Iterable[tuple[str, Codec[Any]]] | None = None,
+        stage_of: Callable[[str], str | None] | None = None,
     ) -> list[JournalRecord]:
         """The task's records in the order they were decided (``decided_order``), filtered
-        by time, stage and actor."""
+        by time, stage and actor (``stage_of`` names an entry's stage: needed for the records
+        of a task's one shard, which holds every stage)."""
         groups: list[list[JournalRecord]] = []
-        for key, codec in objects if objects is not None else self._objects():
-            parsed = self.layout.parse(key)
-            if stage is not None and parsed.stage != stage:
-                continue
+        chosen = self.of_stage(objects if objects is not None else self._objects(), stage)
+        for key, codec in chosen:
             groups.append(
-                [
-                    record
-                    for record in self.records(key, codec)
-                    if (since is None or record.at >= since)
-                    and (agent is None or record.actor == agent)
-                ]
+                self.narrowed(
+                    [
+                        record
+                        for record in self.records(key, codec)
+                        if (since is None or record.at >= since)
+                        and (agent is None or record.actor == agent)
+                    ],
+                    stage,
+                    stage_of,
+                )
             )
         return decided_order(groups)
 

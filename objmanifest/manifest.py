@@ -10,6 +10,7 @@ whose events the task's observers receive (``Manifest.subscribe``), side effects
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -563,8 +564,50 @@ class Manifest:
             return None
         return self.read_shard(self.layout.shard_of(stage, file_id)).entries.get(file_id)
 
+    def routed(self, claim: Claim) -> Claim:
+        """``claim`` naming the shard its entry lives in, as the layout routes it: a claim
+        rebuilt from its printed fields (task, file, stage, agent, epoch) names only its
+        stage, which is not its shard on a split stage or a one-shard task."""
+        self._check_stage(claim.stage)
+        shard = self.layout.shard_of(claim.stage, claim.file_id)
+        return claim if claim.shard == shard else dataclasses.replace(claim, shard=shard)
+
+    def resumed(self, agent: str, held: list[tuple[str, int]]) -> list[Claim]:
+        """The claims ``agent`` got at each (file id, epoch), rebuilt from the index and the
+        entries (each shard read once); see ``Agent.resume``."""
+        index = self.index()
+        shards: dict[str, Shard] = {}
+        claims = []
+        for file_id, epoch in held:
+            if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
+                raise InvalidInput(
+                    f"the epoch of a claim on {file_id!r} is a whole number of at least 1 "
+                    f"(the one its claim printed), not {epoch!r}"
+                )
+            stage = index.stage_of(check_file_id(file_id))
+            if stage is None:
+                raise NotFound(f"{file_id!r} is not declared in task {self.task_id!r}")
+            shard = self.layout.shard_of(stage, file_id)
+            if shard not in shards:
+                shards[shard] = self.read_shard(shard)
+            entry = shards[shard].entries.get(file_id)
+            expiry = entry.lease_expires_at if entry is not None else None
+            claims.append(
+                Claim(
+                    task_id=self.task_id,
+                    file_id=file_id,
+                    stage=stage,
+                    agent=agent,
+                    epoch=epoch,
+                    lease_expires_at=expiry or self.store.now(),
+                    shard=shard,
+                )
+            )
+        return claims
+
     def held(self, claim: Claim) -> Entry:
         """The entry, read fresh, if ``claim`` still holds it; else ``LeaseLost``."""
+        claim = self.routed(claim)
         entry = self.read_shard(claim.shard).entries.get(claim.file_id)
         if entry is None or (entry.state, entry.epoch, entry.owner) != (
             State.writing,
@@ -997,7 +1040,25 @@ class Manifest:
         ``stage``'s objects, or committed by ``agent`` if given."""
         if stage is not None:
             self._check_stage(stage)
-        return self.journal.log(since=since, stage=stage, agent=agent)
+        return self.journal.log(since=since, stage=stage, agent=agent, stage_of=self.stage_namer())
+
+    def stage_namer(self) -> Callable[[str], str | None] | None:
+        """What names an entry's stage for the journal's readers: the index, on a task that
+        keeps every stage in one shard (read again for an id it does not know yet: one
+        declared since); None otherwise (each shard is of one stage)."""
+        if not self.layout.single:
+            return None
+        index = self.index()
+
+        def stage_of(file_id: str) -> str | None:
+            nonlocal index
+            found = index.stage_of(file_id)
+            if found is None:
+                index = self.index()
+                found = index.stage_of(file_id)
+            return found
+
+        return stage_of
 
     def lineage(self, file_id: str) -> Lineage:
         """The upstream graph of ``file_id`` through ``depends_on``, across shards: each

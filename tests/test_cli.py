@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from breaking import BreakingFile
-from conftest import BUCKET, Server, raw_get, raw_put
+from conftest import BUCKET, LAYOUT, Server, layout_options, raw_get, raw_put
 from faults import FaultProxy
 
 import objmanifest as om
@@ -92,7 +92,7 @@ class Cli:
     """Strings no output may contain: the credentials in the environment."""
 
     def command(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "objmanifest", *args]
+        return [sys.executable, "-m", "objmanifest", *in_layout(args)]
 
     def environ(self, **extra: str) -> dict[str, str]:
         return {**self.env, **extra}
@@ -143,6 +143,28 @@ class Cli:
             cwd=self.cwd,
             bufsize=0,
         )
+
+
+def in_layout(args: tuple[str, ...]) -> tuple[str, ...]:
+    """An ``init`` that chooses no layout, given the session's (``OBJMANIFEST_TEST_LAYOUT``),
+    as tasks created in-process get it: the CLI suite runs under every shard layout."""
+    if LAYOUT == "stage" or "init" not in args:
+        return args
+    if any(a.startswith(("--partitions", "--layout")) for a in args):
+        return args
+    at = args.index("init")
+    stages = []
+    for arg in args[at + 1 :]:
+        if arg.startswith("-"):
+            break
+        stages.append(arg)
+    options = layout_options(stages)
+    extra: list[str] = []
+    if "layout" in options:
+        extra = ["--layout", options["layout"]]
+    for stage, count in options.get("partitions", {}).items():
+        extra += ["--partitions", f"{stage}={count}"]
+    return (*args, *extra)
 
 
 def base_env() -> dict[str, str]:
@@ -581,7 +603,7 @@ def _scenarios(
     produce(task, "r", b"for checkers")
     broken = om.Task.create(store, "broken", stages=["collect"])
     broken.declare("x", "collect")
-    raw_put(store, broken.shard_key("collect"), b"{ this is not json")
+    raw_put(store, broken.shard_key("collect", "x"), b"{ this is not json")
     data = tmp_path / "data.bin"
     data.write_bytes(b"data")
     out = str(tmp_path / "out")
@@ -622,7 +644,8 @@ def test_every_exit_code_is_reached(cli: Cli, task: om.Task, tmp_path: Path) -> 
     exists = by_args[("init", "collect", "--exist-ok")]
     assert exists["error"] == "AlreadyExists" and "with other settings" in exists["message"]
     assert by_args[("declare", "a", "--stage", "write")]["error"] == "DeclarationConflict"
-    assert by_args[("--task", "broken", "status")]["key"].endswith("broken/shards/collect.json")
+    broken_key = om.Task.open(task.store, "broken").shard_key("collect", "x")
+    assert by_args[("--task", "broken", "status")]["key"] == broken_key
     assert task.entry("bad").state is om.State.failed  # a mismatch sends it back
     assert not (tmp_path / "bad").exists()  # nothing unverified is left behind
     assert task.entry("stale").owner == "new"  # the fenced holder changed nothing
@@ -671,7 +694,7 @@ def test_a_manifest_from_a_newer_objmanifest_exits_12_and_is_left_alone(
     cli: Cli, task: om.Task
 ) -> None:
     task.declare("a", "collect")
-    shard_key = task.shard_key("collect")
+    shard_key = task.shard_key("collect", "a")
     shard = json.loads(raw_get(task.store, shard_key))
     shard["schema_version"] = 99
     newer_shard = json.dumps(shard).encode()
@@ -679,7 +702,7 @@ def test_a_manifest_from_a_newer_objmanifest_exits_12_and_is_left_alone(
     for args in (("show", "a"), ("status",), ("claim", "a", "--agent", "x")):
         refused = cli.json(*args, code=E.UNSUPPORTED)
         assert refused["error"] == "UnsupportedSchema", refused
-        assert refused["key"] == "job/shards/collect.json"
+        assert refused["key"] == shard_key
         assert "schema_version 99" in refused["message"]
     assert raw_get(task.store, shard_key) == newer_shard
 
@@ -1126,9 +1149,11 @@ def test_log_lineage_and_follow_show_the_journal(cli: Cli, task: om.Task, tmp_pa
     assert history[-1]["checksum"] == task.entry("raw").checksum
     records = cli.json("log", "--by", "a")["records"]
     assert [r["command"] for r in records] == ["claim", "finish"]
-    assert all(r["object_key"].endswith("/shards/collect.json") for r in records)
+    assert all(r["object_key"] == task.shard_key("collect", "raw") for r in records)
     text = cli.run("log", "--stage", "write").text
-    assert "shards/write.json v1  declare  -  out: pending" in text
+    write_shard = task.shard_key("write", "out").removeprefix("job/")
+    assert re.search(rf"{re.escape(write_shard)} v\d+  declare  -  out: pending", text), text
+    assert "raw" not in text  # the one shard of a task holds every stage: only write's
     graph = cli.json("lineage", "out")
     assert graph["edges"] == [["out", "raw"]]
     assert (graph["nodes"]["raw"]["producer"], graph["nodes"]["raw"]["size"]) == ("a", 5)
@@ -1148,7 +1173,8 @@ def test_log_lineage_and_follow_show_the_journal(cli: Cli, task: om.Task, tmp_pa
             record = json.loads(line) if line else {}
             if any(t["item"] == "late" for t in record.get("transitions", [])):
                 late.append(record["object_key"].rsplit("/", 1)[-1])
-        assert sorted(late) == ["collect.json", "index.json"]
+        late_shard = task.shard_key("collect", "late").rsplit("/", 1)[-1]
+        assert sorted(late) == sorted([late_shard, "index.json"])
     finally:
         follower.kill()
         follower.wait()
@@ -1170,30 +1196,30 @@ def test_repair_rebuilds_a_corrupt_shard_and_says_what_it_restored(
     assert first is not None
     producer.put(first, b"bytes of a")
     held = cli.json("claim", "b", "--agent", "fetcher")
-    key = "job/shards/collect.json"
+    # Every shard a or b lives in (one, or two on a split stage), garbled.
+    keys = sorted({task.shard_key("collect", "a"), task.shard_key("collect", "b")})
     garbled = b'{"schema_version": 2, "task_id": "job", "stage": "collect", "entr'
-    raw_put(store, key, garbled)
+    for key in keys:
+        raw_put(store, key, garbled)
 
     dry = cli.json("repair", "--dry-run")
-    assert dry["dry_run"] is True and dry["objects"][0]["action"] == "would rebuild"
-    assert raw_get(store, key) == garbled
+    assert dry["dry_run"] is True
+    assert [(o["key"], o["action"]) for o in dry["objects"]] == [(k, "would rebuild") for k in keys]
+    assert all(raw_get(store, key) == garbled for key in keys)
     assert "dry run: nothing was written" in cli.run("repair", "--dry-run").text
 
     report = cli.json("repair")
     assert set(report) == {"task_id", "dry_run", "objects", "added"}
     assert (report["task_id"], report["dry_run"], report["added"]) == ("job", False, [])
-    (obj,) = report["objects"]
-    assert (obj["key"], obj["kind"], obj["damage"], obj["action"]) == (
-        key,
-        "shard",
-        "corrupt",
-        "rebuilt",
-    )
-    assert obj["problem"].startswith("not JSON")
-    assert obj["records"] == 0 and obj["journal_complete"] is False
-    assert obj["moved_to"].startswith("job/damaged/shards/collect.json@")
-    assert raw_get(store, obj["moved_to"]) == garbled
-    entries = {e["file_id"]: e for e in obj["entries"]}
+    assert [o["key"] for o in report["objects"]] == keys
+    entries = {}
+    for obj, key in zip(report["objects"], keys, strict=True):
+        assert (obj["kind"], obj["damage"], obj["action"]) == ("shard", "corrupt", "rebuilt")
+        assert obj["problem"].startswith("not JSON")
+        assert obj["records"] == 0 and obj["journal_complete"] is False
+        assert obj["moved_to"].startswith(key.replace("job/", "job/damaged/", 1) + "@")
+        assert raw_get(store, obj["moved_to"]) == garbled
+        entries.update({e["file_id"]: e for e in obj["entries"]})
     assert set(entries) == {"a", "b"}
     for e in entries.values():  # only the index knew them: pending, fenced, history lost
         assert (e["state"], e["seen_state"], e["seen_epoch"]) == ("pending", None, None)
@@ -1279,7 +1305,8 @@ def test_archive_moves_old_terminal_entries(cli: Cli, task: om.Task, tmp_path: P
     report = cli.json("archive", "--older-than", "0")
     assert report["archived"]["collect"] == ["raw"]
     [key] = report["objects"]
-    assert "/archive/collect/" in key and key.endswith(".json")
+    shard = task.shard_key("collect", "raw").rsplit("/", 1)[-1].removesuffix(".json")
+    assert key.startswith(f"job/archive/{shard}/") and key.endswith(".json")
     assert cli.run("archive", "--older-than", "0").text.strip() == "archived 0 entries"
     assert task.entry("raw").state is om.State.consumed
     assert [h["command"] for h in cli.json("log", "raw")["history"]][-1] == "archive"

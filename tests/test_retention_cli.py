@@ -31,7 +31,7 @@ def test_init_trim_and_log_say_what_retention_dropped(cli: Cli, store: om.Store)
     task.flush_journal()
     agent.renew(claim)  # v103 carries 97..103 only
     task.flush_journal()
-    key = task.shard_key("collect")
+    key = task.shard_key("collect", "f")
 
     dry = cli.json("--task", "r", "trim", "--dry-run")
     assert dry["dry_run"] and dry["records"] == 32

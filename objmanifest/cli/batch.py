@@ -21,7 +21,6 @@ from objmanifest.model import check_file_id
 
 from .commands import Context, local_source
 from .exits import ExitCode, NotAllReady, UsageError, classify
-from .holding import held_claims
 from .output import PROG, entry_json
 
 CLAIM_FIELDS = ("FILE_ID", "STAGE", "EPOCH", "LEASE_EXPIRES_AT")
@@ -51,7 +50,7 @@ def cmd_put_many(ctx: Context) -> int:
         )
         return 0
     agent = ctx.agent()
-    claims = held_claims(ctx.task(), [(i.file_id, i.epoch) for i in items], agent.name)
+    claims = agent.resume_many([(i.file_id, i.epoch) for i in items])
     results = agent.put_many(
         claims,
         [i.path for i in items],

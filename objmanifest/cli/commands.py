@@ -29,7 +29,7 @@ from objmanifest.model import TaskHeader
 
 from . import progress
 from .exits import NothingClaimable, UsageError
-from .holding import held_claim, poll
+from .holding import poll
 from .output import Output, claim_json, entry_json, jsonable, status_json
 from .render import (
     claim_line,
@@ -98,7 +98,7 @@ class Context:
     def holder_claim(self) -> tuple[om.Agent, om.Claim]:
         """The agent and the claim named by ``FILE_ID --agent --epoch``."""
         agent = self.agent()
-        return agent, held_claim(self.task(), self.args.file_id, agent.name, self.args.epoch)
+        return agent, agent.resume(self.args.file_id, self.args.epoch)
 
     def waiting(self, what: str) -> Callable[[], None]:
         """A note for a human that the command waits, shown once if it has to."""
@@ -655,12 +655,15 @@ def cmd_log(ctx: Context) -> int:
     else:
         if stage is not None:
             task.check_stage(stage)  # NotFound, naming the stages, for a stage the task lacks
-        objects = [
-            (key, codec)
-            for key, codec in task.journaled_objects()
-            if stage is None or task.layout.parse(key).shard in task.layout.shards_of(stage)
-        ]
-    records = task.journal.log(since=since, agent=agent, objects=objects)
+        objects = task.journal.of_stage(task.journaled_objects(), stage)
+    stage_of = task.stage_namer() if file_id is None else None
+    records = task.journal.log(
+        since=since,
+        agent=agent,
+        objects=objects,
+        stage=stage if file_id is None else None,
+        stage_of=stage_of,
+    )
     dropped = [d for key, _ in objects for d in task.journal.dropped(key)]
     said = [d.line() for d in dropped]
     if not ctx.opt("follow"):
@@ -689,9 +692,9 @@ def cmd_log(ctx: Context) -> int:
                 continue
             _print_record(ctx, record, file_id)
         time.sleep(interval)
-        if file_id is None and stage is None:
-            objects = list(task.journaled_objects())  # new upload states appear
-        records = task.journal.newer(seen, objects)
+        if file_id is None:  # new upload states appear
+            objects = task.journal.of_stage(task.journaled_objects(), stage)
+        records = task.journal.narrowed(task.journal.newer(seen, objects), stage, stage_of)
 
 
 def _print_record(ctx: Context, record: om.JournalRecord, file_id: str | None) -> None:
