@@ -339,6 +339,8 @@ class BlockWriter:
         self._stored: dict[tuple[str, str], set[int]] = {}
         """Per (key, journal id), the ends of the blocks known to be stored."""
         self._started: dict[tuple[str, str, int], cf.Future[None]] = {}
+        self._failed: set[tuple[str, str, int]] = set()
+        """Blocks whose write here failed: sent again by the next commit of the object."""
         self._guard = threading.RLock()  # held while a job is submitted; a job takes it too
         self._pool: cf.Executor | None = None
 
@@ -354,12 +356,22 @@ class BlockWriter:
                 return list(records)  # the usual case: no block carried is stored
             return [r for r in records if block_end(r.version) not in stored]
 
-    def write_due(self, key: str, journal_id: str, records: Sequence[JournalRecord]) -> None:
+    def write_due(
+        self, key: str, journal_id: str, records: Sequence[JournalRecord], since: int
+    ) -> None:
+        """Start writing, in the background, the whole blocks of ``records`` that the write
+        whose first version was ``since`` made whole (and any block a write of this process
+        failed to store). A block made whole by another process is that process's to write;
+        if it did not live to, ``store_old`` writes it before the object carries two more
+        blocks' worth, so every writer, however short-lived, keeps the object bounded."""
         if self.block_key is None or not records:
             return
         with self._guard:
-            # A finished job is forgotten: stored, or failed and due to be sent again.
-            self._started = {j: f for j, f in self._started.items() if not f.done()}
+            done = [j for j, f in self._started.items() if f.done()]
+            for job in done:  # stored, or failed and due to be sent again
+                if job[2] not in self._stored.get(job[:2], ()):
+                    self._failed.add(job)
+                del self._started[job]
         low, last = block_end(records[0].version), records[-1].version
         for end in range(low, last + 1, BLOCK):  # the blocks that may be whole
             job = (key, journal_id, end)
@@ -367,6 +379,8 @@ class BlockWriter:
                 # A stored block is not sent again, though the doc still carries it.
                 if job in self._started or end in self._stored.get((key, journal_id), ()):
                     continue
+                if end < since and job not in self._failed:
+                    continue  # made whole by an earlier write: not this one's to send
                 block = [r for r in records if block_end(r.version) == end]
                 # A block is whole once it holds its last version (records are contiguous:
                 # each version adds the next; only whole blocks leave).
@@ -374,7 +388,34 @@ class BlockWriter:
                     continue
                 if self._pool is None:
                     self._pool = self.store.runtime.pool(1, "objmanifest-journal")
+                self._failed.discard(job)
                 self._started[job] = self._pool.submit(self._write, key, journal_id, block)
+
+    def store_old(
+        self, key: str, journal_id: str | None, records: Sequence[JournalRecord], version: int
+    ) -> None:
+        """Before a write of version ``version + 1``, store every whole block of ``records``
+        that ends a whole block or more before it and is not known to be stored (waiting for
+        this process's own write of it, else writing it now), so the next version drops
+        them: an object carries fewer than ``2 * BLOCK`` records, also when each commit
+        comes from a new process that knows of no block stored. Writes here only what
+        nobody stored in time (a 412: somebody did; it counts as stored)."""
+        if self.block_key is None or journal_id is None or not records:
+            return
+        for end in range(block_end(records[0].version), version + 1 - BLOCK + 1, BLOCK):
+            job = (key, journal_id, end)
+            with self._guard:
+                if end in self._stored.get((key, journal_id), ()):
+                    continue
+                running = self._started.get(job)
+            if running is not None:
+                running.result()  # a failure is logged by the job itself
+                with self._guard:
+                    if end in self._stored.get((key, journal_id), ()):
+                        continue
+            block = [r for r in records if block_end(r.version) == end]
+            if block and block[-1].version == end:
+                self._write(key, journal_id, block)
 
     def _write(self, key: str, journal_id: str, records: list[JournalRecord]) -> None:
         first, last = records[0].version, records[-1].version
@@ -391,7 +432,7 @@ class BlockWriter:
             self.stats.count("journal_blocks")
             with self._guard:
                 self._stored.setdefault((key, journal_id), set()).add(last)
-        except ObjManifestError as e:
+        except (ObjManifestError, OutcomeUnknown) as e:
             # The records stay in the object; whoever commits to it next tries again.
             log.warning("could not write journal block %s: %s", block_key, e)
 
@@ -564,16 +605,18 @@ class Documents:
                 if over is not None:
                     with self._guard:
                         self._cache.pop(key, None)
-                landed = self._commit(key, codec, batch, over)
+                landed, since = self._commit(key, codec, batch, over)
         except BaseException as e:
             for member in batch:
                 member.settle(None, e)
             return
-        self._flush_due(key, codec, landed)
+        self._flush_due(key, codec, landed, since)
 
     def _commit(
         self, key: str, codec: Codec[T], members: list[_Member[T, Any]], over: str | None = None
-    ) -> _Version[T] | None:
+    ) -> tuple[_Version[T] | None, int]:
+        """The version this write landed in (None: nothing to write) and the first version
+        it wrote."""
         runtime = self.store.runtime
         op = runtime.new_id()[:16]
         sent: dict[str, _Attempt] = {}  # commit id -> attempt that may have landed
@@ -588,8 +631,8 @@ class Documents:
             if sent:
                 for commit_id in reversed(codec.commit_ids(current.doc)):
                     if commit_id in sent:
-                        self._landed(key, sent[commit_id])
-                        return current
+                        return current, self._landed(key, sent[commit_id])
+            self._store_old_blocks(key, codec, current.doc)
             now = self.store.now()
             applied = self._apply(key, codec, members, f"{op}.{attempt + 1}", current.doc, now)
             tried, stamped = applied
@@ -597,7 +640,7 @@ class Documents:
                 if validated:
                     for t in tried:
                         t.member.settle(t.result, t.error)
-                    return None
+                    return None, 0
                 current, validated = self._refresh(key, codec, over), True
                 continue
             attempt += 1
@@ -629,8 +672,7 @@ class Documents:
             written_version = _Version(stamped, etag, runtime.monotonic())
             with self._guard:
                 self._cache[key] = written_version
-            self._landed(key, _Attempt(commit_id, now, tried))
-            return written_version
+            return written_version, self._landed(key, _Attempt(commit_id, now, tried))
 
     def _apply(
         self,
@@ -665,10 +707,11 @@ class Documents:
             tried.append(_Tried(member, result, None, True, codec.version(doc), transitions))
         return tried, written
 
-    def _landed(self, key: str, attempt: _Attempt) -> None:
+    def _landed(self, key: str, attempt: _Attempt) -> int:
         """Settle every member of a write that landed; each that changed the object gets
-        the event of its own version."""
+        the event of its own version. Returns the first version the write made."""
         changed = 0
+        first = min((t.version for t in attempt.tried if t.changed and t.version), default=0)
         landed_at = self.store.runtime.monotonic()
         for t in attempt.tried:
             if t.changed:
@@ -686,6 +729,7 @@ class Documents:
             t.member.settle(t.result, t.error)
         self.stats.count("commits", changed)
         self.stats.count("grouped", changed - 1)
+        return first
 
     # -- the journal ---------------------------------------------------------------------
 
@@ -718,16 +762,24 @@ class Documents:
         kept = self._blocks.unstored(key, journal_id, records)
         return codec.with_journal(after, journal_id, [*kept, record])
 
-    def _flush_due(self, key: str, codec: Codec[T], landed: _Version[T] | None) -> None:
-        """Start writing every whole block the version that landed carries that is not
-        known to be stored."""
+    def _flush_due(self, key: str, codec: Codec[T], landed: _Version[T] | None, since: int) -> None:
+        """Start writing every whole block the write that landed (its first version
+        ``since``) made whole, unless it is known to be stored."""
         if landed is None:
             return
         journal = codec.journal(landed.doc)
         if journal is not None:
             journal_id, records = journal
             assert journal_id is not None  # every journaled version was given one
-            self._blocks.write_due(key, journal_id, records)
+            self._blocks.write_due(key, journal_id, records, since)
+
+    def _store_old_blocks(self, key: str, codec: Codec[T], doc: T) -> None:
+        """Before a write over ``doc``: its old whole blocks stored (``BlockWriter.store_old``)
+        so the write drops them."""
+        journal = codec.journal(doc)
+        version = codec.version(doc)
+        if journal is not None and version is not None:
+            self._blocks.store_old(key, journal[0], journal[1], version)
 
     def flush(self) -> None:
         """Wait until every journal block started so far is written (or failed)."""

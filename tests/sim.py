@@ -84,6 +84,8 @@ class Settings:
     files: int = 16
     """Files of the first stage; half as many of the second depend on them."""
     producers: int = 3
+    shells: int = 1
+    """Producers that make each call from a process of their own (``Shell``)."""
     chaos_ops: int = 260
     """Agent operations logged before the faults stop and the run drains."""
     drain_steps: int = 60_000
@@ -471,8 +473,9 @@ class Sim:
         self.stores = {}
         self.create()
         names = [*AGENT_NAMES, *(f"p{i}" for i in range(self.settings.producers))]
+        names += [f"s{i}" for i in range(self.settings.shells)]
         for name in names:
-            self.spawn(name, name.rstrip("0123456789") if name[0] in "pqxy" else name)
+            self.spawn(name, name.rstrip("0123456789") if name[0] in "pqsxy" else name)
         drain_from: int | None = None
         steps = next_check = 0
         CURRENT[:] = [self]
@@ -641,6 +644,8 @@ class Declarer(Agent):
             self.sleep(5, 10)
             return
         batch = todo[: self.rng.randint(1, 5)]
+        if self.rng.random() < 0.5:  # as `objmanifest declare --from`: a process of its own
+            task = Task.open(self.sim.store_for(self.actor), "job")
         outcome, _ = self.attempt(
             checker.DECLARE, lambda: task.declare_many(batch), file_id=batch[0][0]
         )
@@ -688,8 +693,15 @@ class Producer(Agent):
         for claim in claims:
             self.work(task, claim)
 
+    def holding(self, task: Task, claim: Claim) -> tuple[Any, Claim]:
+        """The agent a holder call is made by, and the claim it names: this agent's own."""
+        return task.agent(self.actor.name), claim
+
+    def held(self, task: Task, claim: Claim, call: Callable[[Any, Claim], Any]) -> Any:
+        me, held = self.holding(task, claim)
+        return call(me, held)
+
     def work(self, task: Task, claim: Claim) -> None:
-        me = task.agent(self.actor.name)
         fields: dict[str, Any] = {
             "file_id": claim.file_id,
             "stage": claim.stage,
@@ -702,7 +714,10 @@ class Producer(Agent):
             self.sleep(0, 0.5 * LEASE)
         if self.rng.random() < 0.2:
             outcome, got = self.attempt(
-                checker.RENEW, lambda: me.renew(claim), (LeaseLost,), **fields
+                checker.RENEW,
+                lambda: self.held(task, claim, lambda me, c: me.renew(c)),
+                (LeaseLost,),
+                **fields,
             )
             if outcome == OK:
                 self.record(checker.RENEW, **fields)
@@ -710,14 +725,20 @@ class Producer(Agent):
         roll = self.rng.random()
         if roll < 0.07:
             outcome, _ = self.attempt(
-                checker.FAIL, lambda: me.fail(claim, "simulated"), (LeaseLost,), **fields
+                checker.FAIL,
+                lambda: self.held(task, claim, lambda me, c: me.fail(c, "simulated")),
+                (LeaseLost,),
+                **fields,
             )
             if outcome == OK:
                 self.record(checker.FAIL, **fields)
             return
         if roll < 0.10:
             outcome, _ = self.attempt(
-                checker.RELEASE, lambda: me.release(claim), (LeaseLost,), **fields
+                checker.RELEASE,
+                lambda: self.held(task, claim, lambda me, c: me.release(c)),
+                (LeaseLost,),
+                **fields,
             )
             if outcome == OK:
                 self.record(checker.RELEASE, **fields)
@@ -737,7 +758,6 @@ class Producer(Agent):
         return content(claim.file_id, claim.agent, claim.epoch, size), {}
 
     def put(self, task: Task, claim: Claim) -> None:
-        me = task.agent(self.actor.name)
         fields: dict[str, Any] = {
             "file_id": claim.file_id,
             "stage": claim.stage,
@@ -746,7 +766,10 @@ class Producer(Agent):
         data, options = self.data(claim)
         for _ in range(3):
             outcome, got = self.attempt(
-                checker.PUT, lambda: me.put(claim, data, **options), (LeaseLost,), **fields
+                checker.PUT,
+                lambda: self.held(task, claim, lambda me, c: me.put(c, data, **options)),
+                (LeaseLost,),
+                **fields,
             )
             if outcome == OK:
                 how = "chunked" if options else "single"
@@ -755,15 +778,23 @@ class Producer(Agent):
             if outcome == REFUSED:
                 return
         outcome, _ = self.attempt(
-            checker.FAIL, lambda: me.fail(claim, "could not put"), (LeaseLost,), **fields
+            checker.FAIL,
+            lambda: self.held(task, claim, lambda me, c: me.fail(c, "could not put")),
+            (LeaseLost,),
+            **fields,
         )
         if outcome == OK:
             self.record(checker.FAIL, **fields)
 
     def put_many(self, task: Task, claims: list[Claim]) -> None:
-        me = task.agent(self.actor.name)
         datas = [content(c.file_id, c.agent, c.epoch, self.rng.randint(1, 2000)) for c in claims]
-        outcome, got = self.attempt(checker.PUT, lambda: me.put_many(claims, datas))
+
+        def put_many() -> Any:
+            me, _ = self.holding(task, claims[0])
+            held = [self.holding_with(me, c) for c in claims]
+            return me.put_many(held, datas)
+
+        outcome, got = self.attempt(checker.PUT, put_many)
         if outcome != OK:
             return
         for claim, result in zip(claims, got, strict=True):
@@ -780,6 +811,32 @@ class Producer(Agent):
                 self.record(checker.PUT, UNKNOWN, detail=type(result).__name__, **fields)
             else:
                 self.sim.escape(self.actor, result)
+
+    def holding_with(self, me: Any, claim: Claim) -> Claim:
+        """The claim ``me`` names in a batch: this agent's own."""
+        return claim
+
+
+class Shell(Producer):
+    """A producer run as shell steps (``objmanifest claim``, then ``put``, ``renew``,
+    ``fail``, ``release`` in later processes): each call from a process of its own (a
+    ``Task`` opened for it: no cached version, no journal block known to be stored), each
+    holder call on the claim rebuilt from the file id and epoch the claim printed
+    (``Agent.resume``), as the CLI rebuilds it."""
+
+    def opened(self) -> Task:
+        return Task.open(self.sim.store_for(self.actor), "job")
+
+    def step(self, task: Task) -> None:
+        super().step(self.opened())
+
+    def holding(self, task: Task, claim: Claim) -> tuple[Any, Claim]:
+        me = self.opened().agent(self.actor.name)
+        return me, me.resume(claim.file_id, claim.epoch)
+
+    def holding_with(self, me: Any, claim: Claim) -> Claim:
+        resumed: Claim = me.resume(claim.file_id, claim.epoch)
+        return resumed
 
 
 class Consumer(Agent):
@@ -863,6 +920,7 @@ AGENTS: dict[str, Callable[[Actor], Agent]] = {
     "declarer": Declarer,
     "janitor": Janitor,
     "p": Producer,
+    "s": Shell,
     "q": Consumer,
     "x": Consumer,
     "y": Consumer,

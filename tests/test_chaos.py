@@ -7,6 +7,8 @@ must find no violation (``tests/chaos/``, where ``python -m tests.chaos`` runs l
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 
 import pytest
 from conftest import Server, backends, running
@@ -57,6 +59,15 @@ def test_a_pipeline_under_chaos_breaks_no_invariant(server: Server, tmp_path: ob
     # The chaos happened: agents killed and stopped past their lease, faults of most kinds.
     assert report.kills >= 1 and report.zombies >= 1, summary
     assert len(report.skewed) == 2, summary
+    # Agents making every call from a new Task (as CLI steps do) did their share.
+    assert len(report.shells) == 2, summary
+    for name in report.shells:
+        done = [
+            json.loads(line)
+            for log in Path(str(tmp_path)).glob(f"{name}.*.jsonl")
+            for line in log.read_text().splitlines()
+        ]
+        assert any(d.get("op") == "put" and d.get("outcome") == "ok" for d in done), name
     injected = {k for k, n in report.faults.items() if n and k != "requests"}
     assert injected >= {"latency", "reset", "slowdown", "error500", "error500_applied", "lost"}
     assert len(report.invariants) >= 14, summary

@@ -38,3 +38,31 @@ def test_a_produced_entry_costs_three_requests_and_its_share_of_a_block(
     assert seen["PutObject"] == 3 * entries + blocks
     assert sum(seen.values()) == 3 * entries + 1 + blocks
     assert sum(seen.values()) / entries <= 3.1
+
+
+def test_one_commit_per_process_keeps_the_journal_bounded_and_trimmable(store: om.Store) -> None:
+    """Shell steps and tool calls: each commit from a new ``Task`` that knows of no block
+    stored. The shard and the index carry fewer than ``2 * BLOCK`` records whatever made
+    them, a commit costs its two PUTs (plus each block about twice over the run), and
+    retention can drop what the objects no longer carry."""
+    om.Task.create(store, "job", stages=["collect"], journal_keep_versions=40)
+    processes = 90
+    puts: list[int] = []
+    for i in range(processes):
+        task = om.Task.open(store, "job")  # as `objmanifest declare` opens it
+        with requests(store) as seen:
+            task.declare(f"f{i:03d}", "collect")
+            task.flush_journal()
+        puts.append(seen["PutObject"])
+    task = om.Task.open(store, "job")
+    for key, codec in task.journaled_objects():
+        journal = codec.journal(task.docs.read(key, codec))
+        assert journal is not None and len(journal[1]) < 2 * cas.BLOCK, key
+    assert sum(puts) / processes <= 2 + 4 / cas.BLOCK + 0.01
+    assert max(puts) <= 6
+    dropped = task.trim_journal()
+    assert sum(d.records for d in dropped) >= 2 * cas.BLOCK  # a block of the shard and the index
+    steps = task.history("f089")
+    assert [s.to_state for s in steps] == ["pending"]
+    declared = [r for r in task.log() if r.command == "declare"]
+    assert len({t.item for r in declared for t in r.transitions}) >= processes - 40

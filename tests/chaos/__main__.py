@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease", type=float, default=4.0, help="lease seconds")
     parser.add_argument("--skewed", type=int, default=2, help="agents under libfaketime")
     parser.add_argument(
+        "--shells", type=int, default=2, help="agents making every call from a new Task"
+    )
+    parser.add_argument(
         "--intensity", type=float, default=1.0, help="every fault's probability times this"
     )
     parser.add_argument(
@@ -42,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         agents=args.agents,
         lease_seconds=args.lease,
         skewed=args.skewed,
+        shells=args.shells,
         intensity=args.intensity,
         broken=args.broken,
         work_dir=args.work_dir,

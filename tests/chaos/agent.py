@@ -152,15 +152,40 @@ class Worker:
     """The loop of one agent: claim, do the stage's work, finish; log every outcome."""
 
     def __init__(
-        self, task: om.Task, name: str, stage: str, log: OpLog, seed: int, scratch: Path
+        self,
+        task: om.Task,
+        name: str,
+        stage: str,
+        log: OpLog,
+        seed: int,
+        scratch: Path,
+        opener: Callable[[], om.Task] | None = None,
     ) -> None:
         self.task = task
+        self.name = name
         self.scratch = scratch
         self.stage = stage
-        self.agent = task.agent(name, role=ROLES[stage])
-        self.publisher = task.agent(name, role=PUBLISHER)
         self.log = log
         self.rng = random.Random(f"{seed}:{name}:{os.getpid()}")
+        self.opener = opener
+        """A shell agent's: every call a process of its own (a new store and ``Task``: no
+        cached version, no journal block known to be stored), each holder call on the
+        claim rebuilt from its file id and epoch (``Agent.resume``), as the CLI runs."""
+
+    def opened(self) -> om.Task:
+        """The task as this call sees it."""
+        return self.opener() if self.opener is not None else self.task
+
+    @property
+    def agent(self) -> om.Agent:
+        return self.opened().agent(self.name, role=ROLES[self.stage])
+
+    def held(self, claim: om.Claim, call: Callable[[om.Agent, om.Claim], Any]) -> Any:
+        """``call(agent, claim)`` by this agent's holder: a shell agent's claim rebuilt."""
+        agent = self.agent
+        if self.opener is not None:
+            claim = agent.resume(claim.file_id, claim.epoch)
+        return call(agent, claim)
 
     def attempt(
         self,
@@ -196,7 +221,7 @@ class Worker:
     def pipeline_done(self) -> bool:
         """Every stage settled (not just this agent's: an input found damaged later is
         produced again by its stage's agents)."""
-        entries = self.attempt("status", lambda: self.task.entries())
+        entries = self.attempt("status", lambda: self.opened().entries())
         return entries is not None and settled(entries)
 
     def run(self, max_seconds: float) -> None:
@@ -234,21 +259,21 @@ class Worker:
 
     def publish(self) -> bool:
         """Consume one ready verdict as the publisher (False if there is none)."""
-        entries = self.attempt("status", lambda: self.task.entries("check"))
+        entries = self.attempt("status", lambda: self.opened().entries("check"))
         ready = [e for e in entries or [] if e.state is om.State.ready]
         if not ready:
             return False
-        self.consume(self.publisher, self.rng.choice(ready).file_id)
+        self.consume(PUBLISHER, self.rng.choice(ready).file_id)
         return True
 
-    def consume(self, agent: om.Agent, file_id: str) -> bytes | None:
-        """Consume ``file_id`` as ``agent`` (its bytes, verified)."""
+    def consume(self, role: str, file_id: str) -> bytes | None:
+        """Consume ``file_id`` in ``role`` (its bytes, verified)."""
         data: bytes | None = self.attempt(
             "consume",
-            lambda: agent.consume(file_id),
+            lambda: self.opened().agent(self.name, role=role).consume(file_id),
             lambda d: {"checksum": checksum.of_bytes(d), "size": len(d)},
             file_id=file_id,
-            role=agent.role,
+            role=role,
         )
         return data
 
@@ -268,11 +293,19 @@ class Worker:
 
         self.attempt(
             "put_many",
-            lambda: self.agent.put_many(claims, datas),
+            lambda: self.held_many(claims, lambda a, cs: a.put_many(cs, datas)),
             results,
             claims=_claims(claims),
             data_checksums=sums,
         )
+
+    def held_many(
+        self, claims: list[om.Claim], call: Callable[[om.Agent, list[om.Claim]], Any]
+    ) -> Any:
+        agent = self.agent
+        if self.opener is not None:
+            claims = agent.resume_many([(c.file_id, c.epoch) for c in claims])
+        return call(agent, claims)
 
     def holder(self, op: str, claim: om.Claim, call: Callable[[], Any]) -> Any:
         """A holder's operation on ``claim``, logged with its file id and epoch."""
@@ -296,31 +329,33 @@ class Worker:
             return str(path)
         size = self.rng.choice((64, 512, 4096, 32768))
         fill = self.rng.randbytes(size // 2).hex()
-        return payload(claim.file_id, self.agent.name, claim.epoch, fill=fill)
+        return payload(claim.file_id, self.name, claim.epoch, fill=fill)
 
     def work(self, claim: om.Claim) -> None:
         """Produce the claim's data; now and then, as a producer that gives up, ``fail``."""
         if self.rng.random() < 0.05:
-            self.holder("fail", claim, lambda: self.agent.fail(claim, "chaos: gave up"))
+            self.holder(
+                "fail", claim, lambda: self.held(claim, lambda a, c: a.fail(c, "chaos: gave up"))
+            )
             return
         make = {"collect": self.raw, "write": self.draft, "check": self.verdict}[self.stage]
         data: bytes | str | None = self.attempt("work", lambda: make(claim), file_id=claim.file_id)
         if data is None:
             return
-        if self.holder("renew", claim, lambda: self.agent.renew(claim)) is None:
+        if self.holder("renew", claim, lambda: self.held(claim, lambda a, c: a.renew(c))) is None:
             return
-        self.holder("put", claim, lambda: self.agent.put(claim, data))
+        self.holder("put", claim, lambda: self.held(claim, lambda a, c: a.put(c, data)))
 
     def read(self, claim: om.Claim, file_id: str) -> bytes | None:
         """Consume one input of the claim (its bytes, verified), or give the claim back."""
-        data = self.consume(self.agent, file_id)
+        data = self.consume(ROLES[self.stage], file_id)
         if data is None:
             # An input found damaged is produced again: give the claim back, unspent.
-            self.holder("release", claim, lambda: self.agent.release(claim))
+            self.holder("release", claim, lambda: self.held(claim, lambda a, c: a.release(c)))
         return data
 
     def draft(self, claim: om.Claim) -> bytes | None:
-        entry = self.task.entry(claim.file_id)
+        entry = self.opened().entry(claim.file_id)
         inputs = {}
         for dep in entry.depends_on:
             data = self.read(claim, dep)
@@ -332,20 +367,18 @@ class Worker:
             elif json.loads(data)["file_id"] != dep:
                 raise ContentError(f"{dep!r} holds the record of another entry")
             inputs[dep] = checksum.of_bytes(data)
-        return payload(claim.file_id, self.agent.name, claim.epoch, inputs=inputs)
+        return payload(claim.file_id, self.name, claim.epoch, inputs=inputs)
 
     def verdict(self, claim: om.Claim) -> bytes | None:
-        entry = self.task.entry(claim.file_id)
+        entry = self.opened().entry(claim.file_id)
         (draft_id,) = entry.depends_on
         data = self.read(claim, draft_id)
         if data is None:
             return None
         record = json.loads(data)
-        draft = self.task.entry(draft_id)
+        draft = self.opened().entry(draft_id)
         ok = record["file_id"] == draft_id and sorted(record["inputs"]) == sorted(draft.depends_on)
-        return payload(
-            claim.file_id, self.agent.name, claim.epoch, draft=checksum.of_bytes(data), ok=ok
-        )
+        return payload(claim.file_id, self.name, claim.epoch, draft=checksum.of_bytes(data), ok=ok)
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
@@ -364,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=600.0)
     parser.add_argument("--scratch", required=True, help="where big records' files go")
     parser.add_argument("--broken", choices=sorted(BROKEN), help="plant a broken variant")
+    parser.add_argument(
+        "--shell", action="store_true", help="every call from a new Task, as CLI steps make it"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
     if args.broken:
@@ -378,7 +414,20 @@ def main(argv: list[str] | None = None) -> int:
         except om.ObjManifestError as e:
             log.note("open", error=type(e).__name__)
             time.sleep(0.2)
-    worker = Worker(task, args.name, args.stage, log, args.seed, Path(args.scratch))
+    url = f"s3://{args.bucket}/{args.prefix}"
+
+    def opener() -> om.Task:
+        return om.Task.open(om.connect(url), args.task, transfer=TRANSFER)
+
+    worker = Worker(
+        task,
+        args.name,
+        args.stage,
+        log,
+        args.seed,
+        Path(args.scratch),
+        opener if args.shell else None,
+    )
     worker.run(args.max_seconds)
     log.note("exit", time=time.time())
     return 0

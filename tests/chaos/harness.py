@@ -63,6 +63,9 @@ class Settings:
     calm_timeout: float = 180.0
     skewed: int = 2
     """Agents run under libfaketime (0: none)."""
+    shells: int = 2
+    """Agents that make every call from a new ``Task``, as CLI steps do (``agent --shell``):
+    the last agent of collect, then of write, then of check."""
     intensity: float = 1.0
     """Every fault's probability times this (``Chaos.scaled``)."""
     broken: str | None = None
@@ -86,6 +89,7 @@ class Proc:
     name: str
     stage: str
     skew: str | None
+    shell: bool = False
     popen: subprocess.Popen[bytes] | None = None
     stopped_until: float | None = None
     restart_at: float | None = None
@@ -119,6 +123,7 @@ class Report:
     chunked: int = 0
     agents: int = 0
     skewed: list[str] = field(default_factory=list)
+    shells: list[str] = field(default_factory=list)
     starts: int = 0
     operations: Counter[str] = field(default_factory=Counter)
     failed_operations: Counter[str] = field(default_factory=Counter)
@@ -143,6 +148,7 @@ class Report:
             "chunked_entries": self.chunked,
             "agents": self.agents,
             "skewed": self.skewed,
+            "shells": self.shells,
             "agent_starts": self.starts,
             "operations": sum(self.operations.values()),
             "operations_by_kind": dict(sorted(self.operations.items())),
@@ -170,7 +176,8 @@ class Report:
             f"entries: {self.entries}, {self.chunked} chunked "
             f"({', '.join(f'{k} {n}' for k, n in self.states.items())})",
             f"agents: {self.agents} ({self.starts} processes started; "
-            f"skewed: {', '.join(self.skewed) or 'none'})",
+            f"skewed: {', '.join(self.skewed) or 'none'}; "
+            f"one call per process: {', '.join(self.shells) or 'none'})",
             f"operations: {sum(self.operations.values())} succeeded ({ops}); "
             f"{sum(self.failed_operations.values())} failed ({failed or 'none'})",
             f"requests: {self.faults.get('requests', 0)}; faults: {faults}",
@@ -328,12 +335,16 @@ class Harness:
             counts[STAGES[i % 3]] += 1
         names = [f"{stage}-{n}" for stage in STAGES for n in range(counts[stage])]
         skewed = set(self.rng.sample(names, min(self.s.skewed, len(names))))
+        lasts = [f"{stage}-{counts[stage] - 1}" for stage in STAGES if counts[stage]]
+        shells = set(lasts[: self.s.shells])
         for name in names:
             skew = None
             if name in skewed:
                 skew = f"{self.rng.choice(SKEWS_MINUTES):+d}m"
                 self.report.skewed.append(f"{name} {skew}")
-            self.procs.append(Proc(name, name.rsplit("-", 1)[0], skew))
+            if name in shells:
+                self.report.shells.append(name)
+            self.procs.append(Proc(name, name.rsplit("-", 1)[0], skew, shell=name in shells))
         self.report.agents = len(self.procs)
 
     def _start(self, proc: Proc) -> None:
@@ -376,6 +387,7 @@ class Harness:
                     "--max-seconds",
                     str(self.s.duration + self.s.calm_timeout + 60),
                     *(["--broken", self.s.broken] if self.s.broken else []),
+                    *(["--shell"] if proc.shell else []),
                 ],
                 cwd=ROOT,
                 env=env,

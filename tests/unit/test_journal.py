@@ -107,6 +107,11 @@ def raw(s: om.MemoryStore, key: str) -> dict[str, Any]:
     return data
 
 
+def raw_records(s: om.MemoryStore, key: str) -> list[om.JournalRecord]:
+    """The records the object ``key`` carries."""
+    return [om.JournalRecord.model_validate(r) for r in raw(s, key).get("journal", [])]
+
+
 def blocks(s: om.MemoryStore, task: om.Task) -> list[str]:
     return sorted(row.key for row in s.list(task.layout.journal_prefix))
 
@@ -194,12 +199,46 @@ def test_a_writer_that_dies_before_its_block_write_loses_nothing() -> None:
     for i in range(30):
         produce(dying, agent, f"f{i}")
     s = store(bucket)
-    assert blocks(s, dying) == []
+    # Its background writes never ran; its commits stored, before going on, only the block
+    # the object would otherwise have carried two blocks' worth past (versions 1..32).
+    assert [k.rsplit("/", 1)[-1] for k in blocks(s, dying) if "/shards/a/" in k] == [
+        f"{1:012d}-{BLOCK:012d}.json"
+    ]
+    assert len(raw(s, dying.shard_key("a"))["journal"]) < 2 * BLOCK
     task = om.Task.open(s, "job")
     produce(task, task.agent("bob"), "next")
     assert len(blocks(s, task)) > 0
     records = check_complete(task, task.shard_key("a"), task.codec("a"))
     assert {r.actor for r in records} == {"", "ann", "bob"}
+
+
+def test_commits_each_from_a_new_process_keep_the_object_bounded_and_cost_two_puts() -> None:
+    """CLI steps and tool calls: every commit from a process that knows of no block stored.
+    The object still carries fewer than two blocks' worth, each block goes out about twice
+    (once by the process that completed it, once, a 412, by the one that must drop it), and
+    nothing is lost."""
+    bucket = f"journal-{uuid.uuid4().hex[:8]}"
+    om.Task.create(store(bucket), "job", stages=["a", "b"])
+    puts: list[int] = []
+    carried: list[int] = []
+    for i in range(5 * BLOCK):
+        s = store(bucket)  # a new process: an empty cache, no block known stored
+        task = om.Task.open(s, "job")
+        task.declare(f"f{i}", "a")  # the shard's and the index's commit
+        task.flush_journal()  # what the process does as it exits
+        puts.append(s.faults.calls["put"])
+        carried.append(len(raw(s, task.shard_key("a"))["journal"]))
+        assert len(raw(s, task.index_key)["journal"]) < 2 * BLOCK
+    assert max(carried) == 2 * BLOCK - 1 and carried[-1] < 2 * BLOCK
+    assert sum(puts) / len(puts) <= 2 + 4 / BLOCK + 0.01  # two, plus each block twice
+    assert max(puts) <= 6
+    s = store(bucket)
+    task = om.Task.open(s, "job")
+    records = check_complete(task, task.shard_key("a"), task.codec("a"))
+    assert len(records) == 5 * BLOCK
+    check_complete(task, task.index_key, task.index_codec)
+    names = [k for k in blocks(s, task) if "/shards/a/" in k]
+    assert len(names) == 5  # 1..160, the last block written by the process that completed it
 
 
 def test_a_block_written_already_is_recognised_and_not_written_twice() -> None:
@@ -402,22 +441,25 @@ def test_blocks_go_out_on_one_background_thread_and_flush_waits_for_them() -> No
     assert claim is not None
     s.faults.calls.clear()
     _Gated.gate.clear()
-    for _ in range(2 * BLOCK - 2):  # to version 64: block 2 is whole while 1 is out
+    for _ in range(2 * BLOCK - 3):  # to version 63: block 1 is whole, and out
         claim = agent.renew(claim)
-    assert s.faults.calls["put"] == 2 * BLOCK - 2  # both blocks wait at the gate
+    assert s.faults.calls["put"] == 2 * BLOCK - 3  # the block waits at the gate
     _Gated.gate.set()
     task.flush_journal()
-    journal_puts = s.faults.calls["put"] - (2 * BLOCK - 2)
-    assert journal_puts == 2  # block 1 (failed), block 2; none sent twice while pending
-    assert len([k for k in blocks(s, task) if "/shards/a/" in k]) == 1
-    claim = agent.renew(claim)  # the next commit sends block 1 again
+    assert s.faults.calls["put"] - (2 * BLOCK - 3) == 1  # block 1, refused once
+    assert [k for k in blocks(s, task) if "/shards/a/" in k] == []
+    # Version 64 may not carry block 1 any longer: its commit stores it first, then sends
+    # block 2 (which it made whole) in the background.
+    claim = agent.renew(claim)
     task.flush_journal()
     shard_blocks = [k for k in blocks(s, task) if "/shards/a/" in k]
     assert len(shard_blocks) == 2
+    assert s.faults.calls["put"] - (2 * BLOCK - 3) == 4  # block 1 twice, v64, block 2
     assert asked == [(1, "objmanifest-journal")]
     for key in shard_blocks:
         blob = s.get(key)
         assert blob is not None and b"null" not in blob.body  # nothing empty is written
+    assert versions(raw_records(s, task.shard_key("a"))) == list(range(BLOCK + 1, 2 * BLOCK + 1))
     check_complete(task, task.shard_key("a"), task.codec("a"))
 
 
@@ -522,7 +564,8 @@ def test_without_a_block_key_no_block_is_ever_started() -> None:
         JournalRecord(version=v, commit_id=f"c.{v}", command="renew", actor="ann", at=at)
         for v in range(1, BLOCK + 1)
     ]
-    writer.write_due("k", "j", records)
-    assert pools == []
+    writer.write_due("k", "j", records, 1)
+    writer.store_old("k", "j", records, 3 * BLOCK)
+    assert pools == [] and s.faults.calls["put"] == 0
     assert writer.unstored("k", "j", records) == records
     assert writer.unstored("k", "j", []) == []
