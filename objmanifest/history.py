@@ -23,14 +23,19 @@ import shard_index
 from .cas import Codec, Documents
 from .codecs import REMOVED, load_json, schema_problems
 from .errors import CorruptShard, NotFound
-from .layout import TaskLayout
-from .model import DroppedRange, Entry, JournalBlock, JournalRecord, RetentionMarker
+from .layout import BlockRef, TaskLayout
+from .model import DroppedRange, Entry, JournalBlock, JournalRecord, LostRange, RetentionMarker
 from .store import ObjectStore
 
 log = logging.getLogger(__name__)
 
 BLOCK_SCHEMA = 1
 MARKER_SCHEMA = 1
+BLOCK_REPAIR = (
+    "run `objmanifest repair` (Task.repair()): it copies the block aside and puts its "
+    "records back from the object if it still carries them, else records them as lost, so "
+    "readers say so"
+)
 
 
 def decided_order(groups: Iterable[Sequence[JournalRecord]]) -> list[JournalRecord]:
@@ -149,9 +154,21 @@ class Dropped:
     records: int
     newest_at: datetime | None
     trimmed_at: datetime
+    """When the last trim that widened it ran (for a loss: when ``repair`` found it)."""
+    cause: str = "retention"
+    """``retention``, or ``damage``: lost with a damaged or deleted journal block, found by
+    ``repair`` (``problem`` says what was wrong, ``moved_to`` where its bytes went)."""
+    problem: str | None = None
+    moved_to: str | None = None
 
     def line(self) -> str:
         """What a reader says of it."""
+        if self.cause == "damage":
+            where = f" (its bytes are in {self.moved_to})" if self.moved_to else ""
+            return (
+                f"records {self.first}..{self.last} of {self.object_key} were lost with a "
+                f"damaged journal block: {self.problem}{where}"
+            )
         newest = f", the newest from {self.newest_at.isoformat()}" if self.newest_at else ""
         return (
             f"records before version {self.last + 1} of {self.object_key} were dropped by "
@@ -159,7 +176,7 @@ class Dropped:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "object_key": self.object_key,
             "journal_id": self.journal_id,
             "first": self.first,
@@ -168,6 +185,9 @@ class Dropped:
             "newest_at": _iso(self.newest_at),
             "trimmed_at": self.trimmed_at.isoformat(),
         }
+        if self.cause != "retention":
+            out.update(cause=self.cause, problem=self.problem, moved_to=self.moved_to)
+        return out
 
     @staticmethod
     def of(object_key: str, dropped: DroppedRange) -> Dropped:
@@ -181,6 +201,48 @@ class Dropped:
             dropped.trimmed_at,
         )
 
+    @staticmethod
+    def lost(object_key: str, lost: LostRange) -> Dropped:
+        return Dropped(
+            object_key,
+            lost.journal_id,
+            lost.first,
+            lost.last,
+            lost.last - lost.first + 1,
+            None,
+            lost.found_at,
+            cause="damage",
+            problem=lost.problem,
+            moved_to=lost.moved_to,
+        )
+
+
+def decode_block(store: ObjectStore, key: str, body: bytes, ref: BlockRef) -> JournalBlock:
+    """The block at ``key``, or ``CorruptShard`` if it is not the block its key names:
+    not JSON, not a block, another object's or incarnation's, or not exactly the
+    versions its key covers."""
+    where = store.describe(key)
+    try:
+        data = load_json(key, body, BLOCK_SCHEMA)
+    except CorruptShard as e:
+        raise e.at(where, BLOCK_REPAIR) from None
+    try:
+        block = JournalBlock.model_validate(data)
+    except ValidationError as e:
+        problem = f"not a journal block: {schema_problems(e)}"
+        raise CorruptShard(key, problem, where, BLOCK_REPAIR) from None
+    names = (block.object_key, block.journal_id, block.first, block.last)
+    if names != (ref.object_key, ref.journal_id, ref.first, ref.last):
+        problem = (
+            f"it holds versions {block.first}..{block.last} of {block.object_key} "
+            f"(incarnation {block.journal_id}), not what its key names"
+        )
+        raise CorruptShard(key, problem, where, BLOCK_REPAIR)
+    if [r.version for r in block.records] != list(range(ref.first, ref.last + 1)):
+        problem = f"its records are not versions {ref.first}..{ref.last}, one each"
+        raise CorruptShard(key, problem, where, BLOCK_REPAIR)
+    return block
+
 
 def decode_marker(key: str, body: bytes, where: str) -> RetentionMarker:
     """A retention marker, or ``CorruptShard`` naming it."""
@@ -193,10 +255,14 @@ def decode_marker(key: str, body: bytes, where: str) -> RetentionMarker:
 
 
 def covered(marker: RetentionMarker | None, journal_id: str, last: int) -> bool:
-    """Whether ``marker`` says the records up to ``last`` of ``journal_id`` were dropped."""
+    """Whether ``marker`` says the records up to ``last`` of ``journal_id`` were dropped, or
+    that the block ending at ``last`` was lost to damage (a reader skips it: ``repair``
+    copied it aside)."""
     if marker is None:
         return False
-    return any(d.journal_id == journal_id and last <= d.last for d in marker.dropped)
+    if any(d.journal_id == journal_id and last <= d.last for d in marker.dropped):
+        return True
+    return any(d.journal_id == journal_id and d.first <= last <= d.last for d in marker.lost)
 
 
 def _iso(at: datetime | None) -> str | None:
@@ -236,10 +302,14 @@ class History:
 
     # -- one object ------------------------------------------------------------------------
 
-    def blocks(self, object_key: str, after: int = 0) -> Iterator[JournalRecord]:
+    def blocks(
+        self, object_key: str, after: int = 0, damaged: list[CorruptShard] | None = None
+    ) -> Iterator[JournalRecord]:
         """The records in the blocks of ``object_key`` (every incarnation), but for those
         journal retention dropped (a block it is still deleting is skipped too) and, with
-        ``after``, for blocks that end at or before that version (never read)."""
+        ``after``, for blocks that end at or before that version (never read). A damaged
+        block raises ``CorruptShard``; with ``damaged``, it is added there and skipped (a
+        repair reads what is left)."""
         prefix = self.layout.journal_of(object_key)
         rows = list(self.store.list(prefix))
         marker_key = self.layout.journal_retention(object_key)
@@ -255,7 +325,13 @@ class History:
             except NotFound:
                 continue
             assert blob is not None
-            block = self._decode_block(row.key, blob.body)
+            try:
+                block = self.decode_block(row.key, blob.body, ref)
+            except CorruptShard as e:
+                if damaged is None:
+                    raise
+                damaged.append(e)
+                continue
             yield from block.records
 
     def _marker(self, key: str) -> RetentionMarker | None:
@@ -271,15 +347,13 @@ class History:
         marker = self._marker(self.layout.journal_retention(object_key))
         if marker is None:
             return []
-        return [Dropped.of(object_key, d) for d in marker.dropped]
+        return [
+            *(Dropped.of(object_key, d) for d in marker.dropped),
+            *(Dropped.lost(object_key, d) for d in marker.lost),
+        ]
 
-    def _decode_block(self, key: str, body: bytes) -> JournalBlock:
-        data = load_json(key, body, BLOCK_SCHEMA)
-        try:
-            return JournalBlock.model_validate(data)
-        except ValidationError as e:
-            problem = f"not a journal block: {schema_problems(e)}"
-            raise CorruptShard(key, problem, self.store.describe(key)) from None
+    def decode_block(self, key: str, body: bytes, ref: BlockRef) -> JournalBlock:
+        return decode_block(self.store, key, body, ref)
 
     def records(self, object_key: str, codec: Codec[Any], after: int = 0) -> list[JournalRecord]:
         """Every record of ``object_key``, oldest first, one per version, each with its

@@ -59,6 +59,7 @@ from .model import (
     SCHEMA_VERSION,
     ArchiveReport,
     Claim,
+    DamageNote,
     Declaration,
     Entry,
     EntryNote,
@@ -73,9 +74,10 @@ from .model import (
 )
 from .repair import Repairer, RepairReport
 from .retention import Trimmer
-from .store import CREATE, PROBE_PREFIX, ObjectStore, probe_conditional_writes
+from .store import CREATE, PROBE_PREFIX, ObjectStore, list_keys, probe_conditional_writes
 from .transfer import TransferConfig
 from .uploads import Scope, sweep
+from .uploads.rebuild import needs_parts
 from .uploads.state import UploadCodec
 
 _PARALLEL_READS = 16
@@ -250,6 +252,8 @@ class Manifest:
             header.backoff_cap,
         )
         self._transfer = transfer
+        self._sound_parts: set[tuple[str, str | None]] = set()
+        """(upload state key, entry checksum) of the part lists ``status`` read sound."""
         self._configure(header)
         self.journal = History(store, self.docs, self.layout, self.journaled_objects)
         self.archives = Archives(store, self.layout)
@@ -519,12 +523,30 @@ class Manifest:
         names = self.layout.shards_of(stage)
         if names == [stage]:
             return self.read_shard(stage)
-        parts = self.read_shards(names).values()
+        return self._view(stage, self.read_shards(names), self.index)
+
+    def _view(
+        self,
+        stage: str,
+        docs: Mapping[str, Shard],
+        index: Callable[[], shard_index.ShardIndex | None],
+    ) -> Shard:
+        """``stage``'s entries from the shards ``docs`` holds (read already); ``index`` is
+        asked only to place the archived ids of a task's one shard (None: they are left
+        out)."""
+        names = self.layout.shards_of(stage)
+        if names == [stage]:
+            return docs[stage]
+        parts = [docs[name] for name in names]
         entries = {f: e for p in parts for f, e in p.entries.items() if e.stage == stage}
         archived = {f: a for p in parts for f, a in (p.archived or {}).items()}
         if archived and self.layout.single:
-            index = self.index()
-            archived = {f: a for f, a in archived.items() if index.stage_of(f) == stage}
+            found = index()
+            archived = {
+                f: a
+                for f, a in archived.items()
+                if found is not None and found.stage_of(f) == stage
+            }
         return Shard(
             task_id=self.task_id,
             stage=stage,
@@ -799,11 +821,81 @@ class Manifest:
 
         return make
 
+    def _sound_shards(self, damaged: list[DamageNote]) -> dict[str, Shard]:
+        """Every shard of the task read fresh; a corrupt one is noted in ``damaged`` and
+        reads as empty (a newer schema is still refused: ``UnsupportedSchema``)."""
+
+        def read(name: str) -> Shard | CorruptShard:
+            try:
+                return self.read_shard(name)
+            except CorruptShard as e:
+                return e
+
+        names = self.layout.all_shards(self.stages)
+        with self.store.runtime.pool(min(len(names), _PARALLEL_READS), "read-shards") as pool:
+            got = dict(zip(names, pool.map(read, names), strict=True))
+        docs: dict[str, Shard] = {}
+        for name, doc in got.items():
+            if isinstance(doc, CorruptShard):
+                damaged.append(
+                    DamageNote(key=self.layout.shard(name), kind="shard", problem=doc.detail)
+                )
+                doc = self.codec(name).empty()
+            docs[name] = doc
+        return docs
+
+    def _parts_damage(self, entries: Iterable[Entry]) -> list[DamageNote]:
+        """The upload states that ready (and consumed) chunked entries need and that are
+        missing or do not decode. One listing finds those missing; a state is read (once
+        for each entry and checksum: a ready entry's part list never changes) to find it
+        sound."""
+        wanted = [e for e in entries if needs_parts(e)]
+        if not wanted:
+            return []
+        present = set(list_keys(self.store, self.layout.uploads_prefix))
+
+        def problem(entry: Entry) -> str | None:
+            key = entry.parts_key
+            assert key is not None
+            if key not in present:
+                return f"it is missing: {entry.file_id!r} ({entry.state.value}) needs its part list"
+            if (key, entry.checksum) in self._sound_parts:
+                return None
+            codec = self._upload_codec(key)
+            try:
+                blob = self.store.get(key)
+                assert blob is not None and codec is not None
+                codec.decode(key, blob.body)
+            except NotFound:
+                return f"it is missing: {entry.file_id!r} ({entry.state.value}) needs its part list"
+            except CorruptShard as e:
+                return e.detail
+            except UnsupportedSchema:
+                return None  # a newer release's: not damage
+            self._sound_parts.add((key, entry.checksum))
+            return None
+
+        with self.store.runtime.pool(min(len(wanted), _PARALLEL_READS), "read-parts") as pool:
+            problems = list(pool.map(problem, wanted))
+        return [
+            DamageNote(key=e.parts_key or "", kind="upload state", problem=p)
+            for e, p in zip(wanted, problems, strict=True)
+            if p is not None
+        ]
+
     def status(self) -> TaskStatus:
-        """Counts per stage and state; blocked, overdue and dead entries named, and file ids
-        the index and the shards disagree about."""
-        shards = {s: self.shard(s) for s in self.stages}
-        index = self.index()  # after the shards: see declare_many
+        """Counts per stage and state; blocked, overdue and dead entries named, file ids
+        the index and the shards disagree about, and manifest objects that are damaged
+        (``damaged``: what they hold is left out of the counts)."""
+        damaged: list[DamageNote] = []
+        docs = self._sound_shards(damaged)
+        index: shard_index.ShardIndex | None
+        try:
+            index = self.index()  # after the shards: see declare_many
+        except CorruptShard as e:
+            damaged.append(DamageNote(key=self.layout.index, kind="index", problem=e.detail))
+            index = None
+        shards = {s: self._view(s, docs, lambda: index) for s in self.stages}
         everything = {fid: e for sh in shards.values() for fid, e in sh.entries.items()}
         for sh in shards.values():  # archiving: archived entries count in their state
             for fid, ref in (sh.archived or {}).items():
@@ -835,7 +927,7 @@ class Manifest:
                             file_id=entry.file_id, stage=stage, state=entry.state, reason=reason
                         )
                     )
-                indexed = index.stage_of(entry.file_id)
+                indexed = index.stage_of(entry.file_id) if index is not None else stage
                 if indexed != stage:
                     where = "not in the index" if indexed is None else f"indexed in {indexed}"
                     unindexed.append(
@@ -846,14 +938,19 @@ class Manifest:
                             "`objmanifest repair`",
                         )
                     )
+        broken = {n.key for n in damaged if n.kind == "shard"}
+
+        def why(stage: str, file_id: str) -> str:
+            key = self.layout.shard(self.layout.shard_of(stage, file_id))
+            if key in broken:
+                return f"its shard {key} is damaged: run `objmanifest repair`"
+            return "declared, not yet in its shard: rerun the declare"
+
         unfinished = [
-            IndexNote(
-                file_id=file_id,
-                stage=stage,
-                reason="declared, not yet in its shard: rerun the declare",
-            )
-            for file_id in sorted(index.file_ids())
-            if (stage := index.stage_of(file_id) or "") in shards
+            IndexNote(file_id=file_id, stage=stage, reason=why(stage, file_id))
+            for file_id in sorted(index.file_ids() if index is not None else ())
+            if index is not None
+            and (stage := index.stage_of(file_id) or "") in shards
             and file_id not in shards[stage].entries
             and file_id not in (shards[stage].archived or {})
         ]
@@ -864,6 +961,7 @@ class Manifest:
             unfinished=unfinished,
             unindexed=unindexed,
             archived=archived,
+            damaged=damaged + self._parts_damage(everything.values()),
             **notes,
         )
 
@@ -1252,6 +1350,8 @@ class Manifest:
             self._codecs,
             self.index_codec,
             self.stages,
+            self.journaled_objects,
+            self._upload_codec,
         )
         return repairer.run(dry_run, self.repair_index)
 

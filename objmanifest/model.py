@@ -241,13 +241,28 @@ class DroppedRange(_Model):
     trimmed_at: datetime
 
 
+class LostRange(_Model):
+    """Records ``first`` to ``last`` of one incarnation of a manifest object that were lost
+    with a damaged or deleted journal block, as ``repair`` found them: where the damaged
+    block's bytes were copied (None: it was gone), what was wrong, and when."""
+
+    journal_id: str
+    first: int
+    last: int
+    problem: str
+    moved_to: str | None = None
+    found_at: datetime
+
+
 class RetentionMarker(_Model):
     """What journal retention dropped of one manifest object, written by the trimmer before
-    it deletes a block, so no reader can take a trimmed journal for a complete one."""
+    it deletes a block, so no reader can take a trimmed journal for a complete one; and
+    what ``repair`` found lost with a damaged block (``lost``), for the same reason."""
 
     schema_version: int = 1
     object_key: str
     dropped: tuple[DroppedRange, ...] = ()
+    lost: tuple[LostRange, ...] = ()
     commit_id: str = ""
 
 
@@ -588,6 +603,18 @@ class IndexNote(BaseModel):
     reason: str
 
 
+class DamageNote(BaseModel):
+    """A manifest object that does not read back sound, and what to do about it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    kind: str
+    """``shard``, ``index`` or ``upload state``."""
+    problem: str
+    fix: str = "run `objmanifest repair` (Task.repair())"
+
+
 class TaskStatus(BaseModel):
     """Counts per stage and state, and the entries that are stuck."""
 
@@ -611,6 +638,9 @@ class TaskStatus(BaseModel):
     archived: dict[str, int] = Field(default_factory=dict)
     """Per stage, how many entries are archived; ``stages`` counts them in their state
     (consumed or dead) too."""
+    damaged: list[DamageNote] = Field(default_factory=list)
+    """Shards, the index, and upload states of ready chunked entries that do not read back
+    sound: the counts leave out what a damaged shard holds (``Task.repair()`` mends it)."""
 
     @property
     def totals(self) -> dict[str, int]:
@@ -625,4 +655,5 @@ class TaskStatus(BaseModel):
         """Every entry is ready or consumed and no declaration is unfinished: nothing is
         left to produce."""
         t = self.totals
-        return sum(t.values()) == t["ready"] + t["consumed"] and not self.unfinished
+        done = sum(t.values()) == t["ready"] + t["consumed"]
+        return done and not self.unfinished and not self.damaged

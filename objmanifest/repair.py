@@ -36,7 +36,7 @@ the data object where it can be, and named in the report where it cannot.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal
@@ -45,9 +45,9 @@ from pydantic import ValidationError
 
 import shard_index
 
-from . import transfer
+from . import journal_repair, transfer
 from .archive import Archives
-from .cas import BLOCK, GROUP_MAX, Documents
+from .cas import BLOCK, GROUP_MAX, Codec, Documents
 from .codecs import REMOVED, IndexCodec, ShardCodec, index_error
 from .errors import (
     ChecksumMismatch,
@@ -59,6 +59,8 @@ from .history import History
 from .layout import TaskLayout
 from .model import Archived, Entry, JournalRecord, Shard, State, declaration_digest
 from .store import CREATE, ObjectStore
+from .uploads.rebuild import RebuildUpload, needs_parts, read_parts, rebuilt_state
+from .uploads.state import UploadCodec
 
 RECORDS_AT_RISK = 2 * BLOCK + GROUP_MAX
 """How many versions an object carries unflushed while its block writes succeed (two blocks,
@@ -66,7 +68,10 @@ and a group commit's members, each a version, landed in one write): the epoch ma
 to an entry rebuilt without the object's own records."""
 
 Damage = Literal["deleted", "corrupt", "newer"]
-Action = Literal["rebuilt", "would rebuild", "left alone"]
+Action = Literal[
+    "rebuilt", "would rebuild", "left alone", "recorded as lost", "would record as lost"
+]
+Kind = Literal["shard", "index", "journal block", "upload state"]
 
 
 @dataclass(frozen=True)
@@ -102,14 +107,14 @@ class ObjectRepair:
     """One manifest object found damaged, and what repair did about it."""
 
     key: str
-    kind: Literal["shard", "index"]
+    kind: Kind
     damage: Damage
     problem: str
     action: Action
     moved_to: str | None = None
     """Where its bytes were copied before it was replaced (corrupt objects)."""
     records: int = 0
-    """Journal records replayed (a shard)."""
+    """Journal records replayed (a shard); the versions a journal block held."""
     journal_complete: bool = False
     """The object's own records were read too: nothing after them can be missing."""
     entries: tuple[RestoredEntry, ...] = ()
@@ -230,7 +235,7 @@ def salvage(body: bytes) -> tuple[list[JournalRecord], bool]:
     read (then the journal is complete up to the object's own version)."""
     try:
         data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # not JSON, or nested too deep
         return [], False
     raw = data.get("journal") if isinstance(data, dict) else None
     if not isinstance(raw, list):
@@ -334,7 +339,12 @@ class Repairer:
         codecs: Mapping[str, ShardCodec],
         index_codec: IndexCodec,
         stages: tuple[str, ...],
+        objects: Callable[[], Sequence[tuple[str, Codec[Any]]]] = tuple,
+        upload_codec: Callable[[str], UploadCodec | None] = lambda key: None,
     ) -> None:
+        self.objects = objects
+        """Every journaled object (shards, the index, upload states), whose blocks are read."""
+        self.upload_codec = upload_codec
         self.store = store
         self.docs = docs
         self.layout = layout
@@ -345,8 +355,20 @@ class Repairer:
         self.archives = Archives(store, layout)
 
     def run(self, dry_run: bool, repair_index: Callable[[], list[str]]) -> RepairReport:
-        """Shards first (from their journal and the index, if it is sound), then the index
-        from the shards; an index that is sound but lacks ids gets them (``repair_index``)."""
+        """Journal blocks read first (what is damaged or missing); then shards (from their
+        journal and the index, if it is sound), then the index from the shards (an index
+        that is sound but lacks ids gets them: ``repair_index``), then the upload states
+        ready chunked entries need, and last the damaged blocks, mended or said lost."""
+        self.block_damage: dict[str, list[journal_repair.BlockDamage]] = {}
+        self.carried: dict[str, tuple[str | None, Sequence[JournalRecord]]] = {}
+        for key, codec in self.objects():
+            try:
+                live = codec.journal(self.docs.read(key, codec))
+            except (NotFound, CorruptShard, UnsupportedSchema):
+                live = None
+            if live is not None:
+                self.carried[key] = live
+            self.block_damage[key] = journal_repair.find(self.store, self.layout, key, live)
         index_found = inspect(self.store, self.layout.index, self.index_codec.decode)
         index = None if index_found.damage else self.docs.read(self.layout.index, self.index_codec)
         reports: list[ObjectRepair] = []
@@ -371,7 +393,85 @@ class Repairer:
         elif index is not None and not any(r.damage == "newer" for r in reports):
             lacking = sorted({f for sh in shards.values() for f in sh.entries if f not in index})
             added = lacking if dry_run or not lacking else repair_index()
+        for doc in shards.values():
+            for entry in sorted(doc.entries.values(), key=lambda e: e.file_id):
+                if needs_parts(entry):
+                    report = self._upload_state(entry, dry_run)
+                    if report is not None:
+                        reports.append(report)
+        for damages in self.block_damage.values():
+            reports += [self._block(d, dry_run) for d in damages]
         return RepairReport(self.layout.task_id, dry_run, tuple(reports), tuple(added))
+
+    # -- journal blocks and upload states ------------------------------------------------
+
+    def _block(self, damage: journal_repair.BlockDamage, dry_run: bool) -> ObjectRepair:
+        journal_id, records = self.carried.get(damage.object_key, (None, ()))
+        carried = {r.version: r for r in records} if journal_id == damage.journal_id else {}
+        whole = all(v in carried for v in range(damage.first, damage.last + 1))
+        moved = None
+        action: Action = "would rebuild" if whole else "would record as lost"
+        if not dry_run:
+            action, moved = journal_repair.mend(self.store, self.docs, self.layout, damage, carried)
+        versions = damage.last - damage.first + 1
+        lost = () if whole else (f"versions {damage.first}..{damage.last} of {damage.object_key}",)
+        return ObjectRepair(
+            key=damage.key,
+            kind="journal block",
+            damage=damage.damage,
+            problem=damage.problem,
+            action=action,
+            moved_to=moved,
+            records=versions,
+            not_restored=lost,
+        )
+
+    def _upload_state(self, entry: Entry, dry_run: bool) -> ObjectRepair | None:
+        """A ready (or consumed) chunked entry's upload state, if it is deleted or damaged:
+        rebuilt from its data, which must make the entry's checksum."""
+        key = entry.parts_key
+        assert key is not None
+        codec = self.upload_codec(key)
+        if codec is None:
+            return None
+        found = inspect(self.store, key, codec.decode)
+        if found.damage is None:
+            return None
+        if found.damage == "newer":
+            return ObjectRepair(key, "upload state", "newer", found.problem, "left alone")
+        if dry_run:
+            return ObjectRepair(
+                key,
+                "upload state",
+                found.damage,
+                found.problem,
+                "would rebuild",
+                not_restored=(f"{entry.file_id}: rebuilt only if its data makes its checksum",),
+            )
+        read = read_parts(self.store, entry)
+        if isinstance(read, str):
+            why = f"{entry.file_id}: {read}; consuming it sends it back to be produced again"
+            return ObjectRepair(
+                key,
+                "upload state",
+                found.damage,
+                found.problem,
+                "left alone",
+                not_restored=(why,),
+            )
+        parts, whole = read
+        version = max((r.version for r in self.history.blocks(key, damaged=[])), default=0)
+        rebuilt = rebuilt_state(codec, entry, parts, whole, version)
+        moved, landed = self._replace(found, codec, RebuildUpload(rebuilt))
+        return ObjectRepair(
+            key=key,
+            kind="upload state",
+            damage=found.damage,
+            problem=found.problem,
+            action="rebuilt" if landed else "left alone",
+            moved_to=moved,
+            records=len(parts),
+        )
 
     # -- one shard ---------------------------------------------------------------------
 
@@ -387,9 +487,12 @@ class Repairer:
         kind: Literal["shard"] = "shard"
         if found.damage == "newer":
             return ObjectRepair(key, kind, "newer", found.problem, "left alone"), None
-        blocks = list(self.history.blocks(key))
+        blocks = list(self.history.blocks(key, damaged=[]))
         own, complete = salvage(found.body) if found.damage == "corrupt" else ([], False)
         records = merged([*blocks, *own])
+        # Versions a damaged or missing block held are unknown: each may have raised an
+        # epoch by one, as a version lost with the object's own records may.
+        unknown = sum(d.last - d.first + 1 for d in self.block_damage.get(key, ()))
         indexed = {
             fid
             for stage in self._stages_of(shard)
@@ -398,7 +501,7 @@ class Repairer:
         }
         if found.damage == "deleted" and not records and not indexed:
             return None, None  # never written: nothing was lost
-        plan = self._plan(shard, codec, records, complete, index, indexed)
+        plan = self._plan(shard, codec, records, complete, index, indexed, unknown)
         moved = None
         action: Action = "would rebuild"
         if not dry_run:
@@ -409,6 +512,11 @@ class Repairer:
             not_restored.append(
                 "the index is damaged too: ids declared after the last journal "
                 "block of this shard are lost"
+            )
+        for d in self.block_damage.get(key, ()):
+            not_restored.append(
+                f"versions {d.first}..{d.last}: their journal block is {d.damage} "
+                f"({d.problem}); entries whose last change was there are fenced"
             )
         report = ObjectRepair(
             key=key,
@@ -432,6 +540,7 @@ class Repairer:
         complete: bool,
         index: shard_index.ShardIndex | None,
         indexed: set[str],
+        unknown: int = 0,
     ) -> ShardPlan:
         own_stage = self.layout.stage_of_shard(shard)
         seen = {fid: s for fid, s in replay(records).items() if not s.removed}
@@ -447,7 +556,7 @@ class Repairer:
                     continue
                 at = (data_stage, parsed.file_id)
                 data_epochs[at] = max(data_epochs.get(at, 0), parsed.epoch)
-        margin = 0 if complete else RECORDS_AT_RISK
+        margin = (0 if complete else RECORDS_AT_RISK) + unknown
         entries: dict[str, Entry] = {}
         restored: list[RestoredEntry] = []
         for fid in sorted(seen):
@@ -659,7 +768,7 @@ class Repairer:
                 unplaced.append(f"{fid}: in the shards of {', '.join(stages)}")
             else:
                 tuples.append((fid, stages[0], entries[0].depends_on))
-        blocks = list(self.history.blocks(key))
+        blocks = list(self.history.blocks(key, damaged=[]))
         own, _ = salvage(found.body) if found.damage == "corrupt" else ([], False)
         version = max((r.version for r in merged([*blocks, *own])), default=0)
         try:

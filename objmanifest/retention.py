@@ -18,13 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from pydantic import ValidationError
-
 from .cas import Codec, Documents
-from .codecs import load_json, schema_problems
-from .errors import CorruptShard, NotFound, ObjManifestError
+from .errors import NotFound, ObjManifestError
 from .events import Change
-from .history import BLOCK_SCHEMA, MARKER_SCHEMA, Dropped, covered, decode_marker
+from .history import MARKER_SCHEMA, Dropped, covered, decode_block, decode_marker
 from .layout import BlockRef, TaskLayout
 from .model import DroppedRange, JournalBlock, JournalRecord, RetentionMarker
 from .store import ObjectStore
@@ -113,15 +110,6 @@ class TrimJournal:
         return doc.model_copy(update={"dropped": tuple(ranges.values())}), None
 
 
-def _decode_block(store: ObjectStore, key: str, body: bytes) -> JournalBlock:
-    data = load_json(key, body, BLOCK_SCHEMA)
-    try:
-        return JournalBlock.model_validate(data)
-    except ValidationError as e:
-        problem = f"not a journal block: {schema_problems(e)}"
-        raise CorruptShard(key, problem, store.describe(key)) from None
-
-
 @dataclass
 class Trimmer:
     """Trims the journal of one task to a bound (``keep_seconds``, ``keep_versions``: a
@@ -200,7 +188,7 @@ class Trimmer:
                 except NotFound:
                     break  # another trim is at it
                 assert blob is not None
-                block = _decode_block(self.store, block_key, blob.body)
+                block = decode_block(self.store, block_key, blob.body, ref)
                 by_age = cutoff is not None and all(r.at < cutoff for r in block.records)
                 if not (by_count or by_age):
                     break  # blocks after this one are newer still

@@ -108,7 +108,9 @@ def _load(data: bytes) -> object:
         return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except IndexFormatError:
         raise
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise IndexFormatError("index is not JSON this reads: it is nested too deeply") from None
+    except ValueError as exc:
         raise IndexFormatError(f"index is not valid JSON: {exc}") from exc
 
 

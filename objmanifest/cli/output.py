@@ -58,6 +58,8 @@ def status_json(status: om.TaskStatus) -> dict[str, Any]:
     data["finished"] = status.finished
     if not any(status.archived.values()):
         del data["archived"]  # archiving: shown once an entry is archived
+    if not status.damaged:
+        del data["damaged"]  # shown once a manifest object does not read back sound
     return data
 
 

@@ -148,6 +148,14 @@ def status_view(status: om.TaskStatus) -> RenderableType:
     attention = attention_table(status)
     if attention is not None:
         parts.append(attention)
+    if status.damaged:
+        table = Table(box=box.SIMPLE_HEAD, title="damaged", title_justify="left")
+        for name in ("object", "kind", "problem", "fix"):
+            table.add_column(name)
+        for note in status.damaged:
+            style = ATTENTION_STYLES["damaged"]
+            table.add_row(Text(note.key, style=style), note.kind, Text(note.problem), note.fix)
+        parts.append(table)
     return Group(*parts)
 
 

@@ -47,9 +47,23 @@ def load_parts(scope: Scope, entry: Entry) -> list[Part]:
 def _load(scope: Scope, entry: Entry) -> tuple[list[Part], str | None]:
     """The entry's part list (as ``load_parts``), and the whole object's checksum to verify:
     the entry's ``whole_checksum`` when the upload state binds it to its upload, else None
-    (an entry produced by a release before 0.3.0, or produced again by one)."""
+    (an entry produced by a release before 0.3.0, or produced again by one).
+
+    Without an upload state to read (deleted, or damaged: ``repair`` rebuilds it), the part
+    list is derived from the entry's size and part size, with no digest per part: the
+    parts' digests are then checked together against the entry's composite checksum once
+    all arrived (``derived``); the ``whole_checksum`` is not (only the upload state says
+    which upload it was sealed for)."""
     assert entry.parts_key is not None and entry.part_size is not None
     problem = _parts_problem(scope, entry)
+    if problem is None:
+        log.warning(
+            "%s: its part list %s is missing or unreadable (`objmanifest repair` rebuilds "
+            "it); its parts are verified together against the entry's checksum",
+            entry.file_id,
+            scope.store.describe(entry.parts_key),
+        )
+        return derived(entry), None
     if not isinstance(problem, str):
         return problem
     fresh = scope.entry(entry.stage, entry.file_id)
@@ -61,11 +75,24 @@ def _load(scope: Scope, entry: Entry) -> tuple[list[Part], str | None]:
     )
 
 
-def _parts_problem(scope: Scope, entry: Entry) -> tuple[list[Part], str | None] | str:
+def derived(entry: Entry) -> list[Part]:
+    """The parts of a chunked entry as its size and part size imply them, with no digest
+    or ETag (``""``): what a reader verifies when the part list is gone."""
+    assert entry.size is not None and entry.part_size is not None
+    count = max(1, -(-entry.size // entry.part_size))
+    return [
+        (n, min(entry.part_size, entry.size - (n - 1) * entry.part_size), "", "")
+        for n in range(1, count + 1)
+    ]
+
+
+def _parts_problem(scope: Scope, entry: Entry) -> tuple[list[Part], str | None] | str | None:
+    """The part list and whole checksum to verify; what is wrong with the upload state; or
+    None if there is none to read."""
     assert entry.parts_key is not None and entry.part_size is not None
     doc = read_state(scope.store, scope.layout, entry.parts_key)
     if doc is None:
-        return "it is missing or unreadable"
+        return None
     parts = list(doc.parts)
     if doc.key != entry.key or doc.part_size != entry.part_size:
         return f"it describes {doc.key} with part size {doc.part_size}"
@@ -118,13 +145,31 @@ def download(
     if dest is None:
         memory = _MemorySink(entry.size)
         fetch.run(memory)
+        _check_parts(scope.store, entry, fetch)
         _check_whole(scope.store, entry, fetch, whole)
         return bytes(memory.buffer)
     with transfer.writing(dest, entry.size) as fd:
         fetch.run(_FileSink(fd))
+        _check_parts(scope.store, entry, fetch)
         _check_whole(scope.store, entry, fetch, whole)
         stop()
     return dest.target
+
+
+def _check_parts(store: ObjectStore, entry: Entry, fetch: _Fetch) -> None:
+    """Parts fetched without a digest each (a derived part list) must make the entry's
+    composite checksum together."""
+    if not fetch.unchecked:
+        return
+    assert entry.part_size is not None and entry.key is not None
+    digests = [fetch.unchecked[n] for n in sorted(fetch.unchecked)]
+    got = checksum.composite(digests, entry.part_size)
+    if got != entry.checksum:
+        raise ChecksumMismatch(
+            f"{entry.file_id!r}: the parts of {store.describe(entry.key)} make {got}, but the "
+            f"manifest recorded {entry.checksum} (its part list is missing, so its parts "
+            "were checked together)"
+        )
 
 
 def _check_whole(store: ObjectStore, entry: Entry, fetch: _Fetch, expected: str | None) -> None:
@@ -215,6 +260,8 @@ class _Fetch:
         self.stop = stop
         self.cancelled = threading.Event()
         self.whole: InOrder | None = None
+        self.unchecked: dict[int, str] = {}
+        """Part number -> digest, of the parts that had none to be checked against."""
 
     def run(self, sink: Sink) -> None:
         done = 0
@@ -255,7 +302,9 @@ class _Fetch:
                     cursor.position,
                     e,
                 )
-        if cursor.digest.hexdigest() != expected:
+        if not expected:  # a derived part list: checked together by _check_parts
+            self.unchecked[number] = cursor.digest.hexdigest()
+        elif cursor.digest.hexdigest() != expected:
             raise ChecksumMismatch(
                 f"{self.entry.file_id!r}: part {number} of {len(self.parts)} (bytes "
                 f"{cursor.start}-{cursor.end - 1}) of {self.store.describe(self.key)} has xxh3 "

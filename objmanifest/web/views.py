@@ -135,10 +135,19 @@ class Throughput:
         with self._lock:
             start = now - self.window
             single = task.layout.single
-            index = task.docs.cached(task.layout.index, task.index_codec) if single else None
+            index = None
+            if single:
+                try:
+                    index = task.docs.cached(task.layout.index, task.index_codec)
+                except om.CorruptShard:  # status names it under damage
+                    index = None
             for shard, doc in shards.items():
                 key, codec = task.layout.shard(shard), task.codec(shard)
-                for record in self._new_records(key, codec, doc, start):
+                try:
+                    found = self._new_records(key, codec, doc, start)
+                except om.CorruptShard:  # a damaged journal block: `repair` mends it
+                    found = []
+                for record in found:
                     stage_of_shard = task.layout.stage_of_shard(shard)
                     for change in record.transitions:
                         kind = THROUGHPUT_KINDS.get(change.after)
@@ -396,10 +405,12 @@ class Site:
         now = status.store_time
         # The shards as status() just read them: no request, but for a shard that does
         # not exist yet (a partition nothing was routed to), which costs one more GET.
-        shards = {
-            name: task.docs.cached(task.layout.shard(name), task.codec(name))
-            for name in task.layout.all_shards(task.stages)
-        }
+        shards = {}
+        for name in task.layout.all_shards(task.stages):
+            try:
+                shards[name] = task.docs.cached(task.layout.shard(name), task.codec(name))
+            except om.CorruptShard:  # status names it under damage; it counts nothing
+                shards[name] = task.codec(name).empty()
         tracker = self._tracker(task)
         tracker.update(now, shards)
         throughput = tracker.series(now)
@@ -451,6 +462,7 @@ class Site:
             "damage": {
                 "unfinished": [n.model_dump(mode="json") for n in status.unfinished],
                 "unindexed": [n.model_dump(mode="json") for n in status.unindexed],
+                "objects": [n.model_dump(mode="json") for n in status.damaged],
             },
             "throughput": {k: v for k, v in throughput.items() if k != "stages"},
         }

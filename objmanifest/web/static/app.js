@@ -285,8 +285,11 @@
       settings.journal ? flow : el("p", {}, "This task keeps no journal (schema 1): run `objmanifest migrate`."),
       el("h2", {}, "Needs attention"),
       attention.length ? attention : el("p", { class: "calm" }, "Nothing needs attention."),
-      damage.length ? [el("h2", {}, "Damage"), el("ul", {}, damage.map(([k, n]) =>
-        el("li", {}, k + ": ", el("code", {}, n.file_id), " (" + n.stage + "): " + n.reason)))] : null,
+      damage.length || (d.damage.objects || []).length ? [el("h2", {}, "Damage"), el("ul", {},
+        (d.damage.objects || []).map((n) => el("li", { class: "damaged-object" }, n.kind + " ",
+          el("code", {}, n.key), ": " + n.problem + " (" + n.fix + ")")),
+        damage.map(([k, n]) =>
+          el("li", {}, k + ": ", el("code", {}, n.file_id), " (" + n.stage + "): " + n.reason)))] : null,
     ];
   }
 
@@ -375,7 +378,8 @@
       el("dl", { class: "fields" }, fields.map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),
       el("h2", {}, "History"),
       d.journal ? null : el("p", {}, "This task keeps no journal (schema 1)."),
-      d.dropped.length ? el("p", { class: "muted" }, "Journal retention dropped older records of this shard.") : null,
+      d.dropped.some((x) => x.cause !== "damage") ? el("p", { class: "muted" }, "Journal retention dropped older records of this shard.") : null,
+      d.dropped.some((x) => x.cause === "damage") ? el("p", { class: "muted" }, "Some records of this shard were lost with a damaged journal block (repair found it).") : null,
       timeline.length ? el("ol", { class: "timeline" }, timeline) : el("p", {}, "No recorded history."),
       el("h2", {}, "Lineage"),
       d.graph.nodes.length > 1 ? drawGraph(d) : el("p", {}, "Made from nothing declared: it depends on no entry."),
