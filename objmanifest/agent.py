@@ -676,11 +676,21 @@ class Agent:
         key, digest = entry.key, entry.checksum
         assert key is not None and digest is not None
         shard = task.layout.shard_of(entry.stage, entry.file_id)
-        return task.docs.commit(
-            task.layout.shard(shard),
-            task.codec(shard),
-            changes.Consume(entry.file_id, consumer, key, digest, actor=self.name),
-        )
+        try:
+            return task.docs.commit(
+                task.layout.shard(shard),
+                task.codec(shard),
+                changes.Consume(entry.file_id, consumer, key, digest, actor=self.name),
+            )
+        except NotFound:
+            # Archived (before this read, or since): terminal, so there is nothing to mark;
+            # a consumer that had consumed it reads it again, any other is refused.
+            archived = task.entry(entry.file_id)
+            if (archived.key, archived.checksum) != (key, digest):
+                raise
+            if changes.check_consumable(archived, consumer):
+                return archived
+            raise
 
     def _fetch(
         self,

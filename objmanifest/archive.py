@@ -107,6 +107,8 @@ class Archives:
             key = self.layout.archive_object(shard.stage, ref.archive)
             problem = f"it lacks {file_id!r}, which shard {shard.stage!r} says it holds"
             raise CorruptShard(key, problem, self.store.describe(key))
+        if ref.data_removed_at is not None:  # gc removed its data since (the shard says)
+            return found.model_copy(update={"data_removed_at": ref.data_removed_at})
         return found
 
     def write(self, shard: str, entries: dict[str, Entry], now: datetime) -> str:

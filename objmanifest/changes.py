@@ -739,6 +739,37 @@ class DropData:
         return drop_data(shard, self.wanted, self.before, now)
 
 
+def drop_archived_data(
+    shard: Shard, wanted: Iterable[str], now: datetime
+) -> tuple[Shard | None, list[str]]:
+    """Mark archived consumed entries whose data gc removes (the archive object, written
+    once, keeps the entry; its shard's ``archived`` map says the data is gone). Each of
+    ``wanted`` that is still archived as consumed, and not marked yet."""
+    archived = dict(shard.archived or {})
+    marked: list[str] = []
+    for file_id in wanted:
+        ref = archived.get(file_id)
+        if ref is None or ref.state is not State.consumed or ref.data_removed_at is not None:
+            continue
+        archived[file_id] = ref.model_copy(update={"data_removed_at": now})
+        marked.append(file_id)
+    if not marked:
+        return None, []
+    return shard.model_copy(update={"archived": archived}), marked
+
+
+@dataclass(frozen=True)
+class DropArchivedData:
+    """gc marks archived consumed entries past their retention as having no data any more."""
+
+    name: ClassVar[str] = "drop-data"
+    wanted: tuple[str, ...]
+    actor: str = "gc"
+
+    def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, list[str]]:
+        return drop_archived_data(shard, self.wanted, now)
+
+
 @dataclass(frozen=True)
 class Archive:
     """Archiving: entries already written to an archive object leave the live shard."""

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from .archive import Archives
 from .cas import Documents
-from .changes import DropData
+from .changes import DropArchivedData, DropData
 from .codecs import ShardCodec
 from .errors import NotFound, ObjManifestError
 from .layout import TaskLayout
@@ -104,10 +105,25 @@ class Collector:
     scope: Scope
     codec: Callable[[str], ShardCodec]
     now: Callable[[], datetime]
+    archives: Archives | None = None
+    """Where archived entries are read (their data is gc's too once consumed)."""
 
     def entries(self, shard: str) -> dict[str, Entry]:
         """A fresh read of one shard's entries."""
         return dict(self.docs.read(self.layout.shard(shard), self.codec(shard)).entries)
+
+    def archived(self, shard: str) -> dict[str, Entry]:
+        """The archived entries of one shard (read fresh; their archive objects once), each
+        with ``data_removed_at`` if the shard's ``archived`` map says gc removed its data."""
+        doc = self.docs.read(self.layout.shard(shard), self.codec(shard))
+        if self.archives is None or not doc.archived:
+            return {}
+        out: dict[str, Entry] = {}
+        for file_id in doc.archived:
+            found = self.archives.entry(doc, file_id)
+            if found is not None:
+                out[file_id] = found
+        return out
 
     def run(self, dry_run: bool, consumed_older_than: float | None) -> GcReport:
         report = GcReport(dry_run)
@@ -124,6 +140,7 @@ class Collector:
     def _data(self, report: GcReport, dry_run: bool) -> None:
         listed = [row.key for row in self.store.list(self.layout.root)]
         fresh: dict[str, dict[str, Entry]] = {}  # read after the listing
+        archived: dict[str, dict[str, Entry]] = {}
         for key in listed:
             parsed = self.layout.parse(key)
             if parsed.kind == "other":
@@ -138,6 +155,16 @@ class Collector:
             if shard not in fresh:
                 fresh[shard] = self.entries(shard)
             entry = fresh[shard].get(parsed.file_id)
+            if entry is None:
+                if shard not in archived:
+                    archived[shard] = self.archived(shard)
+                gone = archived[shard].get(parsed.file_id)
+                if gone is not None and gone.key == key and gone.data_removed_at is not None:
+                    # Marked by an earlier run whose removal failed.
+                    head = self._head(key)
+                    if head is not None and self._remove(report, key, dry_run):
+                        report.removed.append(GcItem("consumed_data", key, head[0], gone.file_id))
+                    continue
             if entry is None or entry.stage != parsed.stage:
                 report.kept.append(GcKept(key, "its entry is not in the live shard"))
                 continue
@@ -214,6 +241,34 @@ class Collector:
                 )
                 marked = [(e.file_id, e.key) for e in entries if e.key is not None]
             for file_id, key in marked:
+                head = self._head(key)
+                if head is not None and self._remove(report, key, dry_run):
+                    report.removed.append(GcItem("consumed_data", key, head[0], file_id))
+        self._consumed_archived(report, dry_run, before)
+
+    def _consumed_archived(self, report: GcReport, dry_run: bool, before: datetime) -> None:
+        """The same for archived consumed entries: marked in their shard's ``archived`` map
+        (their archive object is written once), then their data removed."""
+        for shard in self.layout.all_shards(self.stages):
+            keys = {
+                e.file_id: e.key
+                for e in self.archived(shard).values()
+                if e.state is State.consumed
+                and e.key is not None
+                and e.data_removed_at is None
+                and e.updated_at is not None
+                and e.updated_at <= before
+            }
+            if not keys:
+                continue
+            marked = list(keys)
+            if not dry_run:
+                marked = self.docs.commit(
+                    self.layout.shard(shard), self.codec(shard), DropArchivedData(tuple(keys))
+                )
+            for file_id in marked:
+                key = keys[file_id]
+                assert key is not None
                 head = self._head(key)
                 if head is not None and self._remove(report, key, dry_run):
                     report.removed.append(GcItem("consumed_data", key, head[0], file_id))

@@ -21,12 +21,15 @@ from datetime import datetime
 from typing import ClassVar, Literal
 
 from .cas import BLOCK, Documents, block_end
-from .errors import CorruptShard, NotFound, PreconditionFailed
+from .errors import CorruptShard, NotFound, PreconditionFailed, UnsupportedSchema
 from .history import covered, decode_block, decode_marker
 from .layout import BlockRef, TaskLayout
 from .model import JournalBlock, JournalRecord, LostRange, RetentionMarker
 from .retention import MarkerCodec
 from .store import CREATE, ObjectStore
+
+STARTS = ("migrate", "repair")
+"""The commands that may begin an object's journal past version 1."""
 
 
 @dataclass(frozen=True)
@@ -91,18 +94,21 @@ def find(
         if not covered(marker, ref.journal_id, ref.last):
             refs.append(ref)
     found: list[BlockDamage] = []
-    known: dict[str, list[tuple[int, int]]] = {}
+    # Per incarnation, the ranges of versions known: (first, last, the first's command, or
+    # None if unknown: a damaged block).
+    known: dict[str, list[tuple[int, int, str | None]]] = {}
     for ref in refs:
         key = layout.journal_block(object_key, ref.journal_id, ref.first, ref.last)
-        known.setdefault(ref.journal_id, []).append((ref.first, ref.last))
         try:
             blob = store.get(key)
         except NotFound:
             continue  # deleted since the listing (a trim): nothing to mend
         assert blob is not None
         try:
-            decode_block(store, key, blob.body, ref)
-        except CorruptShard as e:
+            block = decode_block(store, key, blob.body, ref)
+        except (CorruptShard, UnsupportedSchema) as e:
+            problem = e.detail if isinstance(e, CorruptShard) else str(e)
+            known.setdefault(ref.journal_id, []).append((ref.first, ref.last, None))
             found.append(
                 BlockDamage(
                     object_key,
@@ -111,22 +117,36 @@ def find(
                     ref.first,
                     ref.last,
                     "corrupt",
-                    e.detail,
+                    problem,
                     blob.body,
                 )
             )
+            continue
+        known.setdefault(ref.journal_id, []).append((ref.first, ref.last, block.records[0].command))
     if live is not None and live[0] is not None and live[1]:
-        known.setdefault(live[0], []).append((live[1][0].version, live[1][-1].version))
+        records = live[1]
+        known.setdefault(live[0], []).append(
+            (records[0].version, records[-1].version, records[0].command)
+        )
     for journal_id, ranges in known.items():
         ranges.sort()
+        gaps = []
+        start, _, command = ranges[0]
+        # An incarnation starts at version 1, unless a migration or a repair began its
+        # journal later (its first record says so).
+        if start > 1 and command is not None and command not in STARTS:
+            gaps.append((1, start - 1))
         reach = ranges[0][1]
-        for first, last in ranges[1:]:
-            if first > reach + 1 and not covered(marker, journal_id, first - 1):
-                gap = (reach + 1, first - 1)
-                key = layout.journal_block(object_key, journal_id, *gap)
-                problem = f"no block holds versions {gap[0]}..{gap[1]} (deleted)"
-                found.append(BlockDamage(object_key, key, journal_id, *gap, "deleted", problem))
+        for first, last, _ in ranges[1:]:
+            if first > reach + 1:
+                gaps.append((reach + 1, first - 1))
             reach = max(reach, last)
+        for gap in gaps:
+            if covered(marker, journal_id, gap[1]):
+                continue  # retention dropped them, or a repair said them lost
+            key = layout.journal_block(object_key, journal_id, *gap)
+            problem = f"no block holds versions {gap[0]}..{gap[1]} (deleted)"
+            found.append(BlockDamage(object_key, key, journal_id, *gap, "deleted", problem))
     return sorted(found, key=lambda d: (d.journal_id, d.first))
 
 

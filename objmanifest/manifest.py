@@ -233,9 +233,11 @@ class Manifest:
         policy: CasPolicy | None = None,
         *,
         transfer: TransferConfig | None = None,
+        header_etag: str | None = None,
     ) -> None:
         self.store = store
         self.header = header
+        self._header_etag = header_etag
         self.layout = TaskLayout.of(header)
         self.observers = Observers()
         self.docs = Documents(
@@ -372,8 +374,8 @@ class Manifest:
         body = header.model_dump_json(exclude_none=True).encode()
         for _ in range(3):
             try:
-                store.put(key, body, mode=CREATE, content_type="application/json")
-                return cls(store, header, policy, transfer=transfer)
+                etag = store.put(key, body, mode=CREATE, content_type="application/json")
+                return cls(store, header, policy, transfer=transfer, header_etag=etag)
             except (PreconditionFailed, OutcomeUnknown):
                 try:
                     existing = cls.open(store, task_id, policy=policy, transfer=transfer)
@@ -427,7 +429,25 @@ class Manifest:
                 f"{header.deleting_at.isoformat()}): run `objmanifest delete --yes` "
                 "(Task.delete_by_id) again to finish it"
             )
-        return cls(store, header, policy, transfer=transfer)
+        return cls(store, header, policy, transfer=transfer, header_etag=blob.etag)
+
+    def is_current(self) -> bool:
+        """Whether the task this object was opened on is still the one under its id: not
+        deleted, not being deleted, not created anew (with other settings, say), and its
+        header unchanged. One conditional GET of the header (a 304 while it is). A reader
+        that keeps a ``Task`` for long (the web page) opens it again once this is False."""
+        key = self.layout.header
+        try:
+            blob = self.store.get(key, if_none_match=self._header_etag)
+        except NotFound:
+            return False
+        if blob is None:
+            return True
+        try:
+            header = HeaderCodec(self.task_id).decode(key, blob.body)
+        except (CorruptShard, UnsupportedSchema):
+            return False
+        return header == self.header
 
     # -- settings and keys ---------------------------------------------------------------
 
@@ -1091,6 +1111,7 @@ class Manifest:
             self.uploads,
             self.codec,
             self.store.now,
+            self.archives,
         )
         return collector.run(dry_run, consumed_older_than)
 

@@ -328,6 +328,9 @@ class Archived(_Model):
     state: State
     archive: str
     declared: str
+    data_removed_at: datetime | None = None
+    """When gc removed the data of this consumed entry (its archive object, written once,
+    still says where the data was)."""
 
 
 def declaration_digest(stage: str, depends_on: Iterable[str], consumers: Iterable[str]) -> str:

@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cas", "codecs"),
     ("states", "leases", "changes", "verbs"),
     ("transfer", "uploads", "deletion"),
-    ("effects", "history", "archive", "retention", "gc", "manifest", "repair"),
+    ("effects", "history", "archive", "retention", "gc", "manifest", "repair", "journal_repair"),
     ("agent", "task", "chunks", "metrics", "aio"),
     ("__init__", "servers", "styles"),
     ("cli", "demo", "web", "mcp", "__main__"),

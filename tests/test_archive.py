@@ -266,3 +266,43 @@ def test_an_archived_dead_entry_is_revived_and_an_archived_id_is_not_undeclared(
     assert [t.command for t in task.history("bad")][-2:] == ["archive", "revive"]
     produce(task, "bad")
     assert task.agent("w").claim("after") is not None
+
+
+def test_an_archived_queue_entry_is_read_again_by_its_consumer_and_refused_to_others(
+    task: om.Task,
+) -> None:
+    task.declare("q", "collect")
+    produce(task, "q")
+    assert task.agent("c").consume("q") == b"q"
+    assert task.archive(older_than=0).archived["collect"] == ["q"]
+    assert task.agent("c").consume("q") == b"q"  # its own consumer reads it again
+    with pytest.raises(om.AlreadyConsumed):
+        task.agent("other").consume("q")
+    fresh = om.Task.open(task.store, task.task_id)  # as a CLI process would see it
+    assert fresh.agent("c").consume("q") == b"q"
+    assert fresh.entry("q").state is om.State.consumed
+
+
+def test_gc_frees_the_data_of_archived_consumed_entries_past_their_retention(
+    task: om.Task,
+) -> None:
+    for file_id in ("old", "young"):
+        task.declare(file_id, "collect")
+        produce(task, file_id)
+    task.agent("c").consume("old")
+    task.archive(older_than=0)
+    key = task.entry("old").key
+    assert key is not None
+    dry = task.gc(dry_run=True, consumed_older_than=0)
+    assert [(i.kind, i.key) for i in dry.removed] == [("consumed_data", key)]
+    assert task.entry("old").data_removed_at is None  # a dry run marks nothing
+    report = task.gc(consumed_older_than=0)
+    assert [(i.kind, i.key, i.size) for i in report.removed] == [("consumed_data", key, 3)]
+    entry = om.Task.open(task.store, task.task_id).entry("old")
+    assert entry.state is om.State.consumed and entry.data_removed_at is not None
+    assert entry.checksum is not None  # its record stays, as for a live entry
+    with pytest.raises(om.DataRemoved):
+        task.agent("c").consume("old")
+    assert task.agent("c2").consume("young") == b"young"  # ready, never consumed: kept
+    assert task.gc(consumed_older_than=3600).removed == []  # consumed just now: kept
+    assert task.status().stages["collect"]["consumed"] == 2

@@ -561,10 +561,17 @@ def test_corrupt_shard_is_reported_and_left_alone(task: om.Task) -> None:
         lambda: fresh.entry("a"),
         lambda: fresh.declare("b", stage="collect"),
         lambda: fresh.agent("x").claim(stage="collect"),
-        fresh.status,
     ):
         with pytest.raises(om.CorruptShard, match=r"shards/collect\.json"):
             act()
+    # status names it (and counts the rest) rather than failing: it is where to look.
+    status = fresh.status()
+    assert [(d.key, d.kind) for d in status.damaged] == [(key, "shard")]
+    assert status.damaged[0].problem.startswith("not JSON") and "repair" in status.damaged[0].fix
+    assert [(n.file_id, n.reason) for n in status.unfinished] == [
+        ("a", f"its shard {key} is damaged: run `objmanifest repair`")
+    ]
+    assert not status.finished and status.stages["write"]["pending"] == 0
     assert raw_get(task.store, key) == b"{not json"
     raw_put(task.store, key, json.dumps({"schema_version": 1, "entries": 5}).encode())
     where = re.escape(task.store.describe(key))  # the full address of the object

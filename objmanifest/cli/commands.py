@@ -577,7 +577,10 @@ def repair_lines(report: om.RepairReport) -> list[str]:
     """What ``repair`` found and did, for a human: one line per object, then one per entry
     that is not as it was or lost something."""
     if report.clean:
-        return ["nothing is damaged: every shard and the index read back sound"]
+        return [
+            "nothing is damaged: every shard, the index, their journal blocks and the upload "
+            "states of ready chunked entries read back sound"
+        ]
     lines: list[str] = []
     for obj in report.objects:
         where = f" (its bytes copied to {obj.moved_to})" if obj.moved_to else ""
@@ -594,7 +597,7 @@ def repair_lines(report: om.RepairReport) -> list[str]:
                     lines.append(f"  {e.file_id}: {e.state} at epoch {e.epoch}: {e.rule}{lost}")
         if obj.kind == "index" and obj.action != "left alone":
             lines.append(f"  {len(obj.indexed)} file id(s) from the shards")
-        for item in obj.not_restored if obj.kind == "index" else ():
+        for item in obj.not_restored if obj.kind != "shard" else ():
             lines.append(f"  not restored: {item}")
     if report.added:
         verb = "would add" if report.dry_run else "added"

@@ -6,7 +6,8 @@ conditional GET that the store answers 304 while nothing changes, and a snapshot
 view shared by every client for ``interval`` seconds, so ten open pages cost what one does.
 
 What an idle board costs the store per refresh: one conditional GET per shard and one of
-the index (``Task.status``), nothing else; the partition counts and the throughput are read
+the index (``Task.status``), and one of the task's header (``Task.is_current``: was the
+task deleted or created anew since?), nothing else; the partition counts and the throughput are read
 from the shards ``status`` just read (``Documents.cached``). The first look at a board reads
 the journal blocks of each shard once; later, a shard whose records moved to blocks between
 two looks costs a listing and the new blocks only. An entry's page costs the GETs of the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -219,6 +221,12 @@ class _Memo:
         self._locks: dict[tuple[Any, ...], threading.Lock] = {}
         self._guard = threading.Lock()
 
+    def forget(self, which: Callable[[tuple[Any, ...]], bool]) -> None:
+        """Drop the views whose keys ``which`` names: they are built again when asked."""
+        with self._guard:
+            for key in [k for k in self._views if which(k)]:
+                del self._views[key]
+
     def get(self, key: tuple[Any, ...], build: Callable[[], dict[str, Any]]) -> View:
         with self._guard:
             lock = self._locks.setdefault(key, threading.Lock())
@@ -267,6 +275,9 @@ class Site:
         self.bucket_seconds = bucket_seconds
         self.buckets = buckets
         clock = monotonic or store.runtime.monotonic
+        self._clock = clock
+        self._checked: dict[str, float] = {}
+        """Task id -> when its ``Task`` was last found current (``task``)."""
         self._memo = _Memo(interval, clock)
         self._list_memo = _Memo(interval * 5, clock)
         self._tasks: dict[str, om.Task] = {}
@@ -284,15 +295,39 @@ class Site:
         return {"url": self.store.url, "endpoint": shown_endpoint(endpoint)}
 
     def task(self, task_id: str) -> om.Task:
-        """The task's one ``Task`` object in this process (``NotFound`` if it has none)."""
+        """The task's one ``Task`` object in this process (``NotFound`` if it has none).
+
+        Whether it is still the task under that id (not deleted, not created anew) is
+        checked at most once per ``interval`` (``Task.is_current``: one conditional GET of
+        its header); once it is not, everything kept of it here is dropped and it is opened
+        again."""
         check_name("task id", task_id)
+        now = self._clock()
         with self._lock:
             found = self._tasks.get(task_id)
-        if found is not None:
+            due = now - self._checked.get(task_id, -math.inf) >= self.interval
+            if found is not None and due:
+                self._checked[task_id] = now
+        if found is not None and (not due or found.is_current()):
             return found
+        if found is not None:
+            self._forget(task_id, found)
         opened = om.Task.open(self.store, task_id, policy=self.policy)
         with self._lock:
+            self._checked[task_id] = now
             return self._tasks.setdefault(task_id, opened)
+
+    def _forget(self, task_id: str, task: om.Task) -> None:
+        """Drop what this site keeps of a task that is no longer there as it was."""
+        with self._lock:
+            if self._tasks.get(task_id) is task:
+                del self._tasks[task_id]
+            self._throughput.pop(task_id, None)
+            self._metrics.pop(task_id, None)
+            for key in [k for k in self._entries if k[0] == task_id]:
+                del self._entries[key]
+        self._memo.forget(lambda key: len(key) > 1 and key[1] == task_id)
+        self._list_memo.forget(lambda key: True)
 
     def task_metrics(self, task_id: str) -> om.metrics.TaskMetrics:
         """The metrics of a task's one ``Task`` here (registered on first use): this

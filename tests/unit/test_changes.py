@@ -887,6 +887,28 @@ def test_drop_data_with_nothing_to_mark_writes_nothing() -> None:
     assert changes.drop_data(before, {}, at(10), NOW) == (None, [])
 
 
+def test_drop_archived_data_marks_archived_consumed_entries_once() -> None:
+    refs = {
+        "done": Archived(state=State.consumed, archive="A1", declared="d"),
+        "dead": Archived(state=State.dead, archive="A1", declared="d"),
+        "gone": Archived(state=State.consumed, archive="A1", declared="d", data_removed_at=at(5)),
+        "other": Archived(state=State.consumed, archive="A2", declared="d"),
+    }
+    before = shard(consumed("live")).model_copy(update={"archived": refs})
+    new, marked = changes.drop_archived_data(before, ["done", "dead", "gone", "live", "x"], NOW)
+    assert marked == ["done"]
+    assert new is not None and new.entries == before.entries
+    assert new.archived == {
+        **refs,
+        "done": refs["done"].model_copy(update={"data_removed_at": NOW}),
+    }
+    assert changes.drop_archived_data(before, ["dead", "gone"], NOW) == (None, [])
+    assert changes.drop_archived_data(shard(consumed("live")), ["live"], NOW) == (None, [])
+    command = changes.DropArchivedData(("done",))
+    assert (command.name, command.actor) == ("drop-data", "gc")
+    assert command.apply(before, NOW) == (new, ["done"])
+
+
 # -- archive and archived ids -----------------------------------------------------------------
 
 

@@ -1,0 +1,210 @@
+"""Every damage the docs say ``repair`` handles, made and repaired, on every backend and
+under every shard layout: a shard or the index deleted, cut short, not JSON, nested
+thousands deep, or of the wrong shape; a journal block garbled or deleted (alone, and with
+its shard lost too); a ready chunked entry's upload state garbled or deleted. For each:
+``status`` names it (but for journal blocks, which only ``repair`` reads), ``repair
+--dry-run`` names it and writes nothing, ``repair`` mends it, a second ``repair`` finds
+nothing, and the task works on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from conftest import raw_delete, raw_get, raw_put
+from rawstore import keys
+
+import objmanifest as om
+from objmanifest.cas import BLOCK
+
+pytestmark = pytest.mark.behaviour
+
+MiB = 1024 * 1024
+NESTED = b'{"x":' * 50_000
+
+DAMAGE: dict[str, Callable[[bytes], bytes | None]] = {
+    "deleted": lambda body: None,
+    "cut short": lambda body: body[: len(body) // 2],
+    "not JSON": lambda body: b"\x00\xffnot json at all",
+    "nested thousands deep": lambda body: NESTED,
+    "wrong shape": lambda body: json.dumps({"schema_version": 2, "entries": 5}).encode(),
+    "a block of nothing": lambda body: json.dumps({"schema_version": 1, "records": 5}).encode(),
+}
+
+
+def spoil(store: om.Store, key: str, how: str) -> bytes | None:
+    """Damage ``key`` as ``how`` says; the bytes now there (None: deleted)."""
+    body = DAMAGE[how](raw_get(store, key))
+    if body is None:
+        raw_delete(store, key)
+    else:
+        raw_put(store, key, body)
+    return body
+
+
+def busy(store: om.Store) -> tuple[om.Task, om.Claim]:
+    """A task whose shard of ``a`` (whatever the layout) has a journal block: ``a`` held
+    and renewed past a block, ``b`` ready, ``c`` pending behind ``b``."""
+    task = om.Task.create(store, "job", stages=["collect", "write"], lease_seconds=600)
+    task.declare("a", stage="collect")
+    task.declare("b", stage="collect")
+    task.declare("c", stage="write", depends_on=["b"])
+    agent = task.agent("w")
+    made = agent.claim("b")
+    assert made is not None
+    agent.put(made, b"bytes of b")
+    claim = agent.claim("a")
+    assert claim is not None
+    for _ in range(BLOCK + 4):
+        claim = agent.renew(claim)
+    task.flush_journal()
+    claim = agent.renew(claim)  # knows the block stored: drops its records from the shard
+    return task, claim
+
+
+def works_on(task: om.Task) -> None:
+    """The task still runs end to end: what the repair fenced is produced again, b is
+    consumed, c produced from it, a finished."""
+    worker = task.agent("after")
+    if task.entry("b").state is not om.State.ready:  # its ready was lost with the journal
+        claim = worker.claim("b")
+        assert claim is not None
+        worker.put(claim, b"bytes of b")
+    assert task.agent("reader").consume("b") == b"bytes of b"
+    for file_id in ("c", "a"):
+        if task.entry(file_id).state in (om.State.pending, om.State.failed):
+            claim = worker.claim(file_id)
+            assert claim is not None
+            worker.put(claim, f"bytes of {file_id}".encode())
+    assert task.status().damaged == []
+
+
+def check_repaired(task: om.Task, key: str, kind: str, damage: str) -> om.ObjectRepair:
+    before = {k: raw_get(task.store, k) for k in keys(task.store, "job/")}
+    dry = om.Task.open(task.store, "job").repair(dry_run=True)
+    named = [o for o in dry.objects if o.key == key]
+    assert [(o.kind, o.damage) for o in named] == [(kind, damage)], dry
+    assert {k: raw_get(task.store, k) for k in keys(task.store, "job/")} == before
+    report = om.Task.open(task.store, "job").repair()
+    (obj,) = [o for o in report.objects if o.key == key]
+    assert obj.action in ("rebuilt", "recorded as lost"), obj
+    again = om.Task.open(task.store, "job").repair()
+    assert again.clean, again
+    return obj
+
+
+@pytest.mark.parametrize("how", list(DAMAGE))
+@pytest.mark.parametrize("which", ["shard", "index"])
+def test_a_damaged_shard_or_index_is_named_by_status_and_repaired(
+    store: om.Store, which: str, how: str
+) -> None:
+    task, held = busy(store)
+    key = task.shard_key("collect", "a") if which == "shard" else task.index_key
+    body = spoil(store, key, how)
+    reopened = om.Task.open(store, "job")
+    if body is not None:
+        status = reopened.status()  # names it, and counts what it can
+        assert [(d.key, d.kind) for d in status.damaged] == [(key, which)]
+        assert not status.finished
+    damage = "deleted" if body is None else "corrupt"
+    obj = check_repaired(reopened, key, which, damage)
+    if body is not None:
+        assert obj.moved_to is not None and raw_get(store, obj.moved_to) == body
+    task = om.Task.open(store, "job")
+    if which == "shard":
+        # Rebuilt from its journal and the index, every old claim is fenced.
+        with pytest.raises(om.LeaseLost):
+            task.agent("w").renew(held)
+    works_on(task)
+
+
+@pytest.mark.parametrize("how", ["not JSON", "a block of nothing", "deleted"])
+@pytest.mark.parametrize("shard_lost", [False, True])
+def test_a_damaged_journal_block_is_named_by_repair_and_said_lost(
+    store: om.Store, how: str, shard_lost: bool
+) -> None:
+    task, held = busy(store)
+    shard_key = task.shard_key("collect", "a")
+    blocks = sorted(k for k in keys(store, "job/journal/") if "/shards/" in k and "-" in k)
+    (block,) = [k for k in blocks if k.endswith(f"-{BLOCK:012d}.json") and "000000000001-" in k]
+    assert om.Task.open(store, "job").repair(dry_run=True).clean
+    if how == "deleted":
+        # A block deleted between two others: the shard carries its next versions.
+        for _ in range(2 * BLOCK):
+            held = task.agent("w").renew(held)
+        task.flush_journal()
+    body = spoil(store, block, how)
+    if body is not None:
+        with pytest.raises(om.CorruptShard, match="journal"):
+            om.Task.open(store, "job").log()
+    if shard_lost:
+        raw_delete(store, shard_key)
+    obj = check_repaired(om.Task.open(store, "job"), block, "journal block", damage_of(how))
+    assert obj.action == "recorded as lost" and obj.records == BLOCK
+    if body is not None:
+        assert obj.moved_to is not None and raw_get(store, obj.moved_to) == body
+    task = om.Task.open(store, "job")
+    said = [d for d in task.dropped("a") if d.cause == "damage"]
+    assert [(d.first, d.last) for d in said] == [(1, BLOCK)]
+    assert "lost with a damaged journal block" in said[0].line()
+    task.log()  # readable again
+    task.lineage("c")
+    if shard_lost:
+        with pytest.raises(om.LeaseLost):
+            task.agent("w").renew(held)
+    works_on(task)
+
+
+def damage_of(how: str) -> str:
+    return "deleted" if how == "deleted" else "corrupt"
+
+
+@pytest.mark.parametrize("how", ["not JSON", "nested thousands deep", "deleted"])
+def test_a_ready_chunked_entrys_damaged_upload_state_is_rebuilt_from_its_data(
+    store: om.Store, how: str
+) -> None:
+    task = om.Task.create(store, "job", stages=["collect"])
+    task.declare("big", stage="collect")
+    agent = task.agent("w")
+    claim = agent.claim("big")
+    assert claim is not None
+    data = bytes(range(256)) * (5 * MiB // 256) + b"tail"
+    entry = agent.put(claim, data, part_size=5 * MiB, threshold=5 * MiB)
+    assert entry.is_chunked and entry.parts_key is not None
+    key = entry.parts_key
+    body = spoil(store, key, how)
+    status = om.Task.open(store, "job").status()
+    assert [(d.key, d.kind) for d in status.damaged] == [(key, "upload state")]
+    # Meanwhile a reader still gets verified bytes: the parts checked together.
+    assert om.Task.open(store, "job").agent("early", role="r").consume("big") == data
+    obj = check_repaired(om.Task.open(store, "job"), key, "upload state", damage_of(how))
+    assert obj.action == "rebuilt" and obj.records == 2
+    if body is not None:
+        assert obj.moved_to is not None and raw_get(store, obj.moved_to) == body
+    task = om.Task.open(store, "job")
+    assert task.status().damaged == []
+    assert task.entry("big").state is om.State.consumed
+    assert task.agent("early").consume("big") == data  # the queue's consumer reads again
+
+
+def test_an_upload_state_is_not_rebuilt_over_data_that_does_not_verify(
+    store: om.Store,
+) -> None:
+    task = om.Task.create(store, "job", stages=["collect"])
+    task.declare("big", stage="collect")
+    agent = task.agent("w")
+    claim = agent.claim("big")
+    assert claim is not None
+    data = b"x" * (5 * MiB + 10)
+    entry = agent.put(claim, data, part_size=5 * MiB, threshold=5 * MiB)
+    assert entry.parts_key is not None and entry.key is not None
+    raw_delete(store, entry.parts_key)
+    raw_put(store, entry.key, b"y" * len(data))  # the data rotted too
+    report = om.Task.open(store, "job").repair()
+    (obj,) = report.objects
+    assert (obj.kind, obj.action) == ("upload state", "left alone")
+    assert "do not make the entry's checksum" in obj.not_restored[0]
+    with pytest.raises(om.ChecksumMismatch, match="checked together"):
+        om.Task.open(store, "job").agent("r").consume("big")
+    assert om.Task.open(store, "job").entry("big").state is om.State.failed
