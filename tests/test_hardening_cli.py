@@ -588,3 +588,45 @@ def test_main_may_be_called_from_a_thread(capsys: pytest.CaptureFixture[str]) ->
     thread.join(30)
     assert codes == [USAGE]
     assert "lease_seconds must be" in capsys.readouterr().err
+
+
+CREDENTIAL = "PW-sEcReT-41x"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (("--endpoint-url", f"http://user:{CREDENTIAL}@127.0.0.1:9"), {}, "carries user info"),
+        (("--endpoint-url", f"https://{CREDENTIAL}@s3.example.com"), {}, "carries user info"),
+        (("--endpoint-url", f"ftp://u:{CREDENTIAL}@host"), {}, "carries user info"),
+        (("--endpoint-url", f"http://h:9/?X-Amz-Signature={CREDENTIAL}"), {}, "invalid S3"),
+        ((), {"AWS_ENDPOINT_URL": f"http://u:{CREDENTIAL}@h:9"}, "carries user info"),
+        ((), {"AWS_ENDPOINT_URL_S3": f"http://u:{CREDENTIAL}@h:9"}, "carries user info"),
+        (("--url", f"s3://AKIA:{CREDENTIAL}@work/p"), {}, "names no credentials"),
+        (("--url", f"s3://work/p?token={CREDENTIAL}"), {}, "no query"),
+    ],
+)
+@pytest.mark.parametrize("json_out", [False, True])
+def test_a_url_that_carries_a_credential_is_refused_without_showing_it(
+    args: tuple[str, ...],
+    env: dict[str, str],
+    says: str,
+    json_out: bool,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    given = ("--json",) if json_out else ()
+    for command in (("status",), ("doctor",), ("claim", "--stage", "a", "--agent", "x")):
+        code, out, err = in_process(
+            capsys, *given, "--url", "s3://work/p", "--task", "t", *args, *command
+        )
+        assert code == USAGE, (command, out, err)
+        assert CREDENTIAL not in out + err
+        said = json.loads(err or out)["message"] if json_out else err
+        assert says in said
+        if "user info" in says or "credentials" in says:
+            assert "AWS_ACCESS_KEY_ID" in said and "***@" in said

@@ -613,3 +613,31 @@ def test_a_claim_past_its_hold_is_released_while_the_model_is_silent(
             assert "released 'f.txt' after holding it 2s" in status["notices"][0]
 
     run(main)
+
+
+def test_consume_into_a_fifo_or_device_under_the_root_is_refused_at_once(
+    prefix: str, tmp_path: Path
+) -> None:
+    task = om.Task.create(memory_store(prefix), "job", ["draft"])
+    task.declare("f.txt", "draft")
+    maker = task.agent("maker")
+    claim = maker.claim("f.txt")
+    assert claim is not None
+    maker.put(claim, b"made")
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "dir").mkdir()
+
+    async def main() -> None:
+        async with in_process(task, "reader", tmp_path) as a:
+            with anyio.fail_after(20):  # a FIFO nobody reads would block the call for ever
+                refused = await a.error("consume", file_id="f.txt", path="pipe")
+            assert refused["error"] == "InvalidInput"
+            assert "not a regular file (a FIFO or a device)" in refused["message"]
+            assert "nothing was consumed" in refused["message"]
+            folder = await a.error("consume", file_id="f.txt", path="dir")
+            assert "is a directory" in folder["message"]
+            got = await a.call("consume", file_id="f.txt", path="got.txt")
+            assert (tmp_path / "got.txt").read_bytes() == b"made" and got["state"]
+
+    run(main)
+    assert task.entry("f.txt").consumed_by == ("reader",)

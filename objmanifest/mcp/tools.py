@@ -473,6 +473,14 @@ class Session:
         check_file_id(file_id)
         if path is not None:
             dest = confine(self.root, path, "path")
+            if dest.exists() and not dest.is_file():
+                # A FIFO would block the call until something reads it, a device is no
+                # place for an agent's file, and a directory is refused anyway.
+                kind = "a directory" if dest.is_dir() else "not a regular file (a FIFO or a device)"
+                raise om.InvalidInput(
+                    f"path {path!r} is {kind}: consume into a regular file under the root "
+                    f"{self.root}, or a new one; nothing was consumed"
+                )
             entry = poll(lambda: self.agent.consume(file_id, dest), wait, (om.NotReady,))
             assert entry is not None
             return {**entry_json(entry), "path": str(dest)}

@@ -27,7 +27,7 @@ from .base import (
 )
 from .memory import Fault, Faults, MemoryStore
 from .probe import PROBE_PREFIX, probe_conditional_writes
-from .s3 import S3Store, make_client
+from .s3 import S3Store, make_client, without_credentials
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -71,6 +71,12 @@ __all__ = [
 
 def parse_url(url: str) -> tuple[str, str, str]:
     """``s3://bucket/prefix`` or ``memory://bucket/prefix`` -> (scheme, bucket, prefix)."""
+    if isinstance(url, str) and "@" in url.partition("://")[2].partition("/")[0]:
+        raise InvalidInput(
+            f"a store URL names no credentials: {without_credentials(url)!r} has user info "
+            "(before '@'); use s3://BUCKET[/PREFIX], with the credentials in "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile: AWS_PROFILE)"
+        )
     if isinstance(url, str) and any(unicodedata.category(c) == "Cc" for c in url):
         raise InvalidInput(f"a store URL has no control characters (a newline, a tab ...): {url!r}")
     try:
@@ -83,7 +89,7 @@ def parse_url(url: str) -> tuple[str, str, str]:
             "for an in-process store)"
         )
     if parsed.query or parsed.fragment or parsed.params:
-        raise InvalidInput(f"a store URL has no query or fragment: {url!r}")
+        raise InvalidInput(f"a store URL has no query or fragment: {without_credentials(url)!r}")
     if not _BUCKET.fullmatch(parsed.netloc):
         raise InvalidInput(
             f"invalid bucket name {parsed.netloc!r} in {url!r}: a bucket name has letters, "

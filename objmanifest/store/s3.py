@@ -157,18 +157,49 @@ def make_client(
     return client
 
 
+def without_credentials(url: str) -> str:
+    """``url`` as it may be shown: any user info (``user:password@``), query and fragment
+    replaced by ``***``, whatever else is wrong with it."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    shown = f"{scheme}{sep}{authority}{slash}{path}"
+    for mark in ("?", "#"):
+        if mark in shown:
+            shown = shown.partition(mark)[0] + mark + "***"
+    return shown
+
+
 def check_endpoint(endpoint_url: str) -> str:
-    """An endpoint is ``http(s)://HOST[:PORT]``; anything else is refused in one line."""
+    """An endpoint is ``http(s)://HOST[:PORT]``; anything else is refused in one line, and
+    one that carries credentials (user info, a query) is refused without showing them."""
+    shown = without_credentials(endpoint_url)
+    where = "from --endpoint-url, AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL"
+    authority = endpoint_url.partition("://")[2].partition("/")[0]
+    if "@" in authority:
+        raise InvalidInput(
+            f"the S3 endpoint URL {shown!r} ({where}) carries user info (before '@'): an "
+            "endpoint is http(s)://HOST[:PORT] only; credentials go in AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or an AWS profile: AWS_PROFILE), never in a URL"
+        )
     try:
         parsed = urlparse(endpoint_url)
         parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
     except ValueError:
         parsed = None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+    if (
+        parsed is None
+        or parsed.scheme not in ("http", "https")
+        or not parsed.hostname
+        or parsed.query
+        or parsed.fragment
+    ):
         raise InvalidInput(
-            f"invalid S3 endpoint URL {endpoint_url!r} (from --endpoint-url, "
-            "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL): use http(s)://HOST[:PORT], such as "
-            "http://127.0.0.1:9000"
+            f"invalid S3 endpoint URL {shown!r} ({where}): use http(s)://HOST[:PORT], such "
+            "as http://127.0.0.1:9000"
         )
     return endpoint_url
 
@@ -239,7 +270,8 @@ class S3Store:
 
     def _not_s3(self, what: str, action: str, key: str) -> StoreError:
         """The endpoint answered something no S3 store answers."""
-        endpoint = getattr(self.client.meta, "endpoint_url", None) or "the endpoint"
+        endpoint = getattr(self.client.meta, "endpoint_url", None)
+        endpoint = without_credentials(endpoint) if endpoint else "the endpoint"
         return StoreError(
             f"{endpoint} does not behave like S3: it answered {what} when asked to {action} "
             f"{self.describe(key)}. Check the endpoint (--endpoint-url, AWS_ENDPOINT_URL_S3, "
