@@ -1034,10 +1034,14 @@ class Manifest:
         if until not in states.UNTIL:
             raise InvalidInput(f"until must be 'ready' or 'consumed', not {until!r}")
         if timeout is not None and not (
-            isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout >= 0
+            isinstance(timeout, (int, float))
+            and not isinstance(timeout, bool)
+            and math.isfinite(timeout)
+            and timeout >= 0
         ):
             raise InvalidInput(
-                f"timeout must be a number of seconds from 0, or None, not {timeout!r}"
+                f"timeout must be a finite number of seconds from 0, or None to wait for "
+                f"ever, not {timeout!r}"
             )
         return wanted
 

@@ -628,7 +628,15 @@ def since_time(task: om.Task, text: str | None) -> datetime | None:
     match = _DURATION.match(text)
     if match:
         amount = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
-        return task.store.now() - timedelta(seconds=amount)
+        now = task.store.now()
+        try:
+            return now - timedelta(seconds=amount)
+        except OverflowError:  # before year 1 (or no number at all: inf)
+            most = (now - datetime.min.replace(tzinfo=timezone.utc)).days
+            raise UsageError(
+                f"--since {text!r} reaches back past year 1: give a duration of at most "
+                f"{most}d, or a time (2030-01-01T12:00:00Z)"
+            ) from None
     try:
         at = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

@@ -3,8 +3,11 @@ imported only by that command, and named, with how to install it, when missing."
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from objmanifest.errors import ExtraMissing
 
@@ -20,6 +23,34 @@ def extra_needed(command: str, extra: str, modules: tuple[str, ...]) -> Iterator
         if (e.name or "").partition(".")[0] not in modules:
             raise
         raise ExtraMissing(
-            f"objmanifest {command} needs the optional extra {extra!r} (module {e.name!r} "
-            f"is missing): install it with pip install 'objmanifest[{extra}]'"
+            f"objmanifest {command} needs the optional extra objmanifest[{extra}] (module "
+            f"{e.name!r} is missing): {install_hint(extra)}"
         ) from None
+
+
+def checkout() -> Path | None:
+    """The source checkout this objmanifest runs from (an editable install), if it is one:
+    the directory whose ``pyproject.toml`` names the project and holds the package."""
+    root = Path(__file__).resolve().parent.parent.parent
+    project = root / "pyproject.toml"
+    try:
+        text = project.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return root if 'name = "objmanifest"' in text else None
+
+
+def install_hint(extra: str) -> str:
+    """How to install ``extra`` into the Python that runs this (nothing is published to a
+    package index, so from the checkout it came from)."""
+    python = sys.executable
+    found = checkout()
+    if found is not None:
+        return (
+            f"install it into this Python from the checkout it runs from: "
+            f"{shlex.quote(python)} -m pip install -e {shlex.quote(f'{found}[{extra}]')}"
+        )
+    return (
+        f"install objmanifest[{extra}] into this Python from where objmanifest came from "
+        f"(for a checkout: {shlex.quote(python)} -m pip install -e 'CHECKOUT[{extra}]')"
+    )

@@ -8,6 +8,7 @@ instead of exiting, so it is reported like every other error (as JSON with ``--j
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -110,19 +111,26 @@ def whole(text: str) -> int:
 
 
 def positive_seconds(text: str) -> float:
-    value = seconds(text)
+    """A polling interval: from 0.05 to 3600 seconds (the one message for any other)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not 0.05 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be from 0.05 to 3600 seconds, not {text}")
+        raise argparse.ArgumentTypeError(f"must be from 0.05 to 3600 seconds, not {text!r}")
     return value
 
 
 def seconds(text: str) -> float:
+    """A finite number of seconds, 0 or more (``--wait``, ``--older-than`` ...)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds, 0 or more, not {text!r}"
+        )
     return value
 
 

@@ -13,19 +13,22 @@ import argparse
 import json
 import logging
 import os
+import re
 import select
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
+import objmanifest
 from objmanifest import servers
 from objmanifest.errors import LocalServerError
 
@@ -33,6 +36,8 @@ from .exits import UsageError
 from .output import Output
 
 ENV_SERVE_PID = "OBJMANIFEST_SERVE_PID"
+BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+"""A bucket name as S3 (and so the local servers) accepts it."""
 START_TIMEOUT = 120.0
 """How long ``--detach`` waits for the server to be ready (SeaweedFS takes seconds)."""
 STOP_TIMEOUT = 60.0
@@ -99,6 +104,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return stop_detached(out)
     if args.backend == "moto" and args.data:
         raise UsageError("--data needs --backend seaweedfs: moto keeps its data in memory")
+    if args.bucket is not None and not BUCKET_NAME.fullmatch(args.bucket):
+        raise UsageError(
+            f"--bucket {args.bucket!r} is not a bucket name S3 accepts: 3 to 63 lowercase "
+            "letters, digits, '.' and '-', starting and ending with a letter or a digit, such "
+            "as work-bucket"
+        )
     if getattr(args, "detach", False):
         return detach(args, out)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's per-request log lines
@@ -109,6 +120,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 local.create_bucket(args.bucket)
             info = announcement(local, args.bucket)
             out.result(info, *shell_lines(info["env"]))
+            if os.environ.get(ENV_DETACHED) == "1":
+                _quiet()  # started by --detach: what it says once ready goes nowhere
             out.note(
                 f"{local.backend} S3 server at {local.endpoint_url} "
                 f"({_where(local, bool(args.data))}).\n"
@@ -123,6 +136,20 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
 
 # -- in the background -----------------------------------------------------------------------
+
+
+ENV_DETACHED = "OBJMANIFEST_SERVE_DETACHED"
+"""Set for the server ``--detach`` starts: once ready, its standard error goes to
+``/dev/null`` (until then, to a file the parent reads if it fails to start)."""
+
+
+def _quiet() -> None:
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+    finally:
+        os.close(devnull)
 
 
 def _child_command(args: argparse.Namespace) -> list[str]:
@@ -140,21 +167,27 @@ def _child_command(args: argparse.Namespace) -> list[str]:
 def detach(args: argparse.Namespace, out: Output) -> int:
     """Start ``serve`` in a session of its own, wait until it announces itself, print its
     lines (plus ``OBJMANIFEST_SERVE_PID``) and return, leaving it running."""
-    proc = subprocess.Popen(
-        _child_command(args),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # Ctrl-C or a closed terminal does not stop it
-    )
-    assert proc.stdout is not None
-    try:
-        line = _first_line(proc)
-    except BaseException:
-        _terminate(proc)
-        raise
-    finally:
-        proc.stdout.close()
+    # The child runs where this package is installed: from the caller's directory, a
+    # folder named ``objmanifest`` there (a checkout, say) would be imported instead.
+    home = Path(objmanifest.__file__).resolve().parent.parent
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(
+            _child_command(args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=errors,  # what it says before it is ready, in case it is not
+            cwd=home,
+            env={**os.environ, ENV_DETACHED: "1"},
+            start_new_session=True,  # Ctrl-C or a closed terminal does not stop it
+        )
+        assert proc.stdout is not None
+        try:
+            line = _first_line(proc, errors)
+        except BaseException:
+            _terminate(proc)
+            raise
+        finally:
+            proc.stdout.close()
     try:
         info = json.loads(line)
     except ValueError:
@@ -178,16 +211,23 @@ def detach(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _first_line(proc: subprocess.Popen[bytes]) -> bytes:
-    """The child's announcement, or an error once it has exited or taken too long."""
+def _said(errors: IO[bytes]) -> str:
+    """The last line the child wrote to its standard error, if any."""
+    errors.seek(0)
+    lines = errors.read()[-4096:].decode(errors="replace").strip().splitlines()
+    return f": {lines[-1].strip()}" if lines else ""
+
+
+def _first_line(proc: subprocess.Popen[bytes], errors: IO[bytes]) -> bytes:
+    """The child's announcement, or an error (with the last thing it said) once it has
+    exited or taken too long."""
     assert proc.stdout is not None
     deadline = time.monotonic() + START_TIMEOUT
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise LocalServerError(
-                f"the server was not ready within {START_TIMEOUT:.0f}s; run `objmanifest serve` "
-                "without --detach to see why"
+                f"the server was not ready within {START_TIMEOUT:.0f}s{_said(errors)}"
             )
         ready, _, _ = select.select([proc.stdout], [], [], min(remaining, 1.0))
         if ready:
@@ -196,8 +236,7 @@ def _first_line(proc: subprocess.Popen[bytes]) -> bytes:
                 return line
             code = proc.wait(timeout=STOP_TIMEOUT)
             raise LocalServerError(
-                f"the server exited (code {code}) before it was ready; run `objmanifest serve` "
-                "without --detach to see why"
+                f"the server exited (code {code}) before it was ready{_said(errors)}"
             )
 
 

@@ -204,6 +204,17 @@ def check_endpoint(endpoint_url: str) -> str:
     return endpoint_url
 
 
+def _connection_problem(e: Exception) -> str:
+    """What went wrong with the connection, in words (no SDK class names)."""
+    if isinstance(e, botocore.exceptions.ReadTimeoutError):
+        return "it stopped answering: read timed out"
+    if isinstance(e, botocore.exceptions.ConnectTimeoutError):
+        return "connecting timed out"
+    if isinstance(e, botocore.exceptions.EndpointConnectionError):
+        return "the connection was refused, or the host is unknown"
+    return "the connection broke"
+
+
 def _error_code(e: botocore.exceptions.ClientError) -> tuple[str, int]:
     err = e.response.get("Error", {})
     status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
@@ -324,6 +335,14 @@ class S3Store:
             return StoreError(
                 "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                 "a profile, or pass a configured boto3 client"
+            )
+        if isinstance(e, _CONNECTION_ERRORS):
+            endpoint = getattr(self.client.meta, "endpoint_url", None)
+            shown = without_credentials(endpoint) if endpoint else "the S3 endpoint"
+            return StoreError(
+                f"could not {action} {self.describe(key)}: no answer from {shown} "
+                f"({_connection_problem(e)}); check that the store runs and the endpoint "
+                "(--endpoint-url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL) is right"
             )
         return StoreError(f"could not {action} {self.describe(key)}: {type(e).__name__}: {e}")
 
