@@ -94,6 +94,17 @@ def _has_control(text: str) -> bool:
     return any(unicodedata.category(c) == "Cc" for c in text)
 
 
+BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+"""Characters that reorder the text shown around them (``x\u202egpj.exe`` shows as
+"xexe.jpg"): a name is shown in the terminal and on the web page as it is spelt."""
+
+
+def _has_bidi(text: str) -> bool:
+    return not BIDI_CONTROLS.isdisjoint(text)
+
+
 def _is_utf8(text: str) -> bool:
     """False for a lone surrogate (bytes that were not UTF-8, smuggled in by the OS)."""
     try:
@@ -116,6 +127,8 @@ def check_file_id(file_id: str) -> str:
         problem = f"it is longer than {MAX_FILE_ID_BYTES} bytes"
     elif _has_control(file_id):
         problem = "it contains a control character"
+    elif _has_bidi(file_id):
+        problem = "it contains a bidirectional control character (it would be shown reordered)"
     elif "\\" in file_id:
         problem = "it contains a backslash; use '/' between parts"
     else:
@@ -142,6 +155,8 @@ def check_agent(kind: str, value: object) -> str:
         problem = f"it is longer than {MAX_AGENT_BYTES} bytes"
     elif _has_control(value):
         problem = "it contains a control character (a newline, a tab, an escape ...)"
+    elif _has_bidi(value):
+        problem = "it contains a bidirectional control character (it would be shown reordered)"
     if problem:
         shown = value if not isinstance(value, str) or len(value) <= 80 else value[:80] + "..."
         raise InvalidInput(

@@ -59,6 +59,8 @@ from objmanifest.uploads.state import UploadCodec
 
 MiB = 1024 * 1024
 PART = 5 * MiB
+BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+"""The characters that reorder the text around them: refused in file ids and agent names."""
 FAST = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 """The profile's number of examples (hypothesis's default: 100)."""
 SOME = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -117,6 +119,8 @@ def test_any_text_is_a_name_or_refused_as_one(text: str) -> None:
 @given(any_text | file_ids)
 @example("a/\n")
 @example("x" * (MAX_FILE_ID_BYTES + 1))
+@example("x\u202egpj.exe")
+@example("a\u2067b/c")
 def test_any_text_is_a_file_id_or_refused_as_one(text: str) -> None:
     rules = (
         text != ""
@@ -124,6 +128,7 @@ def test_any_text_is_a_file_id_or_refused_as_one(text: str) -> None:
         and not text.startswith("/")
         and len(text.encode()) <= MAX_FILE_ID_BYTES
         and not has_control(text)
+        and not any(c in BIDI for c in text)
         and "\\" not in text
         and all(part not in ("", ".", "..") for part in text.split("/"))
     )

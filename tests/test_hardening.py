@@ -182,7 +182,19 @@ def test_retries_out_of_range_are_refused(retries: Any) -> None:
         om.Task.create(store, "t", stages=["a"], max_retries=retries)
 
 
-BAD_NAMES = ["ev\nil", "tab\there", "esc\x1b[31m", "c1\x9b", "", "   ", "\udcff", "x" * 300, 7]
+BAD_NAMES = [
+    "ev\nil",
+    "tab\there",
+    "esc\x1b[31m",
+    "c1\x9b",
+    "",
+    "   ",
+    "\udcff",
+    "x" * 300,
+    7,
+    "x\u202egpj.exe",
+    "\u2066isolate",
+]
 
 
 @pytest.mark.parametrize("name", BAD_NAMES, ids=repr)

@@ -73,9 +73,10 @@ def parse_url(url: str) -> tuple[str, str, str]:
     """``s3://bucket/prefix`` or ``memory://bucket/prefix`` -> (scheme, bucket, prefix)."""
     if isinstance(url, str) and "@" in url.partition("://")[2].partition("/")[0]:
         raise InvalidInput(
-            f"a store URL names no credentials: {without_credentials(url)!r} has user info "
-            "(before '@'); use s3://BUCKET[/PREFIX], with the credentials in "
-            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile: AWS_PROFILE)"
+            f"invalid bucket name in {without_credentials(url)!r}: a store URL names no "
+            "credentials, and this one has user info (before '@'); use s3://BUCKET[/PREFIX], "
+            "with the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS "
+            "profile: AWS_PROFILE)"
         )
     if isinstance(url, str) and any(unicodedata.category(c) == "Cc" for c in url):
         raise InvalidInput(f"a store URL has no control characters (a newline, a tab ...): {url!r}")
