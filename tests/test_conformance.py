@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import random
+import re
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from faults import FaultProxy
 
 from objmanifest import checksum
 from objmanifest.errors import (
+    InvalidInput,
     NotFound,
     OutcomeUnknown,
     PartsRejected,
@@ -808,6 +810,29 @@ def test_memory_cut_fault_is_for_reads_only(prefix: str) -> None:
     with pytest.raises(ReadBrokeOff):
         stream.read()
     assert store.open("k").read() == b"0123456789"  # once
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"op": "explode"}, "no store call is named 'explode'"),
+        ({"op": "PUT"}, "no store call is named 'PUT'"),
+        ({"op": "put", "effect": "explode"}, "no fault effect is named 'explode'"),
+        ({"op": "put", "times": -5}, "times is how many calls to fault: 1 or more, not -5"),
+        ({"op": "put", "times": 0}, "1 or more, not 0"),
+        ({"op": "put", "times": True}, "1 or more, not True"),
+        ({"op": "put", "times": 1.5}, "1 or more, not 1.5"),
+        ({"op": "put", "key": 7}, "key is a part of the keys to fault"),
+    ],
+)
+def test_memory_faults_that_would_never_fire_are_refused(
+    prefix: str, kw: dict[str, object], says: str
+) -> None:
+    store = MemoryStore(MEMORY_BUCKET, prefix)
+    with pytest.raises(InvalidInput, match=re.escape(says)):
+        store.faults.add(**kw)  # type: ignore[arg-type]
+    assert store.faults.planned == []
+    store.put("k", b"x")  # nothing planned: it lands
 
 
 def test_s3_now_is_the_servers_date_asked_under_the_prefix_only(

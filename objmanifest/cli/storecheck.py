@@ -8,6 +8,7 @@ of a role for the URL (``objmanifest.permissions``); it sends no request.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import datetime, timezone
 from typing import Any
@@ -32,12 +33,11 @@ _RESULT_STYLE = {"ok": "green", "failed": "bold red", "denied": "yellow", "error
 
 def cmd_doctor(ctx: Context) -> int:
     store = ctx.store()
-    try:
-        # One listing first: a missing bucket, an endpoint that does not answer or refused
-        # credentials are one error (its exit code and fix), not a table of the same one.
+    # One listing first: a missing bucket, an endpoint that does not answer or refused
+    # credentials are one error (its exit code and fix), not a table of the same one. A
+    # refused listing goes on: the checks below say which permission is missing.
+    with contextlib.suppress(om.AccessDenied):
         next(iter(store.list(PROBE_PREFIX)), None)
-    except om.AccessDenied:
-        pass  # maybe only listing is refused: the checks below say which permission
     report = probe_store(store, PROBE_PREFIX + store.runtime.new_id(), racers=ctx.args.racers)
     skew = _skew(report.store_time)
     code = exit_code(report)

@@ -29,6 +29,7 @@ from typing import BinaryIO, Literal
 from .. import checksum
 from ..errors import (
     BodyDamaged,
+    InvalidInput,
     NotFound,
     OutcomeUnknown,
     PartsRejected,
@@ -60,6 +61,22 @@ whose outcome a caller must find out); a lost answer to any other call, a delete
 ``StoreError``, applied all the same."""
 
 Effect = Literal["fail", "lose", "cut", "flip", "truncate"]
+EFFECTS: tuple[str, ...] = ("fail", "lose", "cut", "flip", "truncate")
+OPERATIONS: tuple[str, ...] = (
+    "get",
+    "head",
+    "open",
+    "put",
+    "delete",
+    "list",
+    "create_upload",
+    "upload_part",
+    "list_parts",
+    "complete_upload",
+    "abort_upload",
+    "list_uploads",
+)
+"""The store calls a fault may be planned for (``Fault.op``)."""
 DAMAGES = ("flip", "truncate")
 """Effects on a write's body on its way in: one bit of its middle byte inverted, or only
 its first half arriving (with a length to match)."""
@@ -87,10 +104,28 @@ class Fault:
     times: int = 1
 
     def __post_init__(self) -> None:
+        # A typo here would plan a fault that never fires, and a test pass for nothing.
+        if self.op is not None and self.op not in OPERATIONS:
+            raise InvalidInput(
+                f"no store call is named {self.op!r}: use one of {', '.join(OPERATIONS)}, or "
+                "None for any call"
+            )
+        if self.effect not in EFFECTS:
+            raise InvalidInput(
+                f"no fault effect is named {self.effect!r}: use one of {', '.join(EFFECTS)}"
+            )
+        if self.key is not None and not isinstance(self.key, str):
+            raise InvalidInput(
+                f"key is a part of the keys to fault (a str) or None, not {self.key!r}"
+            )
+        if not isinstance(self.times, int) or isinstance(self.times, bool) or self.times < 1:
+            raise InvalidInput(f"times is how many calls to fault: 1 or more, not {self.times!r}")
         if self.effect == "cut" and self.op != "open":
-            raise ValueError(f'a "cut" fault breaks a read stream: use op="open", not {self.op!r}')
+            raise InvalidInput(
+                f'a "cut" fault breaks a read stream: use op="open", not {self.op!r}'
+            )
         if self.effect in DAMAGES and self.op not in ("put", "upload_part"):
-            raise ValueError(
+            raise InvalidInput(
                 f'a "{self.effect}" fault damages a body sent: use op="put" or '
                 f'op="upload_part", not {self.op!r}'
             )
