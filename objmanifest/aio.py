@@ -300,6 +300,12 @@ class AsyncTask:
     async def status(self) -> TaskStatus:
         return await self._pool.run(self.task.status)
 
+    async def unclaimable(self, stage: str) -> str:
+        return await self._pool.run(lambda: self.task.unclaimable(stage))
+
+    async def is_current(self) -> bool:
+        return await self._pool.run(self.task.is_current)
+
     async def wait(
         self,
         stages: Iterable[str] | None = None,

@@ -52,7 +52,11 @@ INDEX_REPAIR = (
 REMOVED = "removed"
 """The state a journal gives an entry that left its shard (undeclared, or archived)."""
 HEADER_REPAIR = "delete it and run `objmanifest init` again with the task's stages and settings"
-UPLOAD_REPAIR = "delete it: the entry's next holder then starts its upload anew"
+UPLOAD_REPAIR = (
+    "run `objmanifest repair` (Task.repair()): it copies it aside and rebuilds the part list "
+    "of a ready entry from its data; for an entry still being written, delete it: its next "
+    "holder then starts its upload anew"
+)
 
 
 def schema_problems(e: ValidationError) -> str:

@@ -903,6 +903,29 @@ class Manifest:
             if p is not None
         ]
 
+    def unclaimable(self, stage: str) -> str:
+        """Why no entry of ``stage`` is claimable now, in words (what a refusal says): no
+        entries at all, failed entries waiting out a retry backoff (and until when), and
+        that the others are taken, done or waiting for dependencies."""
+        entries = list(self.shard(stage).entries.values())
+        if not entries:
+            return "it has no entries: declare some first"
+        now = self.store.now()
+        waiting = sorted(
+            (e.retry_at, e.file_id)
+            for e in entries
+            if leases.backing_off(e, now) and e.retry_at is not None
+        )
+        rest = "taken, done, or waiting for dependencies (see `objmanifest status`)"
+        if not waiting:
+            return f"all are {rest}"
+        n = len(waiting)
+        first_at, first = waiting[0]
+        return (
+            f"{n} failed entr{'y waits' if n == 1 else 'ies wait'} out a retry backoff "
+            f"({first!r} is claimable again at {first_at.isoformat()}); the others are {rest}"
+        )
+
     def status(self) -> TaskStatus:
         """Counts per stage and state; blocked, overdue and dead entries named, file ids
         the index and the shards disagree about, and manifest objects that are damaged

@@ -82,8 +82,11 @@ class State(str, Enum):
 def check_name(kind: str, value: str) -> str:
     """Task ids and stage names become parts of object keys, so they are kept plain."""
     if not isinstance(value, str) or not _NAME.fullmatch(value):
+        shown = repr(value)
+        if len(shown) > 300:  # a name of megabytes is not quoted whole
+            shown = f"{shown[:300]}... ({len(shown)} characters)"
         raise InvalidInput(
-            f"invalid {kind} {value!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            f"invalid {kind} {shown}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
     return value
@@ -136,8 +139,11 @@ def check_file_id(file_id: str) -> str:
         if any(p in ("", ".", "..") for p in parts):
             problem = "it has an empty, '.' or '..' path segment"
     if problem:
+        shown = repr(file_id)
+        if len(shown) > 300:  # a line of megabytes is not quoted whole
+            shown = f"{shown[:300]}... ({len(shown)} characters)"
         raise InvalidFileId(
-            f"invalid file id {file_id!r}: {problem}. Use a relative key such as 'raw/a.json'."
+            f"invalid file id {shown}: {problem}. Use a relative key such as 'raw/a.json'."
         )
     return file_id
 

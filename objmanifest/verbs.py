@@ -94,7 +94,9 @@ def undeclare(shard: Shard, file_id: str) -> tuple[Shard | None, Entry | None]:
 def dependents_error(file_id: str, dependents: list[str]) -> HasDependents:
     shown = ", ".join(dependents[:20]) + (" ..." if len(dependents) > 20 else "")
     return HasDependents(
-        f"{file_id!r} cannot be undeclared: {shown} depend on it; undeclare them first",
+        f"{file_id!r} cannot be undeclared: {shown} "
+        f"{'depends' if len(dependents) == 1 else 'depend'} on it; undeclare "
+        f"{'that entry' if len(dependents) == 1 else 'them'} first",
         tuple(dependents),
     )
 

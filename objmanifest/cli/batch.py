@@ -9,8 +9,6 @@ file was made ready.
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from objmanifest.model import check_file_id
 
 from .commands import Context, local_source
 from .exits import ExitCode, NotAllReady, UsageError, classify
+from .inputs import load_json, read_whole, shown
 from .output import PROG, entry_json
 
 CLAIM_FIELDS = ("FILE_ID", "STAGE", "EPOCH", "LEASE_EXPIRES_AT")
@@ -40,7 +39,7 @@ def cmd_put_many(ctx: Context) -> int:
     """Upload the data of many held claims and make the entries ready (one commit per
     shard); each file's outcome is reported, and the exit code says whether all landed."""
     args = ctx.args
-    text = _read_claims(args.claims)
+    text = read_whole(args.claims, "--claims")
     directory = _directory(args.dir)
     items = read_items(text, directory)
     if not items:
@@ -59,24 +58,6 @@ def cmd_put_many(ctx: Context) -> int:
         threshold=args.threshold,
     )
     return _report(ctx, items, results)
-
-
-def _read_claims(source: str) -> str:
-    if source == "-":
-        if sys.stdin is None:
-            raise UsageError("stdin is closed: give --claims PATH, or pipe the claims in")
-        return sys.stdin.read()
-    path = Path(source)
-    if path.is_dir():
-        raise IsADirectoryError(f"cannot read --claims {source!r}: it is a directory")
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"cannot read --claims {source!r}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise om.InvalidInput(
-            f"--claims {source!r} is not UTF-8 text ({e.reason} at byte {e.start})"
-        ) from None
 
 
 def _directory(given: str | None) -> Path | None:
@@ -124,16 +105,13 @@ def _fields(line: str, n: int) -> tuple[str, int, str | None]:
         raise om.InvalidInput(
             f"line {n} has {len(fields)} tab-separated field(s), not 4 or 5: give each claim as "
             f"`claim` prints it ({' '.join(CLAIM_FIELDS)}), optionally followed by the PATH "
-            f"of its data: {line!r}"
+            f"of its data: {shown(line)}"
         )
     return fields[0], _epoch(fields[2], f"line {n}"), fields[4] if len(fields) == 5 else None
 
 
 def _json_claims(text: str) -> list[tuple[str, str, int, str | None]]:
-    try:
-        obj = json.loads(text)
-    except ValueError as e:
-        raise om.InvalidInput(f"the --claims input is not valid JSON: {e}") from None
+    obj = load_json(text, "the --claims input")
     listed = obj.get("claims", [obj]) if isinstance(obj, dict) else None
     if not isinstance(listed, list):
         raise om.InvalidInput(
@@ -144,7 +122,7 @@ def _json_claims(text: str) -> list[tuple[str, str, int, str | None]]:
     for n, claim in enumerate(listed, 1):
         where = f"claim {n}"
         if not isinstance(claim, dict) or not isinstance(claim.get("file_id"), str):
-            raise om.InvalidInput(f"{where} of the --claims JSON has no file_id: {claim!r}")
+            raise om.InvalidInput(f"{where} of the --claims JSON has no file_id: {shown(claim)}")
         path = claim.get("path")
         if path is not None and not isinstance(path, str):
             raise om.InvalidInput(f"{where} of the --claims JSON has a path that is not text")

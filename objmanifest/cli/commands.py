@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import re
 import shutil
 import sys
@@ -30,6 +29,7 @@ from objmanifest.model import TaskHeader
 from . import progress
 from .exits import NothingClaimable, UsageError
 from .holding import poll
+from .inputs import load_json, read_whole, shown
 from .output import Output, claim_json, entry_json, jsonable, status_json
 from .render import (
     claim_line,
@@ -268,7 +268,7 @@ def cmd_declare(ctx: Context) -> int:
         if args.file_id is not None:
             raise UsageError("give either FILE_ID or --from, not both")
         decls = read_declarations(
-            _read_text(args.source), args.stage, args.depends_on, args.consumer
+            read_whole(args.source, "--from"), args.stage, args.depends_on, args.consumer
         )
     else:
         if args.file_id is None or args.stage is None:
@@ -301,24 +301,6 @@ def _declared_lines(entries: list[om.Entry], repeats: int = 0) -> list[str]:
     per_stage = Counter(e.stage for e in entries)
     detail = ", ".join(f"{n} in {stage}" for stage, n in per_stage.items())
     return [f"declared {len(entries)} entries: {detail}{again}"]
-
-
-def _read_text(source: str) -> str:
-    if source == "-":
-        if sys.stdin is None:
-            raise UsageError("stdin is closed: give --from PATH, or pipe the declarations in")
-        return sys.stdin.read()
-    path = Path(source)
-    if path.is_dir():
-        raise IsADirectoryError(f"cannot read {source!r}: it is a directory")
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"cannot read {source!r}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise om.InvalidInput(
-            f"{source!r} is not UTF-8 text ({e.reason} at byte {e.start})"
-        ) from None
 
 
 def read_declarations(
@@ -366,15 +348,11 @@ DECLARATION_KEYS = ("file_id", "stage", "depends_on", "consumers")
 
 
 def _short(value: Any, limit: int = 200) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
+    return shown(value, limit)
 
 
 def _json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise om.InvalidInput(f"{where} is not valid JSON: {e}") from None
+    return load_json(text, where)
 
 
 # -- claim, renew, fail ------------------------------------------------------------------
@@ -413,8 +391,8 @@ def cmd_claim(ctx: Context) -> int:
                     "(`objmanifest declare FILE_ID --stage STAGE`)"
                 )
             raise NothingClaimable(
-                f"no entry of stage {args.stage!r} is claimable{waited}: all are taken, "
-                "done, or waiting for dependencies (see `objmanifest status`)"
+                f"no entry of stage {args.stage!r} is claimable{waited}: "
+                f"{ctx.task().unclaimable(args.stage)}"
             )
     obj = {"claims": [claim_json(c) for c in claims]} if args.limit else claim_json(claims[0])
     ctx.out.result(obj, *(claim_line(c) for c in claims))
@@ -679,16 +657,34 @@ def cmd_log(ctx: Context) -> int:
     said = [d.line() for d in dropped]
     if not ctx.opt("follow"):
         gone = [d.to_dict() for d in dropped]
+        journaled, chosen = (
+            task.schema_version >= 2,
+            [
+                f"{flag} {value}"
+                for flag, value in (
+                    ("--stage", ctx.opt("stage") if file_id is None else None),
+                    ("--by", agent),
+                    ("--since", ctx.opt("since")),
+                )
+                if value is not None
+            ],
+        )
         if file_id is not None:
             steps = transitions_of(file_id, records)
             ctx.out.result(
                 {"file_id": file_id, "history": [t.to_dict() for t in steps], "dropped": gone},
                 *said,
-                *history_view(file_id, steps),
+                *history_view(
+                    file_id, steps, journaled=journaled, filters=chosen, dropped=bool(dropped)
+                ),
             )
         else:
             records_json = [record_dict(r) for r in records]
-            ctx.out.result({"records": records_json, "dropped": gone}, *said, *log_view(records))
+            ctx.out.result(
+                {"records": records_json, "dropped": gone},
+                *said,
+                *log_view(records, journaled=journaled, filters=chosen, dropped=bool(dropped)),
+            )
         return 0
     for line in said:
         ctx.out.note(line)

@@ -207,20 +207,47 @@ def transition_line(step: Transition) -> str:
     return "  ".join(parts)
 
 
-def log_view(records: list[JournalRecord]) -> list[str]:
-    """One line per record (plain text, so it greps and never wraps)."""
+def _none_because(journaled: bool, filters: list[str], dropped: bool) -> str:
+    """Why there is nothing to show: the task keeps no journal, the filters match nothing,
+    or what there was is gone (said above)."""
+    if not journaled:
+        return (
+            ": this task was made before objmanifest 0.2.0 and keeps none until "
+            "`objmanifest migrate`"
+        )
+    if filters:
+        return f" match {' and '.join(filters)}"
+    if dropped:
+        return " left (the lines above say what was dropped or lost)"
+    return ""
+
+
+def log_view(
+    records: list[JournalRecord],
+    *,
+    journaled: bool = True,
+    filters: list[str] | None = None,
+    dropped: bool = False,
+) -> list[str]:
+    """One line per record (plain text, so it greps and never wraps); when there is none,
+    why (``filters``: the options that chose, such as ``--by nobody``)."""
     if not records:
-        return [
-            "no journal records (a task made before objmanifest 0.2.0 keeps none until "
-            "`objmanifest migrate`)"
-        ]
+        return [f"no journal records{_none_because(journaled, filters or [], dropped)}"]
     return [record_line(r) for r in records]
 
 
-def history_view(file_id: str, steps: list[Transition]) -> list[str]:
-    """One line per transition of ``file_id``, oldest first."""
+def history_view(
+    file_id: str,
+    steps: list[Transition],
+    *,
+    journaled: bool = True,
+    filters: list[str] | None = None,
+    dropped: bool = False,
+) -> list[str]:
+    """One line per transition of ``file_id``, oldest first (or why there is none)."""
     if not steps:
-        return [f"no journal records for {file_id} (see `objmanifest migrate`)"]
+        why = _none_because(journaled, filters or [], dropped)
+        return [f"no journal records for {file_id}{why}"]
     return [transition_line(t) for t in steps]
 
 

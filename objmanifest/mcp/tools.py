@@ -402,8 +402,8 @@ class Session:
                     f"stage {stage!r} has no entries{waited}: declare some first"
                 )
             raise NothingClaimable(
-                f"no entry of stage {stage!r} is claimable{waited}: all are taken, done, or "
-                "waiting for dependencies (see status)"
+                f"no entry of stage {stage!r} is claimable{waited}: "
+                f"{self.task.unclaimable(stage)}"
             )
         return self._claimed(found)
 

@@ -161,7 +161,10 @@ def test_dependents_are_named_up_to_twenty(count: int) -> None:
     names = [f"d{i:02}" for i in range(count)]
     error = verbs.dependents_error("a", names)
     shown = ", ".join(names[:20]) + (" ..." if count > 20 else "")
-    assert str(error) == f"'a' cannot be undeclared: {shown} depend on it; undeclare them first"
+    verb, which = ("depends", "that entry") if count == 1 else ("depend", "them")
+    assert str(error) == (
+        f"'a' cannot be undeclared: {shown} {verb} on it; undeclare {which} first"
+    )
     assert error.dependents == tuple(names)
 
 
