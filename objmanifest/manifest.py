@@ -857,12 +857,13 @@ class Manifest:
         docs: dict[str, Shard] = {}
         for name, doc in got.items():
             if isinstance(doc, CorruptShard):
-                damaged.append(
-                    DamageNote(key=self.layout.shard(name), kind="shard", problem=doc.detail)
-                )
+                damaged.append(self._damage(self.layout.shard(name), "shard", doc.detail))
                 doc = self.codec(name).empty()
             docs[name] = doc
         return docs
+
+    def _damage(self, key: str, kind: str, problem: str) -> DamageNote:
+        return DamageNote(key=key, kind=kind, problem=problem, address=self.store.describe(key))
 
     def _parts_damage(self, entries: Iterable[Entry]) -> list[DamageNote]:
         """The upload states that ready (and consumed) chunked entries need and that are
@@ -898,7 +899,7 @@ class Manifest:
         with self.store.runtime.pool(min(len(wanted), _PARALLEL_READS), "read-parts") as pool:
             problems = list(pool.map(problem, wanted))
         return [
-            DamageNote(key=e.parts_key or "", kind="upload state", problem=p)
+            self._damage(e.parts_key or "", "upload state", p)
             for e, p in zip(wanted, problems, strict=True)
             if p is not None
         ]
@@ -936,7 +937,7 @@ class Manifest:
         try:
             index = self.index()  # after the shards: see declare_many
         except CorruptShard as e:
-            damaged.append(DamageNote(key=self.layout.index, kind="index", problem=e.detail))
+            damaged.append(self._damage(self.layout.index, "index", e.detail))
             index = None
         shards = {s: self._view(s, docs, lambda: index) for s in self.stages}
         everything = {fid: e for sh in shards.values() for fid, e in sh.entries.items()}

@@ -636,6 +636,8 @@ class DamageNote(BaseModel):
     kind: str
     """``shard``, ``index`` or ``upload state``."""
     problem: str
+    address: str = ""
+    """The object's full address (``s3://bucket/prefix/key``)."""
     fix: str = "run `objmanifest repair` (Task.repair())"
 
 

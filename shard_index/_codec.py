@@ -109,7 +109,8 @@ def _load(data: bytes) -> object:
     except IndexFormatError:
         raise
     except RecursionError:
-        raise IndexFormatError("index is not JSON this reads: it is nested too deeply") from None
+        nested = "index is not valid JSON here: it is nested too deeply to read"
+        raise IndexFormatError(nested) from None
     except ValueError as exc:
         raise IndexFormatError(f"index is not valid JSON: {exc}") from exc
 

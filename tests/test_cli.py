@@ -476,6 +476,59 @@ def test_a_rerun_step_with_a_stale_epoch_is_fenced(cli: Cli, store: om.Store) ->
     assert list(store.list_keys("rerun/data/")) == ["rerun/data/collect/raw/a.json@2"]
 
 
+@MOTO_ONLY
+@pytest.mark.parametrize(
+    "layout",
+    [(), ("--partitions", "collect=4"), ("--layout", "task")],
+    ids=["stage", "partitioned", "task"],
+)
+def test_a_claim_is_held_across_processes_on_every_shard_layout(
+    cli: Cli, store: om.Store, layout: tuple[str, ...]
+) -> None:
+    """Each command a process of its own, as a shell runs them: the claim printed by one
+    is renewed, put, failed and released by the next ones, however the stage is sharded;
+    the entry never stays writing behind a refused step."""
+    cli.run("init", "collect", "write", "--lease", "600", *layout)
+    task = om.Task.open(store, "job")
+    ids = [f"f{i}" for i in range(6)]
+    for file_id in ids:
+        cli.run("declare", file_id, "--stage", "collect")
+    holder = ("--agent", "p")
+    for file_id in ids:
+        claimed = cli.json("claim", file_id, *holder)
+        assert claimed["epoch"] == 1
+        epoch = ("--epoch", "1")
+        renewed = cli.json("renew", file_id, *holder, *epoch)
+        assert renewed["epoch"] == 1 and renewed["file_id"] == file_id
+        if file_id == "f0":
+            failed = cli.json("fail", file_id, "gave up", *holder, *epoch)
+            assert failed["state"] == "failed"
+            continue
+        if file_id == "f1":
+            released = cli.json("release", file_id, *holder, *epoch)
+            assert released["state"] == "pending"
+            continue
+        made = cli.json("put", file_id, "-", *holder, *epoch, stdin=file_id.encode())
+        assert (made["state"], made["epoch"]) == ("ready", 1)
+    states = {e.file_id: e.state for e in task.entries("collect")}
+    assert states == {"f0": om.State.failed, "f1": om.State.pending} | {
+        f: om.State.ready for f in ids[2:]
+    }
+    # A stale epoch is still refused, whatever shard the entry lives in.
+    again = cli.json("claim", "f0", *holder)
+    refused = cli.json("put", "f0", "-", *holder, "--epoch", "1", code=E.LEASE_LOST, stdin=b"x")
+    assert refused["error"] == "LeaseLost"
+    done = cli.json("put", "f0", "-", *holder, "--epoch", str(again["epoch"]), stdin=b"f0")
+    assert done["state"] == "ready"
+    # put-many over claims `claim --limit` printed, across the shards.
+    claimed = cli.run("claim", "--stage", "collect", *holder, "--limit", "5").text
+    assert [line.split("\t")[0] for line in claimed.splitlines()] == ["f1"]
+    (cli.cwd / "f1").write_bytes(b"f1")
+    report = cli.json("put-many", *holder, "--claims", "-", "--dir", ".", stdin=claimed.encode())
+    assert (report["ready"], report["failed"]) == (1, 0)
+    assert {e.state for e in task.entries("collect")} == {om.State.ready}
+
+
 MiB = 1024 * 1024
 
 

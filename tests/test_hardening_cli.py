@@ -335,10 +335,18 @@ def test_a_corrupt_shard_is_named_by_its_full_address(cli: Cli, store: om.Store)
     cli.run("init", "a")
     key = "job/shards/a.json"
     rawstore.put(store, key, b'{"schema_version": 0, "task_id": "job", "stage": "a"}')
-    err = cli.json("status", code=UNSUPPORTED)
+    err = cli.json("claim", "--stage", "a", "--agent", "w", code=UNSUPPORTED)
     assert err["key"] == key and err["address"] == store.describe(key)
     assert err["message"].startswith(f"manifest object {store.describe(key)} is corrupt")
     assert "journal" not in err["message"]
+    # status reports the rest, lists it (where it is, what to do), and exits 12 as well.
+    damage = cli.json("status", code=UNSUPPORTED)
+    assert (damage["key"], damage["address"]) == (key, store.describe(key))
+    assert "shard: " in damage["message"] and "objmanifest repair" in damage["message"]
+    human = cli.run("status", code=UNSUPPORTED)
+    assert store.describe(key) in human.out and "objmanifest repair" in human.out
+    assert "stage" in human.out  # the report itself, before the error
+    assert store.describe(key) in one_line(human.stderr)
 
 
 @MOTO_ONLY
@@ -631,3 +639,148 @@ def test_a_url_that_carries_a_credential_is_refused_without_showing_it(
         assert says in said
         if says in ("carries user info", "names no credentials"):
             assert "AWS_ACCESS_KEY_ID" in said and "***@" in said
+
+
+# -- the paths a newcomer tried (issue "Every documented path") -------------------------
+
+
+@MOTO_ONLY
+def test_input_read_whole_is_bounded_and_nesting_refused(cli: Cli, tmp_path: Path) -> None:
+    cli.run("init", "a")
+    too_big = b"x" * (64 * MiB + 1)
+    (tmp_path / "big").write_bytes(too_big)
+    for args in (("declare", "--from", "big", "--stage", "a"), ("put-many", "--claims", "big")):
+        err = (
+            cli.run(*args, "--agent", "w", code=USAGE).stderr
+            if args[0] == "put-many"
+            else (cli.run(*args, code=USAGE).stderr)
+        )
+        assert "holds more than 64 MiB, the most read at once" in one_line(err)
+    err = cli.run(shell="head -c 80M /dev/zero | om declare --from - --stage a", code=USAGE).stderr
+    assert "--from stdin holds more than 64 MiB" in err
+    err = cli.run(shell="om put-many --claims /dev/zero --agent w", code=USAGE).stderr
+    assert "--claims '/dev/zero' holds more than 64 MiB" in err
+    deep = b"[" * 100_000
+    err = cli.run("declare", "--from", "-", "--stage", "a", stdin=deep, code=USAGE).stderr
+    assert "is nested too deeply to read" in one_line(err)
+    claims = b'{"claims": ' + b"[" * 100_000
+    err = cli.run("put-many", "--claims", "-", "--agent", "w", stdin=claims, code=USAGE).stderr
+    assert "is nested too deeply to read" in one_line(err)
+    long_id = b"y" * (10 * MiB) + b"\n"
+    err = cli.run("declare", "--from", "-", "--stage", "a", stdin=long_id, code=USAGE).stderr
+    assert "it is longer than 512 bytes" in one_line(err) and len(err) < 1000
+    assert cli.json("status")["totals"]["pending"] == 0
+
+
+@MOTO_ONLY
+def test_log_since_past_year_one_and_unbounded_waits_are_usage_errors(cli: Cli) -> None:
+    cli.run("init", "a")
+    for since in ("99999999d", "9" * 400 + "d"):
+        err = cli.run("log", "--since", since, code=USAGE).stderr
+        assert "reaches back past year 1: give a duration of at most" in one_line(err)
+    assert cli.run("log", "--since", "1d").code == 0
+    for value in ("-1", "0", "0.01", "nan", "inf", "3601"):
+        err = cli.run("log", "--follow", "--interval", value, code=USAGE).stderr
+        assert f"must be from 0.05 to 3600 seconds, not '{value}'" in err
+    err = cli.run("wait", "--timeout", "inf", code=USAGE).stderr
+    assert "timeout must be a finite number of seconds" in err
+    for args in (
+        ("archive", "--older-than", "inf"),
+        ("claim", "x", "--agent", "w", "--wait", "inf"),
+    ):
+        err = cli.run(*args, code=USAGE).stderr
+        assert "finite number of seconds" in err
+
+
+@MOTO_ONLY
+def test_empty_logs_say_why_and_a_backoff_is_named_when_nothing_is_claimable(
+    cli: Cli,
+) -> None:
+    cli.run("init", "a", "--retry-backoff", "600", "--lease", "600")
+    cli.run("declare", "f0", "--stage", "a")
+    assert cli.run("log", "--by", "nobody").out == "no journal records match --by nobody\n"
+    since = cli.run("log", "--since", "2030-01-01").out
+    assert since == "no journal records match --since 2030-01-01\n"
+    assert cli.run("log", "f0", "--by", "nobody").out == (
+        "no journal records for f0 match --by nobody\n"
+    )
+    assert "migrate" not in since
+    cli.run("claim", "f0", "--agent", "w")
+    cli.run("fail", "f0", "flaky", "--agent", "w", "--epoch", "1")
+    err = cli.run("claim", "--stage", "a", "--agent", "w", code=CLAIM).stderr
+    assert "1 failed entry waits out a retry backoff ('f0' is claimable again at " in err
+
+
+@MOTO_ONLY
+def test_serve_refuses_a_bad_bucket_name_before_it_starts(cli: Cli) -> None:
+    for bucket in ("Bad Bucket!", "b", "UPPER", "-x-", "a" * 64):
+        err = cli.run("serve", f"--bucket={bucket}", code=USAGE).stderr
+        assert "is not a bucket name S3 accepts" in one_line(err), bucket
+        assert "Error" not in err  # no SDK exception
+
+
+def test_serve_detach_works_beside_a_folder_named_objmanifest(tmp_path: Path) -> None:
+    """A checkout named ``objmanifest`` in the directory ``serve --detach`` runs from must
+    not be imported by the server it starts."""
+    shadow = tmp_path / "objmanifest"
+    shadow.mkdir()
+    (shadow / "pyproject.toml").write_text('[project]\nname = "objmanifest"\n')
+    script = Path(sys.executable).parent / "objmanifest"  # as a user runs it: the script
+    env = clean_env()
+    started = subprocess.run(
+        [str(script), "--json", "serve", "--detach", "--backend", "moto"],
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert started.returncode == 0, started.stderr.decode()
+    info = json.loads(started.stdout)
+    try:
+        assert info["endpoint_url"].startswith("http://127.0.0.1:")
+    finally:
+        stop_env = {**env, "OBJMANIFEST_SERVE_PID": str(info["serve_pid"])}
+        stopped = subprocess.run(
+            [str(script), "serve", "--stop"], env=stop_env, cwd=tmp_path, timeout=60
+        )
+        assert stopped.returncode == 0
+
+
+@MOTO_ONLY
+def test_doctor_on_a_missing_bucket_is_one_error(cli: Cli) -> None:
+    err = cli.run("--url", "s3://no-such-bucket-here/p", "doctor", code=STORE).stderr
+    assert one_line(err).startswith(
+        "objmanifest: store error: bucket 'no-such-bucket-here' does not"
+    )
+    assert "create it first" in err and "Date header" not in err
+    refused = cli.json("--url", "s3://no-such-bucket-here/p", "doctor", code=STORE)
+    assert refused["error"] == "StoreError"
+    gone = cli.run("--endpoint-url", "http://127.0.0.1:1", "doctor", code=STORE).stderr
+    assert "no answer from http://127.0.0.1:1" in one_line(gone)
+    assert "EndpointConnectionError" not in gone
+
+
+@MOTO_ONLY
+def test_repair_dry_run_names_a_corrupt_journal_block(cli: Cli, store: om.Store) -> None:
+    cli.run("init", "a", "--lease", "600")
+    cli.run("declare", "f", "--stage", "a")
+    task = om.Task.open(store, "job")
+    agent = task.agent("w")
+    claim = agent.claim("f")
+    assert claim is not None
+    for _ in range(40):
+        claim = agent.renew(claim)
+    task.flush_journal()
+    agent.renew(claim)
+    (block,) = [k for k in rawstore.keys(store, "job/journal/shards/") if "-000000000032" in k]
+    rawstore.put(store, block, b"\x00 not a block")
+    assert cli.run("log", "f", code=UNSUPPORTED).code == UNSUPPORTED
+    dry = cli.run("repair", "--dry-run").out
+    assert f"{block}: corrupt (not JSON" in dry and "would record as lost" in dry
+    assert rawstore.get(store, block) == b"\x00 not a block"
+    report = cli.json("repair")
+    (obj,) = report["objects"]
+    assert (obj["key"], obj["kind"], obj["action"]) == (block, "journal block", "recorded as lost")
+    said = cli.run("log", "f").out
+    assert "records 1..32 of job/shards/a.json were lost with a damaged journal block" in said
+    assert "nothing is damaged" in cli.run("repair").out

@@ -24,7 +24,7 @@ import objmanifest as om
 from objmanifest.cas import Codec
 from objmanifest.history import record_dict, transitions_of
 from objmanifest.manifest import check_retention, check_settings, check_timing
-from objmanifest.model import TaskHeader
+from objmanifest.model import DamageNote, TaskHeader
 
 from . import progress
 from .exits import NothingClaimable, UsageError
@@ -517,8 +517,21 @@ def _copy_to_stdout(data: BinaryIO) -> None:
 
 def cmd_status(ctx: Context) -> int:
     status = ctx.task().status()
-    ctx.out.result(status_json(status), status_view(status))
+    if not (status.damaged and ctx.out.json_mode):
+        ctx.out.result(status_json(status), status_view(status))
+    if status.damaged:
+        raise damage_found(status.damaged)
     return 0
+
+
+def damage_found(damaged: list[DamageNote]) -> om.CorruptShard:
+    """A damaged object makes ``status`` exit 12 (as any corrupt manifest object does),
+    naming the first and counting the rest; the report printed before lists them all."""
+    first, rest = damaged[0], damaged[1:]
+    detail = f"{first.kind}: {first.problem}"
+    if rest:
+        detail += f"; also damaged: {', '.join(n.address or n.key for n in rest)}"
+    return om.CorruptShard(first.key, detail, first.address, "run `objmanifest repair`")
 
 
 def cmd_wait(ctx: Context) -> int:

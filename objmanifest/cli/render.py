@@ -154,7 +154,8 @@ def status_view(status: om.TaskStatus) -> RenderableType:
             table.add_column(name)
         for note in status.damaged:
             style = ATTENTION_STYLES["damaged"]
-            table.add_row(Text(note.key, style=style), note.kind, Text(note.problem), note.fix)
+            shown = note.address or note.key
+            table.add_row(Text(shown, style=style), note.kind, Text(note.problem), note.fix)
         parts.append(table)
     return Group(*parts)
 

@@ -402,8 +402,7 @@ class Session:
                     f"stage {stage!r} has no entries{waited}: declare some first"
                 )
             raise NothingClaimable(
-                f"no entry of stage {stage!r} is claimable{waited}: "
-                f"{self.task.unclaimable(stage)}"
+                f"no entry of stage {stage!r} is claimable{waited}: {self.task.unclaimable(stage)}"
             )
         return self._claimed(found)
 

@@ -181,7 +181,7 @@ def check_endpoint(endpoint_url: str) -> str:
     authority = endpoint_url.partition("://")[2].partition("/")[0]
     if "@" in authority:
         raise InvalidInput(
-            f"the S3 endpoint URL {shown!r} ({where}) carries user info (before '@'): an "
+            f"invalid S3 endpoint URL {shown!r} ({where}): it carries user info (before '@'); an "
             "endpoint is http(s)://HOST[:PORT] only; credentials go in AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY (or an AWS profile: AWS_PROFILE), never in a URL"
         )
