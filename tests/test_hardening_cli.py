@@ -683,7 +683,7 @@ def test_log_since_past_year_one_and_unbounded_waits_are_usage_errors(cli: Cli) 
         err = cli.run("log", "--follow", "--interval", value, code=USAGE).stderr
         assert f"must be from 0.05 to 3600 seconds, not '{value}'" in err
     err = cli.run("wait", "--timeout", "inf", code=USAGE).stderr
-    assert "timeout must be a finite number of seconds" in err
+    assert "--timeout: must be a finite number of seconds, 0 or more, not 'inf'" in err
     for args in (
         ("archive", "--older-than", "inf"),
         ("claim", "x", "--agent", "w", "--wait", "inf"),

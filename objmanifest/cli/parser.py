@@ -473,7 +473,10 @@ def _views(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--until", choices=["ready", "consumed"], default="ready")
     p.add_argument(
-        "--timeout", type=number, metavar="SECONDS", help="give up after this long (default: never)"
+        "--timeout",
+        type=seconds,
+        metavar="SECONDS",
+        help="give up after this long (default: never)",
     )
     p = sub.add_parser("show", parents=parents, help="one entry, every field")
     p.add_argument("file_id", metavar="FILE_ID")
