@@ -147,7 +147,7 @@ class Cli:
 
 def in_layout(args: tuple[str, ...]) -> tuple[str, ...]:
     """An ``init`` that chooses no layout, given the session's (``OBJMANIFEST_TEST_LAYOUT``),
-    as tasks created in-process get it: the CLI suite can run under every shard layout."""
+    as tasks created in-process get it: the CLI suite runs under every shard layout."""
     if LAYOUT == "stage" or "init" not in args:
         return args
     if any(a.startswith(("--partitions", "--layout")) for a in args):
