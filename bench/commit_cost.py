@@ -31,7 +31,7 @@ if __package__ in (None, ""):
 
 import objmanifest as om
 from bench.common import Bench, bench_context, fmt, ms, new_prefix, pct, say
-from objmanifest import checksum
+from objmanifest.core import checksum
 
 
 def one_run(b: Bench, rounds: int, entries: int) -> dict[str, Any]:

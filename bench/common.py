@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import objmanifest as om  # noqa: E402
-from objmanifest import servers  # noqa: E402
+from objmanifest.local import servers  # noqa: E402
 from objmanifest.store import make_client  # noqa: E402
 from tests.faults import FaultProxy  # noqa: E402
 

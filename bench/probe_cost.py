@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import objmanifest as om
-from objmanifest import servers
+from objmanifest.local import servers
 from objmanifest.store import CREATE, probe
 
 

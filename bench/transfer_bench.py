@@ -142,7 +142,7 @@ def run_child(args: argparse.Namespace, env: dict[str, str], **fields: Any) -> d
 
 def bench(args: argparse.Namespace) -> None:
     """Start a SeaweedFS (or use ``--endpoint-url``), run the rounds, print the table."""
-    from objmanifest import servers
+    from objmanifest.local import servers
 
     if args.endpoint_url:
         result = measure(args, args.endpoint_url, dict(os.environ))

@@ -6,8 +6,12 @@ and dependencies; it is split into per-stage shards changed only by conditional 
 
 from . import metrics
 from .agent import Agent
-from .cas import CasPolicy
-from .errors import (  # lifecycle verbs
+from .cas.loop import CasPolicy
+from .core.events import Change, CommitEvent
+from .core.model import ArchiveReport, Claim, Declaration, Entry, JournalRecord, State, TaskStatus
+from .core.runtime import Runtime
+from .data.transfer import TransferConfig
+from .errors import (
     AccessDenied,
     AlreadyConsumed,
     AlreadyExists,
@@ -37,15 +41,11 @@ from .errors import (  # lifecycle verbs
     WaitTimeout,
     WrongState,
 )
-from .events import Change, CommitEvent
-from .gc import GcItem, GcKept, GcReport
-from .history import Dropped, Lineage, LineageNode, Transition
-from .model import ArchiveReport, Claim, Declaration, Entry, JournalRecord, State, TaskStatus
-from .repair import ObjectRepair, RepairReport, RestoredEntry
-from .runtime import Runtime
-from .store import MemoryStore, ObjectStore, S3Store, Store, connect
+from .journal.history import Dropped, Lineage, LineageNode, Transition
+from .ops.gc import GcItem, GcKept, GcReport
+from .ops.repair import ObjectRepair, RepairReport, RestoredEntry
+from .store import MemoryStore, ObjectStore, S3Store, connect
 from .task import Task
-from .transfer import TransferConfig, set_defaults
 
 __version__ = "0.3.0"
 
@@ -96,7 +96,6 @@ __all__ = [
     "S3Store",
     "SourceChanged",
     "State",
-    "Store",
     "StoreError",
     "Task",
     "TaskStatus",
@@ -108,5 +107,4 @@ __all__ = [
     "WrongState",
     "connect",
     "metrics",
-    "set_defaults",
 ]

@@ -1,9 +1,9 @@
 """An agent: claims entries, writes their data under a lease, consumes what others made.
 
-Every change goes through the task's CAS loop as a named command from ``changes.py``; the
-only other I/O here is the data itself (``transfer.py`` for one object, ``uploads/`` for a
-chunked entry). Side effects of the transitions an agent causes (an upload to abort) run
-from the task's commit events, not from here.
+Every change goes through the task's CAS loop as a named command from ``core.changes``;
+the only other I/O here is the data itself (``data.transfer`` for one object,
+``data.chunked`` for a chunked entry). Side effects of the transitions an agent causes
+(an upload to abort) run from the task's commit events, not from here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import overload
 
-from . import changes, sources, transfer, uploads, verbs
+from .core import changes, verbs
+from .core.leases import Renewer, held_by_another
+from .core.model import Claim, Entry, State, Stored, check_agent, error_text
+from .data import chunked, sources, transfer
+from .engine.manifest import Manifest
 from .errors import (
     ChecksumMismatch,
     DataChanged,
@@ -32,9 +36,6 @@ from .errors import (
     ReadBrokeOff,
     StoreError,
 )
-from .leases import Renewer, held_by_another
-from .manifest import Manifest
-from .model import Claim, Entry, State, Stored, check_agent, error_text
 
 log = logging.getLogger(__name__)
 
@@ -395,7 +396,7 @@ class Agent:
         store = self.task.store
         wanted = store.connections if in_memory else config.concurrency
         workers = max(1, min(wanted, store.connections, len(batch)))
-        chunked = threading.Lock()  # one chunked upload at a time: memory as put()'s
+        one_upload = threading.Lock()  # one chunked upload at a time: memory as put()'s
 
         def one(claim: Claim, data: sources.Source) -> Stored | Exception:
             try:
@@ -406,7 +407,7 @@ class Agent:
                     explicit,
                     None,
                     lambda: leases.lost(claim),
-                    chunked,
+                    one_upload,
                     interrupted,
                 )
             except (LeaseLost, Interrupted) as e:
@@ -487,10 +488,10 @@ class Agent:
         explicit: bool,
         progress: transfer.Progress | None,
         lost: Callable[[], LeaseLost | None],
-        chunked: AbstractContextManager[object] | None = None,
+        one_upload: AbstractContextManager[object] | None = None,
         interrupted: Callable[[], None] = lambda: None,
     ) -> Stored:
-        """One object for small data, a chunked upload for large data (inside ``chunked``,
+        """One object for small data, a chunked upload for large data (inside ``one_upload``,
         which ``put_many`` uses to send one chunked entry at a time). ``lost`` says whether
         the lease is known to be lost, so a chunked upload stops early; ``interrupted``
         raises once the caller asked to stop (checked before the data and between parts)."""
@@ -508,8 +509,8 @@ class Agent:
                 key = task.layout.data(claim.stage, claim.file_id, claim.epoch)
                 return transfer.upload(task.store, key, prepared.single)
             assert prepared.parts is not None
-            with chunked or contextlib.nullcontext():
-                stored, stats = uploads.upload(
+            with one_upload or contextlib.nullcontext():
+                stored, stats = chunked.upload(
                     task.uploads,
                     claim,
                     prepared.parts,
@@ -703,7 +704,7 @@ class Agent:
     ) -> bytes | Path:
         store = self.task.store
         if entry.is_chunked:
-            return uploads.download(
+            return chunked.download(
                 self.task.uploads,
                 entry,
                 dest,
@@ -733,7 +734,7 @@ class Agent:
         key, digest = entry.key, entry.checksum
         assert key is not None and digest is not None
         try:
-            uploads.reject_data(task.uploads, entry)
+            chunked.reject_data(task.uploads, entry)
         except ObjManifestError as e:
             return ChecksumMismatch(
                 f"{error}; the bad data could not be marked ({e}), so the entry was left "

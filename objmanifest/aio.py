@@ -54,13 +54,8 @@ from typing import Any, TypeVar, overload
 
 import shard_index
 
-from . import deletion, sources, transfer
 from .agent import Agent
-from .errors import Interrupted, InvalidInput, ObjManifestError
-from .gc import GcReport
-from .history import Dropped, Lineage, Transition
-from .manifest import WAIT_FIRST_DELAY, WAIT_GROWTH, WAIT_MAX_DELAY
-from .model import (
+from .core.model import (
     ArchiveReport,
     Claim,
     Declaration,
@@ -71,7 +66,13 @@ from .model import (
     TaskHeader,
     TaskStatus,
 )
-from .repair import RepairReport
+from .data import sources, transfer
+from .engine.manifest import WAIT_FIRST_DELAY, WAIT_GROWTH, WAIT_MAX_DELAY
+from .errors import Interrupted, InvalidInput, ObjManifestError
+from .journal.history import Dropped, Lineage, Transition
+from .ops import deletion
+from .ops.gc import GcReport
+from .ops.repair import RepairReport
 from .store import ObjectStore
 from .task import Task
 

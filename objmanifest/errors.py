@@ -201,27 +201,7 @@ class ReadBrokeOff(StoreError):
     """A read of an object's bytes stopped before its end (the connection broke)."""
 
 
-class LocalServerError(ObjManifestError):
-    """A local S3 server (moto or SeaweedFS) could not be started or stopped."""
-
-
-class ServerExitedEarly(LocalServerError):
-    """A local server's process exited before it became ready."""
-
-
 # -- the command line and the demo -------------------------------------------------------
-
-
-class UsageError(InvalidInput):
-    """The command line is wrong; ``usage`` names the (sub)command for the usage hint."""
-
-    def __init__(self, message: str, usage: str = "") -> None:
-        super().__init__(message)
-        self.usage = usage
-
-
-class NothingClaimable(ObjManifestError):
-    """``claim --stage`` found no entry it could take (possibly after ``--wait``)."""
 
 
 class WaitTimeout(ObjManifestError):
@@ -242,76 +222,11 @@ class DeadWaitedFor(ObjManifestError):
         self.file_ids = file_ids
 
 
-class NotAllReady(ObjManifestError):
-    """``put-many`` made some files ready and not others, which failed in different ways
-    (each failure is reported with its file)."""
-
-
-class SetupError(ObjManifestError):
-    """The demo could not start: no server, no bucket, no task."""
-
-
-class ExtraMissing(ObjManifestError):
-    """A command needs an optional extra that is not installed (``objmanifest web`` needs
-    ``objmanifest[web]``); the message names it and how to install it."""
-
-
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP: stop like on Ctrl-C, leaving no agent or server behind. A
-    BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
-
-
 # -- internal outcomes: decided on by the layer above, never shown to a user ------------------
-
-
-class PreconditionFailed(Exception):
-    """412 or 409 on a conditional write: someone else changed the object first.
-
-    ``answer`` is how the store said it (``412 PreconditionFailed``, ``409
-    ConditionalRequestConflict``, ``404 NoSuchKey``), where a backend has one to tell."""
-
-    def __init__(self, message: str = "", answer: str = "") -> None:
-        super().__init__(message)
-        self.answer = answer
-
-
-class OutcomeUnknown(Exception):
-    """A write was sent but no answer came back: it may or may not have been applied."""
-
-
-class BodyDamaged(Exception):
-    """The store refused a body that did not match the digest sent with it (``BadDigest``,
-    ``XAmzContentChecksumMismatch`` ...): it was damaged or cut short on its way, and nothing
-    was stored. A transient fault: the store layer sends it again."""
-
-
-class UploadGone(Exception):
-    """The multipart upload no longer exists: it was completed or aborted."""
-
-
-class PartsRejected(Exception):
-    """Completion named a part the store does not hold with that ETag (``InvalidPart``)."""
-
-
-class InvalidTransition(Exception):
-    """A move the lifecycle table does not allow: a bug in a change, never a user's error."""
-
-    def __init__(self, state: object, event: object) -> None:
-        super().__init__(f"no transition from {str(state)!r} on {str(event)!r}")
-        self.state = state
-        self.event = event
 
 
 class DataChanged(ObjManifestError):
     """The entry no longer points at the data a consumer verified: it was produced again."""
-
-
-class RestartUpload(Exception):
-    """The recorded upload cannot be finished as it is: start a new one at a new key."""
-
-
-class PartDiffers(Exception):
-    """A part of the source differs from the recorded part (while verifying an object)."""
 
 
 class Cancelled(ObjManifestError):

@@ -33,8 +33,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from .events import CommitEvent
-from .model import State, TaskStatus
+from .core.events import CommitEvent
+from .core.model import State, TaskStatus
 from .task import Task
 
 PREFIX = "objmanifest_"

@@ -7,11 +7,11 @@ reaping) that can also make its agents: ``task.agent(name, role)``.
 from __future__ import annotations
 
 from .agent import Agent
-from .codecs import HeaderCodec
-from .deletion import task_ids
+from .cas.codecs import HeaderCodec
+from .core.layout import TaskLayout
+from .engine.manifest import Manifest, attention
 from .errors import ObjManifestError
-from .layout import TaskLayout
-from .manifest import Manifest, attention
+from .ops.deletion import task_ids
 from .store import ObjectStore
 
 

@@ -72,7 +72,7 @@ SAME_NAME_ZOMBIE = (
 MUTANTS = (
     Mutant(
         "renew-ignores-epoch",
-        "objmanifest/changes.py",
+        "objmanifest/core/changes.py",
         r"(def renew\(.*\n(?:.*\n)*?(\s+))entry = _held\(shard, claim\)\n",
         r"\1entry = _entry(shard, claim.file_id)\n"
         r"\2if entry.state is not State.writing or entry.owner != claim.agent:\n"
@@ -82,7 +82,7 @@ MUTANTS = (
     ),
     Mutant(
         "finish-ignores-epoch",
-        "objmanifest/changes.py",
+        "objmanifest/core/changes.py",
         IN_FINISH,
         r"\1entry = _entry(shard, claim.file_id)"
         r"\1if entry.state is not State.writing or entry.owner != claim.agent:"
@@ -92,7 +92,7 @@ MUTANTS = (
     ),
     Mutant(
         "finish-checks-only-state",
-        "objmanifest/changes.py",
+        "objmanifest/core/changes.py",
         IN_FINISH,
         r"\1entry = _entry(shard, claim.file_id)"
         r"\1if entry.state is not State.writing:"
@@ -113,7 +113,7 @@ MUTANTS = (
     ),
     Mutant(
         "lease-margin-zero",
-        "objmanifest/leases.py",
+        "objmanifest/core/leases.py",
         r"^MARGIN = timedelta\(seconds=2\)",
         "MARGIN = timedelta(seconds=0)",
         ("tests/test_leases.py::test_a_lease_is_taken_over_only_once_its_2s_margin_has_passed",),
@@ -121,7 +121,7 @@ MUTANTS = (
     ),
     Mutant(
         "cas-believes-stale-refusal",
-        "objmanifest/cas.py",
+        "objmanifest/cas/loop.py",
         r"(except ObjManifestError:\n\s+)if validated:",
         r"\1if True:",
         ("tests/test_views.py::test_a_holder_acting_through_a_stale_view_is_not_refused",),
@@ -129,7 +129,7 @@ MUTANTS = (
     ),
     Mutant(
         "cas-believes-stale-noop",
-        "objmanifest/cas.py",
+        "objmanifest/cas/loop.py",
         r"(if new_doc is None:\n\s+)if validated:",
         r"\1if True:",
         ("tests/test_views.py::test_reap_on_a_stale_view_releases_a_lease_it_has_not_seen",),
@@ -137,7 +137,7 @@ MUTANTS = (
     ),
     Mutant(
         "failed-dependency-is-met",
-        "objmanifest/changes.py",
+        "objmanifest/core/changes.py",
         r"not in \(State\.ready, State\.consumed\)",
         "not in (State.ready, State.consumed, State.failed)",
         ("tests/test_dependencies.py::test_a_failed_dependency_is_not_met_until_it_is_produced",),
@@ -145,7 +145,7 @@ MUTANTS = (
     ),
     Mutant(
         "data-written-without-if-none-match",
-        "objmanifest/transfer.py",
+        "objmanifest/data/transfer.py",
         r"(def _write_once\((?:.*\n)*?\s+store\.put\(key, body, )mode=CREATE, ",
         r"\1",
         (f"{FENCING}::test_a_put_repeated_after_ready_keeps_the_first_bytes",),
@@ -161,7 +161,7 @@ MUTANTS = (
     ),
     Mutant(
         "reap-keeps-dead-upload",
-        "objmanifest/effects.py",
+        "objmanifest/data/effects.py",
         r"if parsed\.kind != \"shard\" or parsed\.stage is None:",
         'if parsed.kind != "shard" or parsed.stage is None or event.command == "reap":',
         (
@@ -172,7 +172,7 @@ MUTANTS = (
     ),
     Mutant(
         "takeover-keeps-dead-upload",
-        "objmanifest/effects.py",
+        "objmanifest/data/effects.py",
         r"if parsed\.kind != \"shard\" or parsed\.stage is None:",
         'if parsed.kind != "shard" or parsed.stage is None or event.command.startswith("claim"):',
         ("tests/test_effects.py::test_every_path_to_dead_aborts_the_upload",),
@@ -180,7 +180,7 @@ MUTANTS = (
     ),
     Mutant(
         "lost-answer-applied-twice",
-        "objmanifest/cas.py",
+        "objmanifest/cas/loop.py",
         r"if commit_id in sent:",
         "if False:",
         ("tests/test_races.py::test_a_write_whose_response_is_lost_is_applied_exactly_once",),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Mutation testing of the pure core (objmanifest/changes.py, states.py, leases.py, verbs.py)
-# and the CAS loop (objmanifest/cas.py) against their fast unit tests (tests/unit and
+# Mutation testing of the pure core (objmanifest/core/changes.py, states.py, leases.py, verbs.py)
+# and the CAS loop (objmanifest/cas/loop.py) against their fast unit tests (tests/unit and
 # tests/test_states.py), with mutmut. Installs what it needs into a virtualenv, runs every
 # mutant from scratch, prints per module how many were killed, and fails if one survived
 # that docs/mutation.md does not explain as equivalent.

@@ -39,12 +39,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from objmanifest.cas import Codec
+from objmanifest.cas.loop import Codec
+from objmanifest.core.events import Change
+from objmanifest.core.model import Entry, JournalRecord, State
+from objmanifest.core.states import TABLE, VERBS, Event, Verb
+from objmanifest.engine.manifest import Manifest
 from objmanifest.errors import NotFound
-from objmanifest.events import Change
-from objmanifest.manifest import Manifest
-from objmanifest.model import Entry, JournalRecord, State
-from objmanifest.states import TABLE, VERBS, Event, Verb
 
 # -- the operation log ----------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 import objmanifest as om
-from objmanifest import uploads
+from objmanifest.data import chunked
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -72,7 +72,7 @@ def rss_kib() -> int:
 class Wire:
     """Counts the parts this process sends, and stops it after the K-th if asked."""
 
-    def __init__(self, store: om.Store, stop_after: int | None) -> None:
+    def __init__(self, store: om.ObjectStore, stop_after: int | None) -> None:
         self.numbers: list[int] = []
         self.bytes = 0
         self.done = 0
@@ -128,14 +128,14 @@ def put(task: om.Task, agent: om.Agent, args: argparse.Namespace) -> None:
     held = claim(agent, args.file_id, args.claim_wait)
     emit("claimed", epoch=held.epoch, rss=peak_rss_kib())
     stats: dict[str, Any] = {}
-    real_upload = uploads.upload
+    real_upload = chunked.upload
 
     def counting_upload(*a: Any, **kw: Any) -> Any:
         stored, upload_stats = real_upload(*a, **kw)
         stats.update(vars(upload_stats))
         return stored, upload_stats
 
-    uploads.upload = counting_upload  # type: ignore[assignment]
+    chunked.upload = counting_upload  # type: ignore[assignment]
     before = rss_kib()
     try:
         entry = agent.put(

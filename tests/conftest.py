@@ -40,10 +40,10 @@ import rawstore
 from hypothesis import settings
 
 import objmanifest as om
-from objmanifest import servers
-from objmanifest.manifest import Manifest
-from objmanifest.model import check_name
-from objmanifest.runtime import DEFAULT as DEFAULT_RUNTIME
+from objmanifest.core.model import check_name
+from objmanifest.core.runtime import DEFAULT as DEFAULT_RUNTIME
+from objmanifest.engine.manifest import Manifest
+from objmanifest.local import servers
 
 BUCKET = os.environ.get("OBJMANIFEST_TEST_BUCKET", "objmanifest-test")
 
@@ -366,7 +366,7 @@ def store(server: Server, prefix: str) -> Iterator[Any]:
 
 
 @pytest.fixture
-def task(store: om.Store) -> om.Task:
+def task(store: om.ObjectStore) -> om.Task:
     return om.Task.create(
         store, "job", stages=["collect", "write", "check"], lease_seconds=30, max_retries=2
     )

@@ -3,7 +3,7 @@
 Every agent is a thread, but only one runs at a time: each store call (a fault hook of its
 ``MemoryStore``) and each sleep hands control back to the scheduler, which picks the next
 agent with the seed's random generator. Time is simulated: the runtime each agent's store
-is given (``objmanifest.runtime.Runtime``) has the simulated monotonic clock and sleep, a
+is given (``objmanifest.core.runtime.Runtime``) has the simulated monotonic clock and sleep, a
 seeded ``random``, ids made from the seed, background jobs (lease renewal) that fire at
 their agent's own store calls, and pools that run their jobs at once in the caller. So a
 seed replays exactly: the same agents, the same operations, the same faults, the same log.
@@ -39,7 +39,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from objmanifest import changes, checksum, codecs, leases, transfer
+from objmanifest.cas import codecs
+from objmanifest.core import changes, checksum, leases
+from objmanifest.core.model import Claim, Entry, State
+from objmanifest.core.runtime import Repeating, Runtime
+from objmanifest.data import transfer
 from objmanifest.errors import (
     AlreadyConsumed,
     ChecksumMismatch,
@@ -51,12 +55,10 @@ from objmanifest.errors import (
     NotFound,
     NotReady,
     ObjManifestError,
-    OutcomeUnknown,
     StoreError,
 )
-from objmanifest.model import Claim, Entry, State
-from objmanifest.runtime import Repeating, Runtime
 from objmanifest.store import memory
+from objmanifest.store.errors import OutcomeUnknown
 from objmanifest.store.memory import MemoryStore
 from objmanifest.task import Task
 from tests import checker

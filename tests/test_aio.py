@@ -51,7 +51,7 @@ async def expired(task: AsyncTask, claim: om.Claim) -> None:
         await asyncio.sleep(0.05)
 
 
-def make(store: om.Store, lease: float = 30, retries: int = 3) -> AsyncTask:
+def make(store: om.ObjectStore, lease: float = 30, retries: int = 3) -> AsyncTask:
     task = om.Task.create(
         store, "job", stages=["collect", "write"], lease_seconds=lease, max_retries=retries
     )
@@ -85,7 +85,7 @@ async def held_then_cancelled(stall: Stall, start: Callable[[], Awaitable[Any]])
 # -- the core cases -----------------------------------------------------------------------
 
 
-def test_declare_claim_put_consume_round_trip(store: om.Store, tmp_path: Path) -> None:
+def test_declare_claim_put_consume_round_trip(store: om.ObjectStore, tmp_path: Path) -> None:
     async def main() -> None:
         async with make(store) as task:
             await task.declare("raw/a", stage="collect")
@@ -127,7 +127,9 @@ def test_declare_claim_put_consume_round_trip(store: om.Store, tmp_path: Path) -
     run(main())
 
 
-def test_a_pool_of_no_workers_is_refused_and_a_task_is_what_is_wrapped(store: om.Store) -> None:
+def test_a_pool_of_no_workers_is_refused_and_a_task_is_what_is_wrapped(
+    store: om.ObjectStore,
+) -> None:
     task = om.Task.create(store, "job", stages=["collect"])
     with pytest.raises(om.InvalidInput, match="workers must be a whole number"):
         AsyncTask(task, workers=0)
@@ -135,7 +137,7 @@ def test_a_pool_of_no_workers_is_refused_and_a_task_is_what_is_wrapped(store: om
         AsyncTask(store)  # type: ignore[arg-type]
 
 
-def test_a_fenced_put_raises_lease_lost_and_the_new_holder_finishes(store: om.Store) -> None:
+def test_a_fenced_put_raises_lease_lost_and_the_new_holder_finishes(store: om.ObjectStore) -> None:
     async def main() -> None:
         async with make(store, lease=1) as task:
             await task.declare("a", stage="collect")
@@ -158,7 +160,9 @@ def test_a_fenced_put_raises_lease_lost_and_the_new_holder_finishes(store: om.St
     run(main())
 
 
-def test_wait_returns_once_the_stage_is_ready_and_times_out_otherwise(store: om.Store) -> None:
+def test_wait_returns_once_the_stage_is_ready_and_times_out_otherwise(
+    store: om.ObjectStore,
+) -> None:
     async def main() -> None:
         async with make(store) as task:
             await task.declare_many([(f"f{i}", "collect") for i in range(3)])
@@ -184,7 +188,9 @@ def test_wait_returns_once_the_stage_is_ready_and_times_out_otherwise(store: om.
     run(main())
 
 
-def test_fifty_coroutines_claiming_one_stage_produce_every_entry_once(store: om.Store) -> None:
+def test_fifty_coroutines_claiming_one_stage_produce_every_entry_once(
+    store: om.ObjectStore,
+) -> None:
     entries = 120
 
     async def main() -> None:
@@ -281,7 +287,7 @@ def test_a_cancelled_put_many_leaves_every_entry_writing(server: Server, prefix:
 
 
 def test_a_put_cancelled_after_its_ready_commit_waits_for_it_and_reports_it(
-    store: om.Store, caplog: pytest.LogCaptureFixture
+    store: om.ObjectStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     inside, go_on = threading.Event(), threading.Event()
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import raw_delete, raw_put
 
 import objmanifest as om
-from objmanifest import changes
+from objmanifest.core import changes
 
 pytestmark = pytest.mark.behaviour
 
@@ -200,7 +200,7 @@ def test_an_entry_changed_after_the_archive_object_stays_live(task: om.Task) -> 
 @pytest.mark.parametrize("damage", ["deleted", "garbled"])
 @pytest.mark.stage_layout
 def test_a_repaired_shard_keeps_its_archived_entries_archived(
-    task: om.Task, store: om.Store, damage: str
+    task: om.Task, store: om.ObjectStore, damage: str
 ) -> None:
     """A shard rebuilt by ``repair`` gets its ``archived`` map back from its archive
     objects: an archived entry is still found (not brought back as a fresh pending entry to

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import objmanifest as om
-from objmanifest.codecs import (
+from objmanifest.cas.codecs import (
     HEADER_REPAIR,
     INDEX_REPAIR,
     SHARD_REPAIR,
@@ -39,8 +39,8 @@ from objmanifest.codecs import (
     HeaderCodec,
     ShardCodec,
 )
-from objmanifest.layout import TaskLayout
-from objmanifest.model import (
+from objmanifest.core.layout import Parsed, TaskLayout
+from objmanifest.core.model import (
     HEADER_SCHEMA,
     MAX_FILE_ID_BYTES,
     SCHEMA_VERSION,
@@ -53,9 +53,9 @@ from objmanifest.model import (
     check_file_id,
     check_name,
 )
+from objmanifest.data.chunked.state import UploadCodec
 from objmanifest.store import parse_url
 from objmanifest.store.s3 import check_endpoint
-from objmanifest.uploads.state import UploadCodec
 
 MiB = 1024 * 1024
 PART = 5 * MiB
@@ -164,7 +164,7 @@ def test_the_keys_a_file_id_names_parse_back_to_it(
         layout.data(stage, file_id, epoch),
         layout.beside(layout.data(stage, file_id, epoch), tag),
     ):
-        assert layout.parse(key) == om.layout.Parsed("data", task_id, stage, shard, file_id, epoch)
+        assert layout.parse(key) == Parsed("data", task_id, stage, shard, file_id, epoch)
     parsed = layout.parse(layout.upload_state(stage, file_id))
     assert (parsed.kind, parsed.stage, parsed.file_id, parsed.shard) == (
         "upload",
@@ -462,7 +462,7 @@ def reader(kind: str) -> Callable[[om.Task], Any]:
     "damage", ["truncated", "wrong type", "newer version", "nested too deep", "not JSON"]
 )
 def test_a_damaged_object_gives_its_documented_error_and_is_left_as_it_is(
-    store: om.Store, kind: str, damage: str
+    store: om.ObjectStore, kind: str, damage: str
 ) -> None:
     task = om.Task.create(store, "job", stages=["collect", "write"], lease_seconds=600)
     task.declare_many([("a", "collect"), ("big", "collect")])

@@ -18,8 +18,8 @@ import pytest
 from conftest import raw_delete, raw_get, raw_put, requests
 
 import objmanifest as om
+from objmanifest.engine.manifest import DeclareInIndex
 from objmanifest.errors import ReadBrokeOff
-from objmanifest.manifest import DeclareInIndex
 from objmanifest.store import make_client
 
 pytestmark = pytest.mark.behaviour
@@ -33,7 +33,7 @@ def wait_expired(task: om.Task, claim: om.Claim) -> None:
         time.sleep(0.25)
 
 
-def short_task(store: om.Store, lease: float = 1, retries: int = 3) -> om.Task:
+def short_task(store: om.ObjectStore, lease: float = 1, retries: int = 3) -> om.Task:
     return om.Task.create(
         store, "short", stages=["collect", "write"], lease_seconds=lease, max_retries=retries
     )
@@ -68,7 +68,7 @@ def test_every_public_error_derives_from_objmanifest_error() -> None:
     assert issubclass(om.InvalidFileId, ValueError)
 
     # The errors docs/cli.md says `--json` reports: ours, the command line's, or Python's.
-    from objmanifest.cli import exits
+    from objmanifest.wire import exits
 
     cli_doc = (ROOT / "docs" / "cli.md").read_text()
     named = documented_names(cli_doc, "`error` is the exception class (", ")")
@@ -87,7 +87,7 @@ def test_every_public_error_derives_from_objmanifest_error() -> None:
 # -- tasks -----------------------------------------------------------------------------
 
 
-def test_create_open_and_exists(store: om.Store) -> None:
+def test_create_open_and_exists(store: om.ObjectStore) -> None:
     task = om.Task.create(
         store, "report-0001", stages=["collect", "write", "check"], lease_seconds=300, max_retries=3
     )
@@ -111,7 +111,7 @@ def test_create_open_and_exists(store: om.Store) -> None:
     ],
     ids=["none", "dup", "slash", "empty"],
 )
-def test_create_refuses_bad_stages(store: om.Store, stages: list[str], why: str) -> None:
+def test_create_refuses_bad_stages(store: om.ObjectStore, stages: list[str], why: str) -> None:
     with pytest.raises(ValueError, match=why):
         om.Task.create(store, "bad", stages=stages)
     with pytest.raises(om.NotFound, match="task 'bad' does not exist"):
@@ -317,7 +317,7 @@ def test_consumed_dependency_counts_as_met(task: om.Task) -> None:
     assert task.agent("w").claim("b") is not None
 
 
-def test_fail_then_dead_after_max_retries_and_blocked_dependents(store: om.Store) -> None:
+def test_fail_then_dead_after_max_retries_and_blocked_dependents(store: om.ObjectStore) -> None:
     task = om.Task.create(
         store, "retry", stages=["collect", "write"], lease_seconds=30, max_retries=2
     )
@@ -344,7 +344,7 @@ def test_fail_then_dead_after_max_retries_and_blocked_dependents(store: om.Store
     assert status.totals["pending"] == 1
 
 
-def test_stale_epoch_is_fenced_and_changes_nothing(store: om.Store) -> None:
+def test_stale_epoch_is_fenced_and_changes_nothing(store: om.ObjectStore) -> None:
     task = short_task(store)
     task.declare("x", stage="collect")
     zombie, winner = task.agent("zombie"), task.agent("winner")
@@ -372,7 +372,7 @@ def test_stale_epoch_is_fenced_and_changes_nothing(store: om.Store) -> None:
     assert keys == ["short/data/collect/x@2"]  # the zombie's bytes are not left behind
 
 
-def test_expired_lease_nobody_took_is_still_valid(store: om.Store) -> None:
+def test_expired_lease_nobody_took_is_still_valid(store: om.ObjectStore) -> None:
     task = short_task(store)
     task.declare("x", stage="collect")
     agent = task.agent("slow")
@@ -384,7 +384,7 @@ def test_expired_lease_nobody_took_is_still_valid(store: om.Store) -> None:
     assert agent.put(claim, b"late but fine").state is om.State.ready
 
 
-def test_expired_lease_nobody_took_is_still_valid_for_fail(store: om.Store) -> None:
+def test_expired_lease_nobody_took_is_still_valid_for_fail(store: om.ObjectStore) -> None:
     task = short_task(store, retries=3)
     task.declare("x", stage="collect")
     agent = task.agent("slow")
@@ -399,7 +399,7 @@ def test_expired_lease_nobody_took_is_still_valid_for_fail(store: om.Store) -> N
     assert task.entry("x").retry_count == 1  # the fail counted once, the expiry not at all
 
 
-def test_takeover_and_reap_count_failures(store: om.Store) -> None:
+def test_takeover_and_reap_count_failures(store: om.ObjectStore) -> None:
     task = short_task(store, retries=1)
     task.declare_many([("a", "collect"), ("b", "collect")])
     agent = task.agent("first")
@@ -422,7 +422,7 @@ def test_takeover_and_reap_count_failures(store: om.Store) -> None:
     assert task.entry("a").state is om.State.dead
 
 
-def test_put_renews_lease_while_writing(store: om.Store) -> None:
+def test_put_renews_lease_while_writing(store: om.ObjectStore) -> None:
     task = short_task(store, lease=1.5)
     task.declare("big", stage="collect")
     agent = task.agent("writer")
@@ -515,7 +515,7 @@ def test_tampered_data_is_caught_and_produced_again(task: om.Task, tmp_path: Pat
 
 
 def test_checksum_mismatch_past_max_retries_is_dead_and_blocks_dependents(
-    store: om.Store,
+    store: om.ObjectStore,
 ) -> None:
     task = om.Task.create(
         store, "bad-data", stages=["collect", "write"], lease_seconds=30, max_retries=1
@@ -664,7 +664,7 @@ def test_warm_commit_is_one_put_and_unchanged_read_is_304(task: om.Task) -> None
 
 
 @pytest.mark.stage_layout
-def test_stale_cache_costs_a_retry_not_a_wrong_answer(store: om.Store) -> None:
+def test_stale_cache_costs_a_retry_not_a_wrong_answer(store: om.ObjectStore) -> None:
     one = om.Task.create(store, "two-views", stages=["s"], lease_seconds=30)
     one.declare_many([("a", "s"), ("b", "s")])
     mine = one.agent("one").claim("b")
@@ -781,7 +781,9 @@ def test_threads_race_at_the_store_and_each_entry_is_produced_once(task: om.Task
         assert reader.consume(file_id) == f"{file_id} by {name}".encode()
 
 
-def test_stale_cache_does_not_hide_an_entry_with_a_foreign_dependency(store: om.Store) -> None:
+def test_stale_cache_does_not_hide_an_entry_with_a_foreign_dependency(
+    store: om.ObjectStore,
+) -> None:
     one = om.Task.create(store, "views", stages=["collect", "write"], lease_seconds=30)
     one.declare("raw", stage="collect")
     p = one.agent("p")

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from conftest import ManualClock
 
-from objmanifest import checksum
-from objmanifest.model import Entry, Shard, State
+from objmanifest.core import checksum
+from objmanifest.core.model import Entry, Shard, State
 from objmanifest.store.memory import MemoryStore
 from objmanifest.task import Task
 from tests.checker import (

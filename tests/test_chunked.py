@@ -30,9 +30,10 @@ from breaking import BreakingFile, BreakingStream
 from conftest import Server, raw_get, raw_put, requests
 
 import objmanifest as om
-from objmanifest import checksum, chunks, transfer
-from objmanifest import uploads as uploads_pkg
-from objmanifest.errors import PartsRejected
+from objmanifest.core import checksum
+from objmanifest.data import chunked as chunked
+from objmanifest.data import transfer
+from objmanifest.store.errors import PartsRejected
 
 WORKER = Path(__file__).with_name("chunk_worker.py")
 MiB = 1024 * 1024
@@ -62,20 +63,20 @@ def make_file(path: Path, size: int, seed: int) -> Path:
     return path
 
 
-def task_of(store: om.Store, lease: float = 30, retries: int = 3) -> om.Task:
+def task_of(store: om.ObjectStore, lease: float = 30, retries: int = 3) -> om.Task:
     return om.Task.create(store, TASK, stages=["make"], lease_seconds=lease, max_retries=retries)
 
 
-def uploads(store: om.Store) -> list[tuple[str, str]]:
+def uploads(store: om.ObjectStore) -> list[tuple[str, str]]:
     """Unfinished multipart uploads under the store's prefix."""
     return list(store.list_uploads(""))
 
 
-def state_of(task: om.Task, file_id: str) -> uploads_pkg.UploadState:
+def state_of(task: om.Task, file_id: str) -> chunked.UploadState:
     key = task.layout.upload_state("make", file_id)
     blob = task.store.get(key)
     assert blob is not None
-    return uploads_pkg.UploadCodec(task.task_id, "make", file_id).decode(key, blob.body)
+    return chunked.UploadCodec(task.task_id, "make", file_id).decode(key, blob.body)
 
 
 def wait_expired(task: om.Task, file_id: str) -> None:
@@ -92,7 +93,7 @@ def _clean_up(request: pytest.FixtureRequest) -> Iterator[None]:
     if "store" not in request.fixturenames:
         yield
         return
-    store: om.Store = request.getfixturevalue("store")
+    store: om.ObjectStore = request.getfixturevalue("store")
     yield
     with contextlib.suppress(Exception):
         for key, upload_id in uploads(store):
@@ -159,7 +160,7 @@ class Worker:
 
 
 @pytest.fixture
-def spawn(server: Server, store: om.Store) -> Iterator[Callable[..., Worker]]:
+def spawn(server: Server, store: om.ObjectStore) -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
     def start(name: str, *args: str) -> Worker:
@@ -211,16 +212,13 @@ def test_part_size_grows_to_fit_10000_parts_and_explicit_ones_are_checked() -> N
         transfer.part_size_for(6 * 1024 * 1024 * MiB, config)
 
 
-def test_defaults_can_be_changed_for_the_process() -> None:
-    with pytest.warns(DeprecationWarning, match="transfer=TransferConfig"):
-        before = transfer.set_defaults(threshold=1 * MiB, concurrency=3)
-    try:
-        assert transfer.defaults().threshold == 1 * MiB
-        assert transfer.defaults().with_overrides(concurrency=2).concurrency == 2
-    finally:
-        with pytest.warns(DeprecationWarning, match="deprecated"):
-            transfer.set_defaults(before)
-    assert transfer.defaults() == before
+def test_transfer_settings_are_per_task_or_per_call_never_process_wide() -> None:
+    assert "set_defaults" not in om.__all__ and not hasattr(om, "set_defaults")
+    task = om.Task.create(om.MemoryStore("b", "t"), "job", ["make"])
+    assert task.transfer == transfer.TransferConfig()
+    assert task.transfer.with_overrides(concurrency=2).concurrency == 2
+    tuned = transfer.TransferConfig(threshold=1 * MiB, concurrency=3)
+    assert om.Task.open(task.store, "job", transfer=tuned).transfer == tuned
 
 
 def test_multipart_etag_matches_what_s3_computes() -> None:
@@ -236,7 +234,9 @@ def test_multipart_etag_matches_what_s3_computes() -> None:
 
 
 @pytest.mark.heavy
-def test_large_file_round_trip_in_parts(server: Server, store: om.Store, tmp_path: Path) -> None:
+def test_large_file_round_trip_in_parts(
+    server: Server, store: om.ObjectStore, tmp_path: Path
+) -> None:
     size = big_size(server) + 12345  # a short last part
     src = make_file(tmp_path / "big.bin", size, seed=1)
     task = task_of(store)
@@ -271,7 +271,7 @@ def test_large_file_round_trip_in_parts(server: Server, store: om.Store, tmp_pat
     src.unlink()
 
 
-def test_chunked_bytes_and_ranged_consume(store: om.Store) -> None:
+def test_chunked_bytes_and_ranged_consume(store: om.ObjectStore) -> None:
     data = random.Random(2).randbytes(2 * 6 * MiB + 100)
     task = task_of(store)
     task.declare("b", stage="make")
@@ -285,7 +285,7 @@ def test_chunked_bytes_and_ranged_consume(store: om.Store) -> None:
     assert seen["GetObject"] == 3 + 5  # two 6 MiB parts in two ranges each, and the tail
 
 
-def test_small_data_stays_a_single_object(store: om.Store, tmp_path: Path) -> None:
+def test_small_data_stays_a_single_object(store: om.ObjectStore, tmp_path: Path) -> None:
     task = task_of(store)
     task.declare_many([("s", "make"), ("t", "make")])
     agent = task.agent("p")
@@ -301,7 +301,7 @@ def test_small_data_stays_a_single_object(store: om.Store, tmp_path: Path) -> No
     assert not agent.put(claim, src, threshold=4 * MiB).is_chunked
 
 
-def test_a_stream_of_unknown_size_is_chunked(store: om.Store) -> None:
+def test_a_stream_of_unknown_size_is_chunked(store: om.ObjectStore) -> None:
     data = random.Random(4).randbytes(11 * MiB + 7)
     read_fd, write_fd = os.pipe()
 
@@ -330,7 +330,7 @@ def test_a_stream_of_unknown_size_is_chunked(store: om.Store) -> None:
 
 
 def test_a_source_that_changes_size_is_refused(
-    store: om.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: om.ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src = make_file(tmp_path / "grow.bin", 12 * MiB, seed=5)
     task = task_of(store)
@@ -351,7 +351,9 @@ def test_a_source_that_changes_size_is_refused(
     assert task.entry("g").state is om.State.writing
 
 
-def test_a_file_changed_while_a_part_is_sent_is_refused(store: om.Store, tmp_path: Path) -> None:
+def test_a_file_changed_while_a_part_is_sent_is_refused(
+    store: om.ObjectStore, tmp_path: Path
+) -> None:
     src = make_file(tmp_path / "edit.bin", 12 * MiB, seed=14)
     task = task_of(store)
     task.declare("e", stage="make")
@@ -372,7 +374,7 @@ def test_a_file_changed_while_a_part_is_sent_is_refused(store: om.Store, tmp_pat
         store.client.meta.events.unregister("before-send.s3.UploadPart", edit_after_signing)
 
 
-def test_a_named_pipe_is_read_as_a_stream(store: om.Store, tmp_path: Path) -> None:
+def test_a_named_pipe_is_read_as_a_stream(store: om.ObjectStore, tmp_path: Path) -> None:
     data = random.Random(13).randbytes(7 * MiB)
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
@@ -394,7 +396,7 @@ def test_a_named_pipe_is_read_as_a_stream(store: om.Store, tmp_path: Path) -> No
     assert task.agent("c").consume("p") == data
 
 
-def test_a_stream_is_not_adopted_the_next_holder_starts_anew(store: om.Store) -> None:
+def test_a_stream_is_not_adopted_the_next_holder_starts_anew(store: om.ObjectStore) -> None:
     data = random.Random(16).randbytes(4 * PART + 99)  # five parts
     task = task_of(store)
     task.declare("s", stage="make")
@@ -438,7 +440,7 @@ def test_a_stream_is_not_adopted_the_next_holder_starts_anew(store: om.Store) ->
 
 
 def test_a_corrupted_part_is_found_and_nothing_is_left_at_dest(
-    store: om.Store, tmp_path: Path
+    store: om.ObjectStore, tmp_path: Path
 ) -> None:
     data = bytearray(random.Random(6).randbytes(3 * PART + 1000))
     task = task_of(store)
@@ -470,7 +472,7 @@ def test_a_corrupted_part_is_found_and_nothing_is_left_at_dest(
     assert list(store.list_keys("job/data/")) == ["job/data/make/c@2"]
 
 
-def test_a_tampered_part_list_is_a_mismatch(store: om.Store) -> None:
+def test_a_tampered_part_list_is_a_mismatch(store: om.ObjectStore) -> None:
     data = random.Random(7).randbytes(2 * PART)
     task = task_of(store)
     task.declare("l", stage="make")
@@ -488,7 +490,7 @@ def test_a_tampered_part_list_is_a_mismatch(store: om.Store) -> None:
 
 
 def test_data_a_consumer_rejected_is_never_adopted_back(
-    store: om.Store, monkeypatch: pytest.MonkeyPatch
+    store: om.ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The object is intact (its ETag still matches its parts), but a consumer read bad bytes:
     the next holder with the same source must upload anew rather than adopt it."""
@@ -526,7 +528,7 @@ def test_data_a_consumer_rejected_is_never_adopted_back(
 
 
 def test_a_broken_download_resumes_where_it_stopped(
-    store: om.Store, monkeypatch: pytest.MonkeyPatch
+    store: om.ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = random.Random(8).randbytes(2 * PART + 10)
     task = task_of(store)
@@ -564,7 +566,7 @@ def test_a_broken_download_resumes_where_it_stopped(
 # -- crash, adoption, fencing ----------------------------------------------------------------
 
 
-def keeps_every_upload_of_a_part(store: om.Store) -> bool:
+def keeps_every_upload_of_a_part(store: om.ObjectStore) -> bool:
     """Whether a completion may name an earlier upload of a part number (SeaweedFS keeps
     every upload and picks by ETag) or only the last one (AWS and moto keep the last)."""
     key = f"probe-{os.urandom(6).hex()}/part-uploads"
@@ -588,14 +590,14 @@ def keeps_every_upload_of_a_part(store: om.Store) -> bool:
 @pytest.mark.parametrize(
     ("server", "keeps"), [("seaweedfs", True), ("moto", False)], indirect=["server"]
 )
-def test_the_part_keeping_probe_knows_the_backends(store: om.Store, keeps: bool) -> None:
+def test_the_part_keeping_probe_knows_the_backends(store: om.ObjectStore, keeps: bool) -> None:
     assert keeps_every_upload_of_a_part(store) is keeps
     assert list(store.list_keys("")) == [] and uploads(store) == []
 
 
 @pytest.mark.heavy
 def test_a_killed_producer_is_adopted_and_only_missing_parts_are_sent(
-    server: Server, store: om.Store, tmp_path: Path, spawn: Callable[..., Worker]
+    server: Server, store: om.ObjectStore, tmp_path: Path, spawn: Callable[..., Worker]
 ) -> None:
     size = big_size(server)
     src = make_file(tmp_path / "big.bin", size, seed=11)
@@ -644,7 +646,7 @@ def test_a_killed_producer_is_adopted_and_only_missing_parts_are_sent(
 @pytest.mark.heavy
 @pytest.mark.parametrize("where", ["mid-upload", "before-complete"])
 def test_a_stopped_producer_cannot_make_the_entry_ready(
-    server: Server, store: om.Store, tmp_path: Path, spawn: Callable[..., Worker], where: str
+    server: Server, store: om.ObjectStore, tmp_path: Path, spawn: Callable[..., Worker], where: str
 ) -> None:
     """A SIGSTOPped producer sleeps past its lease; a second one takes the entry over with
     another file and finishes. Woken up, the first cannot make the entry ready, and
@@ -704,7 +706,7 @@ def test_a_stopped_producer_cannot_make_the_entry_ready(
 # -- cleaning up ----------------------------------------------------------------------------------
 
 
-def test_a_dead_entry_has_its_upload_aborted(store: om.Store) -> None:
+def test_a_dead_entry_has_its_upload_aborted(store: om.ObjectStore) -> None:
     task = task_of(store, retries=0)
     task.declare("d", stage="make")
     agent = task.agent("p")
@@ -727,7 +729,7 @@ def test_a_dead_entry_has_its_upload_aborted(store: om.Store) -> None:
     assert task.sweep_uploads() == []
 
 
-def test_sweep_keeps_adoptable_uploads_and_aborts_orphans(store: om.Store) -> None:
+def test_sweep_keeps_adoptable_uploads_and_aborts_orphans(store: om.ObjectStore) -> None:
     task = task_of(store)
     task.declare_many([("kept", "make"), ("orphan", "make")])
     agent = task.agent("p")
@@ -744,8 +746,7 @@ def test_sweep_keeps_adoptable_uploads_and_aborts_orphans(store: om.Store) -> No
         )  # type: ignore[arg-type]
     agent.fail(claim, "retry later")
     orphan = store.create_upload("job/data/make/orphan@1")  # its starter died
-    with pytest.warns(DeprecationWarning, match="sweep_uploads"):
-        assert chunks.sweep(task) == ["job/data/make/orphan@1"]
+    assert task.sweep_uploads() == ["job/data/make/orphan@1"]
     assert [k for k, _ in uploads(store)] == ["job/data/make/kept@1"]
     assert orphan not in [u for _, u in uploads(store)]
 
@@ -757,7 +758,7 @@ def test_sweep_keeps_adoptable_uploads_and_aborts_orphans(store: om.Store) -> No
     assert task.agent("c").consume("kept") == data
 
 
-def test_producing_again_as_one_object_aborts_the_old_upload(store: om.Store) -> None:
+def test_producing_again_as_one_object_aborts_the_old_upload(store: om.ObjectStore) -> None:
     task = task_of(store)
     task.declare("m", stage="make")
     agent = task.agent("p")
@@ -784,7 +785,7 @@ def test_producing_again_as_one_object_aborts_the_old_upload(store: om.Store) ->
 
 @pytest.mark.heavy
 def test_memory_stays_bounded_by_concurrency_times_part_size(
-    server: Server, store: om.Store, tmp_path: Path, spawn: Callable[..., Worker]
+    server: Server, store: om.ObjectStore, tmp_path: Path, spawn: Callable[..., Worker]
 ) -> None:
     """A child process moves a file many times larger than concurrency x part size; its peak
     RSS grows by about that, not by the file's size."""

@@ -34,10 +34,12 @@ from conftest import BUCKET, LAYOUT, Server, layout_options, raw_get, raw_put
 from faults import FaultProxy
 
 import objmanifest as om
-from objmanifest import servers, transfer
-from objmanifest.cli import app, exits, main, parser, progress
+from objmanifest.cli import app, main, parser, progress
 from objmanifest.cli.commands import read_declarations
-from objmanifest.cli.holding import poll
+from objmanifest.data import transfer
+from objmanifest.local import servers
+from objmanifest.wire import exits
+from objmanifest.wire.polling import poll
 
 ENTRY_KEYS = set(om.Entry.model_fields)
 CLAIM_KEYS = {"task_id", "file_id", "stage", "agent", "epoch", "lease_expires_at"}
@@ -293,7 +295,9 @@ def test_a_file_is_handed_from_shell_agent_to_shell_agent(cli: Cli, tmp_path: Pa
 
 
 @MOTO_ONLY
-def test_every_command_prints_one_json_object(cli: Cli, store: om.Store, tmp_path: Path) -> None:
+def test_every_command_prints_one_json_object(
+    cli: Cli, store: om.ObjectStore, tmp_path: Path
+) -> None:
     # A lease far longer than the test: a dozen commands, each a process of its own, can
     # take a minute on a loaded machine, and the claim must outlive them (reap, put).
     task = om.Task.create(
@@ -384,7 +388,7 @@ INIT = (
     ],
 )
 def test_init_exist_ok_refuses_each_other_setting_by_name(
-    cli: Cli, store: om.Store, change: dict[str, str | None], named: str
+    cli: Cli, store: om.ObjectStore, change: dict[str, str | None], named: str
 ) -> None:
     made = cli.json(*INIT)
     again = cli.json(*INIT, "--exist-ok")
@@ -406,7 +410,7 @@ def test_init_exist_ok_refuses_each_other_setting_by_name(
 
 @MOTO_ONLY
 def test_overdue_and_dead_entries_stand_out_and_reap_releases_them(
-    cli: Cli, store: om.Store
+    cli: Cli, store: om.ObjectStore
 ) -> None:
     task = om.Task.create(store, "short", stages=["collect"], lease_seconds=1, max_retries=0)
     task.declare("slow", "collect")
@@ -438,7 +442,7 @@ def test_overdue_and_dead_entries_stand_out_and_reap_releases_them(
     assert stale["error"] == "LeaseLost"
 
 
-def test_a_rerun_step_with_a_stale_epoch_is_fenced(cli: Cli, store: om.Store) -> None:
+def test_a_rerun_step_with_a_stale_epoch_is_fenced(cli: Cli, store: om.ObjectStore) -> None:
     """Every step of a pipeline uses ``--agent fetcher``: the first claim's lease expires and
     a rerun claims the entry again (epoch 2). A late step still holding epoch 1 is refused
     (exit 5) and changes nothing, although its agent name is the holder's; the step with
@@ -483,7 +487,7 @@ def test_a_rerun_step_with_a_stale_epoch_is_fenced(cli: Cli, store: om.Store) ->
     ids=["stage", "partitioned", "task"],
 )
 def test_a_claim_is_held_across_processes_on_every_shard_layout(
-    cli: Cli, store: om.Store, layout: tuple[str, ...]
+    cli: Cli, store: om.ObjectStore, layout: tuple[str, ...]
 ) -> None:
     """Each command a process of its own, as a shell runs them: the claim printed by one
     is renewed, put, failed and released by the next ones, however the stage is sharded;
@@ -1235,7 +1239,7 @@ def test_log_lineage_and_follow_show_the_journal(cli: Cli, task: om.Task, tmp_pa
 
 @MOTO_ONLY
 def test_repair_rebuilds_a_corrupt_shard_and_says_what_it_restored(
-    cli: Cli, store: om.Store
+    cli: Cli, store: om.ObjectStore
 ) -> None:
     """A shard garbled before any journal block was written: `repair --dry-run` says what
     it would do and writes nothing; `repair` copies the bytes aside, rebuilds the entries

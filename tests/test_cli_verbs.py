@@ -31,7 +31,7 @@ def test_release_from_a_shell_is_fenced_like_renew(cli: Cli, task: om.Task) -> N
     assert text == "a is pending again (released by w2, failures 0)\n"
 
 
-def test_revive_and_undeclare_from_a_shell(cli: Cli, store: om.Store) -> None:
+def test_revive_and_undeclare_from_a_shell(cli: Cli, store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["collect", "write"], max_retries=0)
     task.declare("d", stage="collect")
     task.declare("p", stage="collect")
@@ -57,7 +57,7 @@ def test_revive_and_undeclare_from_a_shell(cli: Cli, store: om.Store) -> None:
     cli.json("--task", "missing", "undeclare", "p", code=E.NOT_FOUND)
 
 
-def test_tasks_and_delete_from_a_shell(cli: Cli, store: om.Store) -> None:
+def test_tasks_and_delete_from_a_shell(cli: Cli, store: om.ObjectStore) -> None:
     assert cli.json("tasks") == []
     task = om.Task.create(store, "job", stages=["collect"], lease_seconds=60)
     om.Task.create(store, "other", stages=["collect"])

@@ -30,17 +30,8 @@ from botocore.exceptions import ClientError
 from conftest import BUCKET, Server, backends, refusal_breaks, running, verifies_digests
 from faults import FaultProxy
 
-from objmanifest import checksum
-from objmanifest.errors import (
-    InvalidInput,
-    NotFound,
-    OutcomeUnknown,
-    PartsRejected,
-    PreconditionFailed,
-    ReadBrokeOff,
-    StoreError,
-    UploadGone,
-)
+from objmanifest.core import checksum
+from objmanifest.errors import InvalidInput, NotFound, ReadBrokeOff, StoreError
 from objmanifest.store import (
     CREATE,
     OVERWRITE,
@@ -54,6 +45,7 @@ from objmanifest.store import (
     S3Store,
     make_client,
 )
+from objmanifest.store.errors import OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
 from objmanifest.store.s3 import CONTINUE_THRESHOLD
 
 pytestmark = [pytest.mark.conformance, pytest.mark.behaviour]

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from objmanifest import servers
+from objmanifest.core.model import Entry, State
 from objmanifest.demo import parser
 from objmanifest.demo import plan as p
 from objmanifest.demo.verify import Kill, check_all_consumed, check_manifest
-from objmanifest.model import Entry, State
+from objmanifest.local import servers
 
 SMALL = ["--files", "6", "--big-mib", "12", "--agents", "2"]
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,8 +20,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionClosedError, HTTPClientError
 from faults import CHAOS_KINDS, Chaos, FaultProxy
 
-from objmanifest import servers
-from objmanifest.servers import LocalS3
+from objmanifest.local import servers
+from objmanifest.local.servers import LocalS3
 
 pytestmark = pytest.mark.xdist_group("faults")
 """Under xdist (``--dist loadgroup``) this module's tests run on one worker, so its own

@@ -35,7 +35,7 @@ NAMES = pytest.mark.parametrize(
 )
 
 
-def create(store: om.Store) -> om.Task:
+def create(store: om.ObjectStore) -> om.Task:
     return om.Task.create(store, TASK, stages=["collect"], lease_seconds=1, max_retries=3)
 
 

@@ -14,7 +14,8 @@ from breaking import BreakingFile
 from conftest import raw_put
 
 import objmanifest as om
-from objmanifest import transfer
+from objmanifest.core.model import Stored
+from objmanifest.data import transfer
 from objmanifest.store import PROBE_PREFIX
 
 pytestmark = pytest.mark.behaviour
@@ -203,7 +204,7 @@ def body_of(file_id: str) -> bytes:
 
 
 def test_gc_in_a_loop_during_a_pipeline_keeps_every_entry_and_removes_the_garbage(
-    store: om.Store,
+    store: om.ObjectStore,
 ) -> None:
     task = om.Task.create(store, "pipe", stages=["collect"], lease_seconds=1, max_retries=50)
     ids = [f"f{i:02d}" for i in range(16)]
@@ -334,7 +335,7 @@ def test_gc_keeps_an_upload_and_a_completed_object_a_later_holder_may_adopt(
     assert claim is not None
     real_finish = om.Agent._finish
 
-    def die(self: om.Agent, c: om.Claim, stored: om.model.Stored) -> om.Entry:
+    def die(self: om.Agent, c: om.Claim, stored: Stored) -> om.Entry:
         raise om.StoreError("the producer died before its finish")
 
     monkeypatch.setattr(om.Agent, "_finish", die)

@@ -24,7 +24,7 @@ import pytest
 import rawstore
 
 import objmanifest as om
-from objmanifest.model import MAX_AGENT_BYTES, MAX_ERROR_CHARS
+from objmanifest.core.model import MAX_AGENT_BYTES, MAX_ERROR_CHARS
 
 MiB = 1024 * 1024
 LEASE_MESSAGE = "lease_seconds must be a number of seconds above 0 and at most 2592000"
@@ -44,7 +44,7 @@ def produce(task: om.Task, file_id: str, data: bytes, stage: str = "collect") ->
 
 
 @contextlib.contextmanager
-def data_reads(store: om.Store) -> Iterator[Counter[str]]:
+def data_reads(store: om.ObjectStore) -> Iterator[Counter[str]]:
     """Count the GETs of data objects the store's client sends while the block runs."""
     seen: Counter[str] = Counter()
 
@@ -453,7 +453,7 @@ def test_an_id_in_the_index_but_in_no_shard_is_flagged_and_a_rerun_finishes_it(
 
 @pytest.mark.behaviour
 def test_the_loser_of_two_concurrent_puts_of_one_claim_aborts_its_upload(
-    store: om.Store, server: Any
+    store: om.ObjectStore, server: Any
 ) -> None:
     """Both start before either records an upload, so both upload to the same key; the one
     whose upload is replaced learns it at its next record and aborts its own upload."""
@@ -466,7 +466,7 @@ def test_the_loser_of_two_concurrent_puts_of_one_claim_aborts_its_upload(
     second_read, first_began, second_began = threading.Event(), threading.Event(), threading.Event()
     state_key = task.layout.upload_state("make", "big")
 
-    def after(store: om.Store, method: str, done: threading.Event, key: str) -> None:
+    def after(store: om.ObjectStore, method: str, done: threading.Event, key: str) -> None:
         """Set ``done`` once ``method`` on ``key`` has answered (a read, even NotFound; a
         write only when it landed)."""
         original: Callable[..., Any] = getattr(store, method)
@@ -484,7 +484,7 @@ def test_the_loser_of_two_concurrent_puts_of_one_claim_aborts_its_upload(
 
         setattr(store, method, wrapper)
 
-    def before(store: om.Store, method: str, wait: threading.Event) -> None:
+    def before(store: om.ObjectStore, method: str, wait: threading.Event) -> None:
         original: Callable[..., Any] = getattr(store, method)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -331,7 +331,7 @@ def test_consume_with_stdout_closed_marks_nothing(cli: Cli) -> None:
 
 
 @MOTO_ONLY
-def test_a_corrupt_shard_is_named_by_its_full_address(cli: Cli, store: om.Store) -> None:
+def test_a_corrupt_shard_is_named_by_its_full_address(cli: Cli, store: om.ObjectStore) -> None:
     cli.run("init", "a")
     key = "job/shards/a.json"
     rawstore.put(store, key, b'{"schema_version": 0, "task_id": "job", "stage": "a"}')
@@ -350,7 +350,9 @@ def test_a_corrupt_shard_is_named_by_its_full_address(cli: Cli, store: om.Store)
 
 
 @MOTO_ONLY
-def test_status_flags_damage_and_repair_puts_the_index_back(cli: Cli, store: om.Store) -> None:
+def test_status_flags_damage_and_repair_puts_the_index_back(
+    cli: Cli, store: om.ObjectStore
+) -> None:
     cli.run("init", "a", "b")
     cli.run("declare", "x", "--stage", "a")
     cli.run("declare", "y", "--stage", "b")
@@ -405,7 +407,7 @@ class HoldingProxy(FaultProxy):
     ],
 )
 def test_a_put_stopped_by_sigterm_leaves_only_a_recorded_upload(
-    cli: Cli, store: om.Store, held: str, left: int
+    cli: Cli, store: om.ObjectStore, held: str, left: int
 ) -> None:
     cli.run("init", "a")
     cli.run("declare", "big", "--stage", "a")
@@ -761,7 +763,7 @@ def test_doctor_on_a_missing_bucket_is_one_error(cli: Cli) -> None:
 
 
 @MOTO_ONLY
-def test_repair_dry_run_names_a_corrupt_journal_block(cli: Cli, store: om.Store) -> None:
+def test_repair_dry_run_names_a_corrupt_journal_block(cli: Cli, store: om.ObjectStore) -> None:
     cli.run("init", "a", "--lease", "600")
     cli.run("declare", "f", "--stage", "a")
     task = om.Task.open(store, "job")

@@ -36,8 +36,9 @@ from conftest import (
 from faults import FaultProxy
 
 import objmanifest as om
-from objmanifest import checksum, transfer
-from objmanifest.uploads import UploadCodec
+from objmanifest.core import checksum
+from objmanifest.data import transfer
+from objmanifest.data.chunked import UploadCodec
 
 pytestmark = [pytest.mark.behaviour]
 

@@ -10,14 +10,14 @@ import pytest
 from conftest import requests
 
 import objmanifest as om
-from objmanifest import cas
+from objmanifest.cas import loop
 
 pytestmark = pytest.mark.behaviour
 
 
 @pytest.mark.stage_layout
 def test_a_produced_entry_costs_three_requests_and_its_share_of_a_block(
-    store: om.Store,
+    store: om.ObjectStore,
 ) -> None:
     # A cached version counts as current for an hour here (1 s by default), so that a pause
     # of a loaded machine between two calls cannot add a read.
@@ -30,7 +30,7 @@ def test_a_produced_entry_costs_three_requests_and_its_share_of_a_block(
         while (claim := agent.claim(stage="collect")) is not None:
             agent.put(claim, claim.file_id.encode())
         task.flush_journal()
-    blocks = (1 + 2 * entries) // cas.BLOCK
+    blocks = (1 + 2 * entries) // loop.BLOCK
     # No claim reads the shard its last commit wrote, but the one that found nothing left:
     # a no-op decided on a cached version is checked by a read (a 304).
     assert seen["GetObject"] == 1
@@ -40,7 +40,9 @@ def test_a_produced_entry_costs_three_requests_and_its_share_of_a_block(
     assert sum(seen.values()) / entries <= 3.1
 
 
-def test_one_commit_per_process_keeps_the_journal_bounded_and_trimmable(store: om.Store) -> None:
+def test_one_commit_per_process_keeps_the_journal_bounded_and_trimmable(
+    store: om.ObjectStore,
+) -> None:
     """Shell steps and tool calls: each commit from a new ``Task`` that knows of no block
     stored. The shard and the index carry fewer than ``2 * BLOCK`` records whatever made
     them, a commit costs its two PUTs (plus each block about twice over the run), and
@@ -60,11 +62,11 @@ def test_one_commit_per_process_keeps_the_journal_bounded_and_trimmable(store: o
     droppable = 0
     for key, codec in task.journaled_objects():
         journal = codec.journal(task.docs.read(key, codec))
-        assert journal is not None and len(journal[1]) < 2 * cas.BLOCK, key
+        assert journal is not None and len(journal[1]) < 2 * loop.BLOCK, key
         newest = max((r.version for r in journal[1]), default=0)
-        droppable += cas.BLOCK if newest - cas.BLOCK >= 40 else 0
-    assert droppable >= cas.BLOCK
-    assert sum(puts) / processes <= 2 + 4 / cas.BLOCK + 0.01
+        droppable += loop.BLOCK if newest - loop.BLOCK >= 40 else 0
+    assert droppable >= loop.BLOCK
+    assert sum(puts) / processes <= 2 + 4 / loop.BLOCK + 0.01
     assert max(puts) <= 6
     dropped = task.trim_journal()
     assert sum(d.records for d in dropped) >= droppable

@@ -40,7 +40,7 @@ COUNT = 40
 
 def run_worker(
     server: Server,
-    store: om.Store,
+    store: om.ObjectStore,
     endpoint: str,
     name: str,
     proxy: FaultProxy | None = None,
@@ -74,7 +74,7 @@ def run_worker(
 
 
 def test_writers_killed_at_every_point_of_the_sequence_lose_no_record(
-    server: Server, store: om.Store
+    server: Server, store: om.ObjectStore
 ) -> None:
     om.Task.create(store, "job", stages=["s"], lease_seconds=60)
     for n, point in enumerate(KILL_POINTS):

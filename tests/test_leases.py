@@ -24,7 +24,7 @@ MiB = 1024 * 1024
 PART = 5 * MiB
 
 
-def create(store: om.Store, lease: float = 1, retries: int = 3) -> om.Task:
+def create(store: om.ObjectStore, lease: float = 1, retries: int = 3) -> om.Task:
     return om.Task.create(
         store, "leases", stages=["collect"], lease_seconds=lease, max_retries=retries
     )
@@ -119,7 +119,7 @@ def test_leases_follow_the_store_clock_not_the_agents(
 # -- reaping a dead chunked entry ------------------------------------------------------------
 
 
-def test_reaping_a_dead_chunked_entry_aborts_its_upload(store: om.Store) -> None:
+def test_reaping_a_dead_chunked_entry_aborts_its_upload(store: om.ObjectStore) -> None:
     """A chunked put breaks after its first part: the upload stays open for an adopter. Its
     lease expires with no retries left, so reap makes the entry dead, and nobody will adopt
     the upload any more: reap aborts it, and no multipart upload of the task is left."""

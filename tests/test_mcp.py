@@ -39,9 +39,9 @@ from test_cli import (
 )
 
 import objmanifest as om
-from objmanifest.cli import exits
 from objmanifest.mcp import server as mcp_server
 from objmanifest.mcp.tools import MAX_INLINE, Session, confine
+from objmanifest.wire import exits
 
 E = exits.ExitCode
 TOOLS = {
@@ -135,7 +135,7 @@ def run(main: Any) -> None:
 
 
 def test_an_agent_declares_claims_puts_and_consumes_through_the_tools(
-    cli: Cli, store: om.Store
+    cli: Cli, store: om.ObjectStore
 ) -> None:
     task = om.Task.create(store, "job", ["draft", "review"])
     (cli.cwd / "notes").mkdir()
@@ -210,7 +210,7 @@ def test_an_agent_declares_claims_puts_and_consumes_through_the_tools(
 
 
 def test_a_stalled_holder_is_fenced_and_its_put_returns_the_lease_error(
-    cli: Cli, store: om.Store, tmp_path: Path
+    cli: Cli, store: om.ObjectStore, tmp_path: Path
 ) -> None:
     task = om.Task.create(store, "job", ["draft"], lease_seconds=1)
     task.declare("f.txt", "draft")
@@ -249,7 +249,7 @@ def test_a_stalled_holder_is_fenced_and_its_put_returns_the_lease_error(
 
 @MOTO_ONLY
 def test_bad_input_is_a_tool_error_naming_it_and_the_server_goes_on(
-    cli: Cli, store: om.Store, tmp_path: Path
+    cli: Cli, store: om.ObjectStore, tmp_path: Path
 ) -> None:
     om.Task.create(store, "job", ["draft"]).declare("f.txt", "draft")
     root = tmp_path / "root"
@@ -298,7 +298,7 @@ def test_bad_input_is_a_tool_error_naming_it_and_the_server_goes_on(
 
 @MOTO_ONLY
 def test_binary_data_is_not_returned_inline_and_a_path_gets_it(
-    cli: Cli, store: om.Store, tmp_path: Path
+    cli: Cli, store: om.ObjectStore, tmp_path: Path
 ) -> None:
     task = om.Task.create(store, "job", ["draft"])
     task.declare("blob.bin", "draft")
@@ -321,7 +321,7 @@ def test_binary_data_is_not_returned_inline_and_a_path_gets_it(
 
 
 def test_two_servers_as_two_agents_hand_a_file_over(
-    cli: Cli, store: om.Store, tmp_path: Path
+    cli: Cli, store: om.ObjectStore, tmp_path: Path
 ) -> None:
     om.Task.create(store, "job", ["write", "read"])
     maker_root, user_root = tmp_path / "maker", tmp_path / "user"
@@ -362,7 +362,7 @@ def test_two_servers_as_two_agents_hand_a_file_over(
 
 @MOTO_ONLY
 def test_a_claim_held_past_max_hold_is_released_without_a_retry_and_the_model_told(
-    cli: Cli, store: om.Store
+    cli: Cli, store: om.ObjectStore
 ) -> None:
     task = om.Task.create(store, "job", ["draft"])
     task.declare_many([{"file_id": f, "stage": "draft"} for f in ("f.txt", "g.txt")])
@@ -388,7 +388,7 @@ def test_a_claim_held_past_max_hold_is_released_without_a_retry_and_the_model_to
 
 
 @MOTO_ONLY
-def test_it_serves_streamable_http_on_loopback(cli: Cli, store: om.Store) -> None:
+def test_it_serves_streamable_http_on_loopback(cli: Cli, store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", ["draft"])
     proc = cli.popen("--json", "mcp", "--agent", "web-agent", "--http", "0")
     try:

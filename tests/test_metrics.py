@@ -66,7 +66,7 @@ def scripted_run(task: om.Task) -> None:
     assert task.agent("c").consume("x") == b"12345"  # 5 bytes down
 
 
-def test_values_after_a_scripted_run_match_what_happened(store: om.Store) -> None:
+def test_values_after_a_scripted_run_match_what_happened(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["a", "b"], lease_seconds=1, max_retries=1)
     registry = CollectorRegistry()
     metrics = om.metrics.register(task, registry=registry, cache_seconds=0)

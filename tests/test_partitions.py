@@ -20,9 +20,9 @@ from test_cli import Cli, cli  # noqa: F401 (the fixture)
 from test_races import STAGE, TASK, Spawn, fresh, payload, spawn  # noqa: F401 (the fixture)
 
 import objmanifest as om
-from objmanifest import checksum
-from objmanifest.layout import TaskLayout, partition_of
-from objmanifest.model import READERS
+from objmanifest.core import checksum
+from objmanifest.core.layout import TaskLayout, partition_of
+from objmanifest.core.model import READERS
 
 # -- routing (no store) ------------------------------------------------------------------
 
@@ -104,7 +104,7 @@ def produce_all(task: om.Task, stage: str, agent: str = "p") -> Counter[str]:
 
 
 @pytest.mark.behaviour
-def test_a_split_stage_is_one_stage_to_its_readers(store: om.Store) -> None:
+def test_a_split_stage_is_one_stage_to_its_readers(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["collect", "write"], partitions={"collect": 4})
     ids = [f"item-{i:02d}" for i in range(40)]
     task.declare_many([(fid, "collect") for fid in ids])
@@ -149,7 +149,9 @@ def test_a_split_stage_is_one_stage_to_its_readers(store: om.Store) -> None:
 
 
 @pytest.mark.behaviour
-def test_claims_by_stage_spread_over_partitions_and_find_the_last_entry(store: om.Store) -> None:
+def test_claims_by_stage_spread_over_partitions_and_find_the_last_entry(
+    store: om.ObjectStore,
+) -> None:
     task = om.Task.create(store, "job", stages=["collect"], partitions={"collect": 8})
     task.declare_many([(f"f{i}", "collect") for i in range(40)])
     # Each new agent starts at a random partition: 16 agents all starting at one of 8 would
@@ -168,7 +170,7 @@ def test_claims_by_stage_spread_over_partitions_and_find_the_last_entry(store: o
 
 
 @pytest.mark.behaviour
-def test_put_many_over_partitions_commits_once_per_partition(store: om.Store) -> None:
+def test_put_many_over_partitions_commits_once_per_partition(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["collect"], partitions={"collect": 4})
     ids = [f"f{i:02d}" for i in range(40)]
     task.declare_many([(fid, "collect") for fid in ids])
@@ -186,7 +188,7 @@ def test_put_many_over_partitions_commits_once_per_partition(store: om.Store) ->
 
 
 @pytest.mark.behaviour
-def test_the_task_layout_keeps_stages_apart(store: om.Store) -> None:
+def test_the_task_layout_keeps_stages_apart(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["collect", "write"], layout="task")
     assert json.loads(raw_get(store, "job/task.json"))["layout"] == "task"
     task.declare_many([(f"c{i}", "collect") for i in range(5)])
@@ -215,7 +217,7 @@ def test_the_task_layout_keeps_stages_apart(store: om.Store) -> None:
 
 
 @pytest.mark.behaviour
-def test_a_deleted_partition_is_rebuilt_from_its_journal(store: om.Store) -> None:
+def test_a_deleted_partition_is_rebuilt_from_its_journal(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["collect"], partitions={"collect": 3})
     ids = [f"f{i}" for i in range(30)]
     task.declare_many([(fid, "collect") for fid in ids])
@@ -246,7 +248,7 @@ def test_a_deleted_partition_is_rebuilt_from_its_journal(store: om.Store) -> Non
 @pytest.mark.heavy
 def test_producer_processes_on_a_split_stage_make_each_entry_ready_exactly_once(
     server: Server,
-    store: om.Store,
+    store: om.ObjectStore,
     spawn: Spawn,  # noqa: F811
 ) -> None:
     task = om.Task.create(store, TASK, stages=[STAGE], lease_seconds=30, partitions={STAGE: 4})

@@ -24,9 +24,8 @@ import pytest
 from conftest import ManualClock
 
 import objmanifest as om
-from objmanifest import permissions
 from objmanifest.cli import main
-from objmanifest.store import PROBE_PREFIX
+from objmanifest.store import PROBE_PREFIX, permissions
 from objmanifest.store.probe import probe_store
 
 ROOT = Path(__file__).resolve().parent.parent

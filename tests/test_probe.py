@@ -27,8 +27,8 @@ from faults import FaultProxy, ignoring_conditions
 
 import objmanifest as om
 from objmanifest.cli import main
-from objmanifest.errors import PreconditionFailed
 from objmanifest.store import PROBE_PREFIX, PutMode
+from objmanifest.store.errors import PreconditionFailed
 from objmanifest.store.probe import (
     CREATE_RACE,
     ORDER,
@@ -236,7 +236,7 @@ def run_doctor(server: Server, prefix: str, *extra: str) -> tuple[int, dict[str,
 @pytest.mark.behaviour  # so it runs against LocalStack in CI too (localstack/ci.sh)
 @pytest.mark.s3_only
 def test_doctor_finds_a_real_server_safe_and_says_how_it_answers(
-    server: Server, store: om.Store
+    server: Server, store: om.ObjectStore
 ) -> None:
     code, report = run_doctor(server, store.prefix)
     checks = {c["name"]: c for c in report["checks"]}
@@ -255,7 +255,7 @@ def test_doctor_finds_a_real_server_safe_and_says_how_it_answers(
 
 
 def test_doctor_names_what_a_store_that_ignores_conditions_gets_wrong(
-    server: Server, store: om.Store, capsys: Any
+    server: Server, store: om.ObjectStore, capsys: Any
 ) -> None:
     with ignoring_conditions(server.endpoint_url) as proxy:
         url = f"s3://{BUCKET}/{store.prefix}"
@@ -293,7 +293,7 @@ class DenyingProxy(FaultProxy):
 
 
 def test_doctor_names_the_permission_a_refused_call_lacked(
-    server: Server, store: om.Store, capsys: Any, monkeypatch: pytest.MonkeyPatch
+    server: Server, store: om.ObjectStore, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("COLUMNS", "400")  # the table's rows on one line each
 

@@ -18,7 +18,7 @@ from conftest import Server
 from test_races import WORKER, Worker
 
 import objmanifest as om
-from objmanifest import checksum
+from objmanifest.core import checksum
 
 MiB = 1024 * 1024
 PART = 5 * MiB

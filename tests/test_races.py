@@ -28,7 +28,7 @@ from conftest import Server
 from faults import FaultProxy, ignoring_conditions
 
 import objmanifest as om
-from objmanifest import checksum
+from objmanifest.core import checksum
 from objmanifest.store import make_client
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -138,7 +138,7 @@ Spawn = Callable[..., Worker]
 
 
 @pytest.fixture
-def spawn(server: Server, store: om.Store) -> Iterator[Spawn]:
+def spawn(server: Server, store: om.ObjectStore) -> Iterator[Spawn]:
     """Start workers against the test's store; all of them are killed at the end."""
     started: list[Worker] = []
 
@@ -171,7 +171,7 @@ def spawn(server: Server, store: om.Store) -> Iterator[Spawn]:
             worker.kill()
 
 
-def fresh(server: Server, store: om.Store) -> om.Task:
+def fresh(server: Server, store: om.ObjectStore) -> om.Task:
     """The task through a new client with an empty cache: the store as it is now."""
     return om.Task.open(server.connect(store.prefix), TASK)
 
@@ -190,7 +190,7 @@ def payload(file_id: str, name: str, epoch: int) -> bytes:
 
 @pytest.mark.heavy
 def test_racing_producer_processes_make_each_entry_ready_exactly_once(
-    server: Server, store: om.Store, task: om.Task, spawn: Spawn
+    server: Server, store: om.ObjectStore, task: om.Task, spawn: Spawn
 ) -> None:
     ids = [f"item-{i:02d}" for i in range(40)]
     task.declare_many([(fid, STAGE) for fid in ids])
@@ -239,7 +239,7 @@ def test_racing_producer_processes_make_each_entry_ready_exactly_once(
 
 @pytest.mark.heavy
 def test_a_stopped_holder_is_fenced_after_its_lease_is_taken_over(
-    server: Server, store: om.Store, spawn: Spawn
+    server: Server, store: om.ObjectStore, spawn: Spawn
 ) -> None:
     """The zombie holds x and y and stops. After its leases expire by the store's clock the
     rescuer takes both over, finishes x, and is still writing y when the zombie wakes up and
@@ -313,7 +313,7 @@ def test_a_stopped_holder_is_fenced_after_its_lease_is_taken_over(
 @pytest.mark.heavy
 @pytest.mark.parametrize("offset", ["+10m", "-10m"])
 def test_an_agent_with_a_wrong_clock_judges_leases_by_the_store_clock(
-    server: Server, store: om.Store, task: om.Task, spawn: Spawn, offset: str
+    server: Server, store: om.ObjectStore, task: om.Task, spawn: Spawn, offset: str
 ) -> None:
     found = sorted(glob.glob(FAKETIME_GLOB))
     if not found:  # a missing tool must not turn this test into a silent pass
@@ -378,14 +378,14 @@ def test_an_agent_with_a_wrong_clock_judges_leases_by_the_store_clock(
 
 @pytest.mark.parametrize("client_retries", [True, False], ids=["botocore-retries", "no-retries"])
 def test_a_write_whose_response_is_lost_is_applied_exactly_once(
-    server: Server, store: om.Store, client_retries: bool
+    server: Server, store: om.ObjectStore, client_retries: bool
 ) -> None:
     config: dict[str, Any] = (
         {} if client_retries else {"retries": {"total_max_attempts": 1, "mode": "standard"}}
     )
     shard_path = f"{TASK}/shards/{STAGE}.json"
     with FaultProxy(server.endpoint_url) as proxy:
-        through = om.Store(make_client(proxy.endpoint_url, **config), store.bucket, store.prefix)
+        through = om.S3Store(make_client(proxy.endpoint_url, **config), store.bucket, store.prefix)
         task = om.Task.create(through, TASK, stages=[STAGE], lease_seconds=60, max_retries=3)
         task.declare_many([(f, STAGE) for f in ("a", "b", "c", "d")])
         direct = fresh(server, store)
@@ -470,14 +470,14 @@ NO_CLIENT_RETRIES: dict[str, Any] = {"retries": {"total_max_attempts": 1, "mode"
 
 @pytest.mark.parametrize("client_retries", [True, False], ids=["botocore-retries", "no-retries"])
 def test_create_whose_answer_is_lost_returns_its_own_task(
-    server: Server, store: om.Store, client_retries: bool
+    server: Server, store: om.ObjectStore, client_retries: bool
 ) -> None:
     """The header landed but its answer was lost: the same call finds its own header
     (same creation id) and returns the task instead of AlreadyExists."""
     header_path = f"/{store.bucket}/{store.full_key(TASK)}/task.json"
     with FaultProxy(server.endpoint_url) as proxy:
         client = make_client(proxy.endpoint_url, **({} if client_retries else NO_CLIENT_RETRIES))
-        through = om.Store(client, store.bucket, store.prefix)
+        through = om.S3Store(client, store.bucket, store.prefix)
         proxy.drop_response("PUT", header_path)
         task = om.Task.create(through, TASK, stages=[STAGE, "write"], lease_seconds=60)
         assert proxy.dropped == 1
@@ -492,14 +492,14 @@ def test_create_whose_answer_is_lost_returns_its_own_task(
 
 
 def test_rerunning_create_after_a_lost_answer_finds_the_task_exists(
-    server: Server, store: om.Store
+    server: Server, store: om.ObjectStore
 ) -> None:
     """A first call's header landed, but neither its answer nor the read-back reached it:
     it fails. A rerun is another call (another creation id): AlreadyExists, and the header
     the first call wrote stays as it was."""
     header_path = f"/{store.bucket}/{store.full_key(TASK)}/task.json"
     with FaultProxy(server.endpoint_url) as proxy:
-        through = om.Store(
+        through = om.S3Store(
             make_client(proxy.endpoint_url, **NO_CLIENT_RETRIES), store.bucket, store.prefix
         )
         proxy.drop_response("PUT", header_path)
@@ -518,7 +518,7 @@ def test_rerunning_create_after_a_lost_answer_finds_the_task_exists(
 
 
 def test_a_store_that_ignores_conditional_headers_is_refused(
-    server: Server, store: om.Store
+    server: Server, store: om.ObjectStore
 ) -> None:
     with ignoring_conditions(server.endpoint_url) as proxy:
         through = server.connect(store.prefix, endpoint_url=proxy.endpoint_url)
@@ -536,7 +536,7 @@ def test_a_store_that_ignores_conditional_headers_is_refused(
 
 @pytest.mark.parametrize("retries", [True, False], ids=["client-retries", "no-retries"])
 def test_a_lost_probe_response_does_not_refuse_a_good_store(
-    server: Server, store: om.Store, retries: bool
+    server: Server, store: om.ObjectStore, retries: bool
 ) -> None:
     """A dropped answer to a probe write must not look like a refusal (nor leak the probe)."""
     extra = {} if retries else {"retries": {"total_max_attempts": 1, "mode": "standard"}}

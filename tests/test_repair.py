@@ -13,8 +13,8 @@ import pytest
 from conftest import raw_delete, raw_get, raw_put
 
 import objmanifest as om
-from objmanifest.cas import BLOCK
-from objmanifest.repair import RECORDS_AT_RISK
+from objmanifest.cas.loop import BLOCK
+from objmanifest.ops.repair import RECORDS_AT_RISK
 
 pytestmark = pytest.mark.behaviour
 
@@ -38,7 +38,7 @@ def wait_expired(task: om.Task, claim: om.Claim) -> None:
         time.sleep(0.25)
 
 
-def mid_pipeline(store: om.Store) -> Pipeline:
+def mid_pipeline(store: om.ObjectStore) -> Pipeline:
     """Versions 1..32 of the collect shard reach a journal block: a declaration, a takeover,
     twelve entries produced, five consumed. Versions 33.. (a claim, a produced entry, a
     consumption) live only in the shard itself."""
@@ -109,7 +109,7 @@ def assert_fenced(task: om.Task, *claims: om.Claim) -> None:
             holder.put(claim, b"late bytes of a fenced holder")
 
 
-def damage(store: om.Store, key: str, how: str) -> bytes | None:
+def damage(store: om.ObjectStore, key: str, how: str) -> bytes | None:
     """Damage ``key``; returns the bytes now there (None: deleted)."""
     if how == "delete":
         raw_delete(store, key)
@@ -126,7 +126,7 @@ def damage(store: om.Store, key: str, how: str) -> bytes | None:
 
 @pytest.mark.parametrize("how", ["delete", "garble", "reshape"])
 @pytest.mark.stage_layout
-def test_a_damaged_shard_is_rebuilt_from_its_journal(store: om.Store, how: str) -> None:
+def test_a_damaged_shard_is_rebuilt_from_its_journal(store: om.ObjectStore, how: str) -> None:
     p = mid_pipeline(store)
     task = p.task
     key = task.shard_key("collect")
@@ -182,7 +182,7 @@ TIMES = ("claimed_at", "ready_at", "retry_at")
 
 
 @pytest.mark.stage_layout
-def test_a_rebuilt_shard_keeps_claim_ready_and_retry_times(store: om.Store) -> None:
+def test_a_rebuilt_shard_keeps_claim_ready_and_retry_times(store: om.ObjectStore) -> None:
     """Deadlines count from ``claimed_at`` and ``ready_at``, a backoff ends at ``retry_at``:
     a shard deleted and rebuilt from its journal keeps each, so none starts over."""
     task = om.Task.create(
@@ -235,7 +235,7 @@ def test_a_rebuilt_shard_keeps_claim_ready_and_retry_times(store: om.Store) -> N
 
 @pytest.mark.parametrize("how", ["delete", "garble"])
 @pytest.mark.stage_layout
-def test_a_damaged_index_is_rebuilt_from_the_shards(store: om.Store, how: str) -> None:
+def test_a_damaged_index_is_rebuilt_from_the_shards(store: om.ObjectStore, how: str) -> None:
     p = mid_pipeline(store)
     key = p.task.index_key
     damaged = damage(store, key, how)
@@ -260,7 +260,7 @@ def test_a_damaged_index_is_rebuilt_from_the_shards(store: om.Store, how: str) -
 
 
 @pytest.mark.stage_layout
-def test_an_object_of_a_newer_release_is_left_alone(store: om.Store) -> None:
+def test_an_object_of_a_newer_release_is_left_alone(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["collect"])
     task.declare("x", "collect")
     key = task.shard_key("collect")

@@ -16,7 +16,7 @@ from conftest import raw_delete, raw_get, raw_put
 from rawstore import keys
 
 import objmanifest as om
-from objmanifest.cas import BLOCK
+from objmanifest.cas.loop import BLOCK
 
 pytestmark = pytest.mark.behaviour
 
@@ -33,7 +33,7 @@ DAMAGE: dict[str, Callable[[bytes], bytes | None]] = {
 }
 
 
-def spoil(store: om.Store, key: str, how: str) -> bytes | None:
+def spoil(store: om.ObjectStore, key: str, how: str) -> bytes | None:
     """Damage ``key`` as ``how`` says; the bytes now there (None: deleted)."""
     body = DAMAGE[how](raw_get(store, key))
     if body is None:
@@ -43,7 +43,7 @@ def spoil(store: om.Store, key: str, how: str) -> bytes | None:
     return body
 
 
-def busy(store: om.Store) -> tuple[om.Task, om.Claim]:
+def busy(store: om.ObjectStore) -> tuple[om.Task, om.Claim]:
     """A task whose shard of ``a`` (whatever the layout) has a journal block: ``a`` held
     and renewed past a block, ``b`` ready, ``c`` pending behind ``b``."""
     task = om.Task.create(store, "job", stages=["collect", "write"], lease_seconds=600)
@@ -97,7 +97,7 @@ def check_repaired(task: om.Task, key: str, kind: str, damage: str) -> om.Object
 @pytest.mark.parametrize("how", list(DAMAGE))
 @pytest.mark.parametrize("which", ["shard", "index"])
 def test_a_damaged_shard_or_index_is_named_by_status_and_repaired(
-    store: om.Store, which: str, how: str
+    store: om.ObjectStore, which: str, how: str
 ) -> None:
     task, held = busy(store)
     key = task.shard_key("collect", "a") if which == "shard" else task.index_key
@@ -122,7 +122,7 @@ def test_a_damaged_shard_or_index_is_named_by_status_and_repaired(
 @pytest.mark.parametrize("how", ["not JSON", "a block of nothing", "deleted"])
 @pytest.mark.parametrize("shard_lost", [False, True])
 def test_a_damaged_journal_block_is_named_by_repair_and_said_lost(
-    store: om.Store, how: str, shard_lost: bool
+    store: om.ObjectStore, how: str, shard_lost: bool
 ) -> None:
     task, held = busy(store)
     shard_key = task.shard_key("collect", "a")
@@ -162,7 +162,7 @@ def damage_of(how: str) -> str:
 
 @pytest.mark.parametrize("how", ["not JSON", "nested thousands deep", "deleted"])
 def test_a_ready_chunked_entrys_damaged_upload_state_is_rebuilt_from_its_data(
-    store: om.Store, how: str
+    store: om.ObjectStore, how: str
 ) -> None:
     task = om.Task.create(store, "job", stages=["collect"])
     task.declare("big", stage="collect")
@@ -189,7 +189,7 @@ def test_a_ready_chunked_entrys_damaged_upload_state_is_rebuilt_from_its_data(
 
 
 def test_an_upload_state_is_not_rebuilt_over_data_that_does_not_verify(
-    store: om.Store,
+    store: om.ObjectStore,
 ) -> None:
     task = om.Task.create(store, "job", stages=["collect"])
     task.declare("big", stage="collect")

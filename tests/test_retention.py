@@ -13,8 +13,8 @@ import pytest
 from conftest import raw_get, raw_put
 
 import objmanifest as om
-from objmanifest.model import RetentionMarker
-from objmanifest.retention import MarkerCodec, TrimJournal
+from objmanifest.core.model import RetentionMarker
+from objmanifest.journal.retention import MarkerCodec, TrimJournal
 
 pytestmark = pytest.mark.behaviour
 
@@ -53,7 +53,7 @@ def _ranges(dropped: list[om.Dropped]) -> list[tuple[str, int, int, int]]:
     return [(d.object_key, d.first, d.last, d.records) for d in dropped]
 
 
-def test_settings_are_checked_like_the_lease_and_kept_in_the_header(store: om.Store) -> None:
+def test_settings_are_checked_like_the_lease_and_kept_in_the_header(store: om.ObjectStore) -> None:
     for bad in (float("inf"), float("nan"), 0, -1.0, True, "60", 1e12):
         with pytest.raises(om.InvalidInput, match="journal_keep_seconds must be a number"):
             _task(store, journal_keep_seconds=bad)
@@ -69,7 +69,7 @@ def test_settings_are_checked_like_the_lease_and_kept_in_the_header(store: om.St
 
 
 @pytest.mark.stage_layout
-def test_a_count_bound_drops_whole_old_blocks_and_readers_say_so(store: om.Store) -> None:
+def test_a_count_bound_drops_whole_old_blocks_and_readers_say_so(store: om.ObjectStore) -> None:
     task = _task(store, journal_keep_versions=40)
     claim = _commit_until(task, 102)
     task.flush_journal()
@@ -103,7 +103,7 @@ def test_a_count_bound_drops_whole_old_blocks_and_readers_say_so(store: om.Store
 
 
 @pytest.mark.stage_layout
-def test_an_age_bound_never_drops_a_block_the_live_object_carries(store: om.Store) -> None:
+def test_an_age_bound_never_drops_a_block_the_live_object_carries(store: om.ObjectStore) -> None:
     task = _task(store, journal_keep_seconds=3600)
     _commit_until(task, 96)  # the block 65..96 starts once v96 landed: v96 carries it
     task.flush_journal()
@@ -122,7 +122,7 @@ def test_an_age_bound_never_drops_a_block_the_live_object_carries(store: om.Stor
 
 
 @pytest.mark.stage_layout
-def test_a_trim_that_died_after_saying_is_finished_by_the_next(store: om.Store) -> None:
+def test_a_trim_that_died_after_saying_is_finished_by_the_next(store: om.ObjectStore) -> None:
     task = _task(store, journal_keep_versions=40)
     claim = _commit_until(task, 102)
     task.flush_journal()
@@ -143,7 +143,7 @@ def test_a_trim_that_died_after_saying_is_finished_by_the_next(store: om.Store) 
 
 
 @pytest.mark.stage_layout
-def test_a_task_without_retention_keeps_its_whole_journal(store: om.Store) -> None:
+def test_a_task_without_retention_keeps_its_whole_journal(store: om.ObjectStore) -> None:
     task = _task(store)
     _commit_until(task, 70)
     task.flush_journal()
@@ -153,7 +153,9 @@ def test_a_task_without_retention_keeps_its_whole_journal(store: om.Store) -> No
 
 
 @pytest.mark.stage_layout
-def test_trims_while_an_agent_commits_lose_no_record_within_the_bound(store: om.Store) -> None:
+def test_trims_while_an_agent_commits_lose_no_record_within_the_bound(
+    store: om.ObjectStore,
+) -> None:
     task = _task(store, journal_keep_versions=40)
     claim = _commit_until(task, 2)
     trimmer = om.Task.open(store, "job")  # another process's view: its own cache and writer
@@ -184,7 +186,7 @@ def test_trims_while_an_agent_commits_lose_no_record_within_the_bound(store: om.
 
 
 @pytest.mark.stage_layout
-def test_a_corrupt_marker_is_named_and_nothing_is_deleted(store: om.Store) -> None:
+def test_a_corrupt_marker_is_named_and_nothing_is_deleted(store: om.ObjectStore) -> None:
     task = _task(store, journal_keep_versions=40)
     claim = _commit_until(task, 102)
     task.flush_journal()

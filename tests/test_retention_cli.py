@@ -12,7 +12,7 @@ import objmanifest as om
 cli = test_cli.cli  # the fixture
 
 
-def test_init_trim_and_log_say_what_retention_dropped(cli: Cli, store: om.Store) -> None:
+def test_init_trim_and_log_say_what_retention_dropped(cli: Cli, store: om.ObjectStore) -> None:
     cli.run("--task", "r", "init", "collect", "--journal-keep-seconds", "inf", code=2)
     cli.run("--task", "r", "init", "collect", "--journal-keep-versions", "0", code=2)
     made = cli.json("--task", "r", "init", "collect", "--journal-keep-versions", "40")

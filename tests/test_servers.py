@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from objmanifest import servers
-from objmanifest.servers import LocalS3
+from objmanifest.local import servers
+from objmanifest.local.servers import LocalS3
 
 pytestmark = pytest.mark.xdist_group("servers")
 """Under xdist (``--dist loadgroup``) this module's tests run on one worker, so its own

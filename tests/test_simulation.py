@@ -16,8 +16,9 @@ from datetime import timedelta
 import pytest
 from conftest import ManualClock
 
-from objmanifest.errors import LeaseLost, NotFound, OutcomeUnknown
-from objmanifest.model import State
+from objmanifest.core.model import State
+from objmanifest.errors import LeaseLost, NotFound
+from objmanifest.store.errors import OutcomeUnknown
 from objmanifest.store.memory import MemoryStore
 from objmanifest.task import Task
 from tests import checker, sim

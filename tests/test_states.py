@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from objmanifest.model import State
-from objmanifest.states import FAILURES, TABLE, Event, InvalidTransition, next_state
+from objmanifest.core.model import State
+from objmanifest.core.states import FAILURES, TABLE, Event, InvalidTransition, next_state
 
 EXPECTED = {
     (State.pending, Event.claim): {State.writing},

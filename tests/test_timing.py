@@ -12,7 +12,7 @@ import test_cli
 from test_cli import Cli, E
 
 import objmanifest as om
-from objmanifest.model import HEADER_SCHEMA
+from objmanifest.core.model import HEADER_SCHEMA
 
 pytestmark = pytest.mark.behaviour
 
@@ -54,7 +54,7 @@ def claim_when_free(task: om.Task, file_id: str) -> om.Claim:
 # -- retry backoff ------------------------------------------------------------------------
 
 
-def test_a_failed_entry_backs_off_doubling_per_retry(store: om.Store) -> None:
+def test_a_failed_entry_backs_off_doubling_per_retry(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["a"], max_retries=5, retry_backoff=3600)
     assert task.header.schema_version == HEADER_SCHEMA
     assert task.header.requires == "0.3.0"
@@ -76,7 +76,7 @@ def test_a_failed_entry_backs_off_doubling_per_retry(store: om.Store) -> None:
     assert again.rules.retry_backoff_max == 3600 * 64
 
 
-def test_the_backoff_passes_on_the_store_clock_and_doubles(store: om.Store) -> None:
+def test_the_backoff_passes_on_the_store_clock_and_doubles(store: om.ObjectStore) -> None:
     task = om.Task.create(
         store, "job", stages=["a"], max_retries=5, retry_backoff=1, retry_backoff_max=1.5
     )
@@ -114,7 +114,7 @@ def test_no_backoff_by_default_and_the_header_stays_readable_by_0_2(task: om.Tas
     ],
 )
 def test_bad_timing_settings_are_refused(
-    store: om.Store, options: dict[str, object], message: str
+    store: om.ObjectStore, options: dict[str, object], message: str
 ) -> None:
     with pytest.raises(om.InvalidInput, match=message):
         om.Task.create(store, "job", stages=["a"], **options)  # type: ignore[arg-type]
@@ -124,7 +124,7 @@ def test_bad_timing_settings_are_refused(
 # -- deadlines ---------------------------------------------------------------------------
 
 
-def test_entries_past_their_stage_deadline_are_late(store: om.Store) -> None:
+def test_entries_past_their_stage_deadline_are_late(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["a", "b"], deadlines={"a": 1})
     task.declare_many([("w", "a"), ("r", "a"), ("c", "a"), ("other", "b")])
     produce(task, "r")
@@ -190,7 +190,7 @@ def test_wait_returns_once_every_entry_is_ready_counting_entries_declared_meanwh
     assert everything.value.file_ids == ("w",)
 
 
-def test_wait_stops_at_once_at_a_dead_entry(store: om.Store) -> None:
+def test_wait_stops_at_once_at_a_dead_entry(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["a"], max_retries=0)
     task.declare_many([("d", "a"), ("p", "a")])
     fail_once(task, "d")
@@ -215,7 +215,7 @@ def test_wait_refuses_bad_arguments(task: om.Task) -> None:
 
 
 @pytest.mark.s3_only
-def test_wait_and_backoff_from_a_shell(cli: Cli, store: om.Store) -> None:
+def test_wait_and_backoff_from_a_shell(cli: Cli, store: om.ObjectStore) -> None:
     made = cli.json(
         "init", "a", "b", "--retries", "0", "--retry-backoff", "600", "--deadline", "a=60"
     )

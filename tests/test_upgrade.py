@@ -25,7 +25,8 @@ import pytest
 from conftest import BUCKET, Server
 
 import objmanifest as om
-from objmanifest.model import READERS
+from objmanifest.core import checksum
+from objmanifest.core.model import READERS
 
 DATA = Path(__file__).with_name("data")
 DUMP = DATA / "task-0.1.0"
@@ -226,7 +227,7 @@ def test_chunked_entries_cross_releases_with_their_whole_checksums(
         claim = maker.claim(file_id)
         assert claim is not None
         made = maker.put(claim, first)
-        assert made.is_chunked and made.whole_checksum == om.checksum.of_bytes(first)
+        assert made.is_chunked and made.whole_checksum == checksum.of_bytes(first)
     stale = task.entry("big-again").whole_checksum
     key = task.entry("big-again").key
     assert key is not None
@@ -239,7 +240,7 @@ def test_chunked_entries_cross_releases_with_their_whole_checksums(
     source = tmp_path / "second.bin"
     source.write_bytes(second)
     answer = old(server, release, "chunked", url, server.endpoint_url, TASK_ID, str(source))
-    assert answer["consumed"] == om.checksum.of_bytes(first)
+    assert answer["consumed"] == checksum.of_bytes(first)
     assert answer["entry"]["whole_checksum"] == stale  # kept, from the earlier upload
     again = task.entry("big-again")
     assert (again.state, again.epoch, again.whole_checksum) == (om.State.ready, 2, stale)

@@ -11,9 +11,10 @@ import pytest
 from breaking import BreakingFile
 
 import objmanifest as om
-from objmanifest import deletion, verbs
-from objmanifest.codecs import HeaderCodec
-from objmanifest.uploads import UploadCodec
+from objmanifest.cas.codecs import HeaderCodec
+from objmanifest.core import verbs
+from objmanifest.data.chunked import UploadCodec
+from objmanifest.ops import deletion
 
 pytestmark = pytest.mark.behaviour
 
@@ -25,12 +26,12 @@ def commands(task: om.Task, file_id: str) -> list[str]:
     return [t.command for t in task.history(file_id)]
 
 
-def keys(store: om.Store, prefix: str = "") -> list[str]:
+def keys(store: om.ObjectStore, prefix: str = "") -> list[str]:
     return [row.key for row in store.list(prefix)]
 
 
 @pytest.fixture(autouse=True)
-def _free_uploads(store: om.Store) -> Iterator[None]:
+def _free_uploads(store: om.ObjectStore) -> Iterator[None]:
     yield
     for key, upload_id in list(store.list_uploads("")):
         store.abort_upload(key, upload_id)
@@ -95,7 +96,9 @@ def test_a_released_entry_that_failed_before_is_failed_with_its_count(task: om.T
     assert (entry.state, entry.retry_count, entry.error) == (om.State.failed, 1, "flaky")
 
 
-def test_a_released_chunked_entry_keeps_its_upload_for_the_next_holder(store: om.Store) -> None:
+def test_a_released_chunked_entry_keeps_its_upload_for_the_next_holder(
+    store: om.ObjectStore,
+) -> None:
     task = om.Task.create(store, "job", stages=["make"])
     task.declare("big", stage="make")
     data = random.Random(7).randbytes(3 * PART)
@@ -129,7 +132,7 @@ def test_a_released_chunked_entry_keeps_its_upload_for_the_next_holder(store: om
 # -- revive -----------------------------------------------------------------------------
 
 
-def test_revive_brings_a_dead_entry_back_with_its_retries_reset(store: om.Store) -> None:
+def test_revive_brings_a_dead_entry_back_with_its_retries_reset(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["collect"], max_retries=0)
     task.declare("a", stage="collect")
     agent = task.agent("w")
@@ -215,7 +218,7 @@ def test_undeclare_refuses_dependents_and_other_states(task: om.Task) -> None:
 # -- list, delete -----------------------------------------------------------------------
 
 
-def test_list_names_the_tasks_under_the_prefix(store: om.Store) -> None:
+def test_list_names_the_tasks_under_the_prefix(store: om.ObjectStore) -> None:
     assert om.Task.list(store) == []
     om.Task.create(store, "job", stages=["s"])
     om.Task.create(store, "another", stages=["s"])
@@ -223,7 +226,7 @@ def test_list_names_the_tasks_under_the_prefix(store: om.Store) -> None:
     assert om.Task.list(store) == ["another", "job"]
 
 
-def full_task(store: om.Store) -> om.Task:
+def full_task(store: om.ObjectStore) -> om.Task:
     """A task with every kind of object: shards, index, data, journal, an open upload."""
     task = om.Task.create(store, "job", stages=["make", "use"], lease_seconds=30)
     task.declare("small", stage="make")
@@ -242,7 +245,9 @@ def full_task(store: om.Store) -> om.Task:
     return task
 
 
-def test_delete_refuses_live_leases_then_removes_everything_when_forced(store: om.Store) -> None:
+def test_delete_refuses_live_leases_then_removes_everything_when_forced(
+    store: om.ObjectStore,
+) -> None:
     task = full_task(store)
     om.Task.create(store, "other", stages=["s"])
     before = keys(store, "job/")
@@ -278,7 +283,9 @@ def test_delete_without_live_leases_needs_no_force(task: om.Task) -> None:
 
 
 @pytest.mark.stage_layout
-def test_a_half_deleted_task_is_refused_and_finished_by_deleting_again(store: om.Store) -> None:
+def test_a_half_deleted_task_is_refused_and_finished_by_deleting_again(
+    store: om.ObjectStore,
+) -> None:
     task = full_task(store)
     task.docs.commit(task.layout.header, HeaderCodec("job"), deletion.MarkDeleting())
     store.delete(task.shard_key("make"))  # the delete crashed after this
@@ -291,7 +298,7 @@ def test_a_half_deleted_task_is_refused_and_finished_by_deleting_again(store: om
     assert done.uploads_aborted == 1 and keys(store) == []
 
 
-def test_leftovers_without_a_header_are_deleted_too(store: om.Store) -> None:
+def test_leftovers_without_a_header_are_deleted_too(store: om.ObjectStore) -> None:
     task = full_task(store)
     store.delete(task.layout.header)  # crashed after the header, or a late writer
     assert om.Task.list(store) == []
@@ -301,7 +308,7 @@ def test_leftovers_without_a_header_are_deleted_too(store: om.Store) -> None:
     assert done.objects > 0 and keys(store) == [] and list(store.list_uploads("")) == []
 
 
-def test_delete_hostile_ids(store: om.Store) -> None:
+def test_delete_hostile_ids(store: om.ObjectStore) -> None:
     for bad in ("", "../x", "a/b"):
         with pytest.raises(om.InvalidInput):
             om.Task.delete_by_id(store, bad)

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 import objmanifest as om
-from objmanifest import cas
+from objmanifest.cas import loop
 from objmanifest.web import pages
 from objmanifest.web.app import create_app
 from objmanifest.web.graph import layered
@@ -63,7 +63,7 @@ def wait_for(what: str, check: Any, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def scripted(store: om.Store) -> om.Task:
+def scripted(store: om.ObjectStore) -> om.Task:
     """A task in which each state and each kind of attention occurs: ``raw/a`` consumed,
     ``raw/e`` ready, ``raw/c`` dead, ``raw/f`` held by bob with its lease expired, and two
     write entries blocked (one by the dead entry, one waiting for the writing one)."""
@@ -94,7 +94,7 @@ def scripted(store: om.Store) -> om.Task:
 
 
 @pytest.fixture
-def job(store: om.Store) -> om.Task:
+def job(store: om.ObjectStore) -> om.Task:
     return scripted(store)
 
 
@@ -174,7 +174,7 @@ def test_the_board_counts_throughput_from_the_journal(job: om.Task) -> None:
 # -- a stage's entries ---------------------------------------------------------------------
 
 
-def test_backoff_and_deadline_times_are_shown_as_status_gives_them(store: om.Store) -> None:
+def test_backoff_and_deadline_times_are_shown_as_status_gives_them(store: om.ObjectStore) -> None:
     task = om.Task.create(
         store, "timed", stages=["collect"], retry_backoff=3600, deadlines={"collect": 3600}
     )
@@ -347,17 +347,17 @@ def test_an_idle_board_costs_one_conditional_get_per_shard_the_index_and_the_hea
 
 
 @pytest.mark.stage_layout
-def test_a_busy_shard_costs_only_its_new_journal_blocks(store: om.Store) -> None:
+def test_a_busy_shard_costs_only_its_new_journal_blocks(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "busy", stages=["collect"])
-    for i in range(2 * cas.BLOCK):  # two blocks' worth before the first look
+    for i in range(2 * loop.BLOCK):  # two blocks' worth before the first look
         task.declare(f"f{i:03d}", stage="collect")
     task.flush_journal()
     client = client_for(Site(store, "busy", interval=0))
     client.get("/api/tasks/busy")
     before = blocks(store)
     assert len(before) >= 1
-    for i in range(2 * cas.BLOCK, 4 * cas.BLOCK):  # more records than the shard carries
-        claim = task.agent("a").claim(f"f{i - 2 * cas.BLOCK:03d}")
+    for i in range(2 * loop.BLOCK, 4 * loop.BLOCK):  # more records than the shard carries
+        claim = task.agent("a").claim(f"f{i - 2 * loop.BLOCK:03d}")
         assert claim is not None
     task.flush_journal()
     new = [k for k in blocks(store) if k not in before]
@@ -369,10 +369,10 @@ def test_a_busy_shard_costs_only_its_new_journal_blocks(store: om.Store) -> None
     assert seen["ListObjectsV2"] == 1
     assert seen["GetObject"] == 2 + 1 + len(new) + 1  # and the header (still this task?)
     flow = board["stages"][0]["throughput"]
-    assert sum(flow["ready"]) == 0 and board["totals"]["writing"] == 2 * cas.BLOCK
+    assert sum(flow["ready"]) == 0 and board["totals"]["writing"] == 2 * loop.BLOCK
 
 
-def blocks(store: om.Store) -> list[str]:
+def blocks(store: om.ObjectStore) -> list[str]:
     return [k for k in rawstore.keys(store, "busy/journal/") if "retention" not in k]
 
 
@@ -417,7 +417,7 @@ def test_without_a_task_the_root_lists_the_tasks_under_the_url(job: om.Task) -> 
 
 
 def test_hostile_ids_names_and_errors_are_exact_in_json_and_escaped_in_html(
-    store: om.Store,
+    store: om.ObjectStore,
 ) -> None:
     task = om.Task.create(store, "hostile", stages=["in", "out"], max_retries=1)
     task.declare_many([{"file_id": f, "stage": "in"} for f in HOSTILE_IDS])
@@ -724,7 +724,7 @@ def test_a_large_lineage_draws_the_nearest_nodes_and_counts_the_rest() -> None:
 # -- a task deleted or created anew while the page is open -------------------------------------
 
 
-def test_a_task_deleted_or_created_anew_is_seen_within_an_interval(store: om.Store) -> None:
+def test_a_task_deleted_or_created_anew_is_seen_within_an_interval(store: om.ObjectStore) -> None:
     now = [0.0]
     site = Site(store, interval=2.0, monotonic=lambda: now[0])
     client = client_for(site)

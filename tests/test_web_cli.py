@@ -20,7 +20,7 @@ import pytest
 from conftest import Server
 from test_cli import Cli, base_env, finish, make_cli, read_line
 
-from objmanifest.cli import exits
+from objmanifest.wire import exits
 
 E = exits.ExitCode
 TOKEN = "cli-web-token-0123456789abcdef"

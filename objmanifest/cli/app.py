@@ -12,8 +12,10 @@ from contextlib import contextmanager
 from types import FrameType
 
 from .. import demo
+from ..local.errors import Stopped
+from ..wire.errors import UsageError
+from ..wire.exits import ExitCode
 from . import batch, commands, mcp, serve, storecheck, web
-from .exits import ExitCode, Stopped, UsageError
 from .output import Output
 from .parser import parse
 

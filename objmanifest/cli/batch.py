@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import objmanifest as om
-from objmanifest.model import check_file_id
+from objmanifest.core.model import check_file_id
 
+from ..wire.errors import NotAllReady, UsageError
+from ..wire.exits import ExitCode, classify
+from ..wire.shapes import entry_json
 from .commands import Context, local_source
-from .exits import ExitCode, NotAllReady, UsageError, classify
 from .inputs import load_json, read_whole, shown
-from .output import PROG, entry_json
+from .output import PROG
 
 CLAIM_FIELDS = ("FILE_ID", "STAGE", "EPOCH", "LEASE_EXPIRES_AT")
 

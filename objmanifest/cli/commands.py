@@ -21,16 +21,17 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import objmanifest as om
-from objmanifest.cas import Codec
-from objmanifest.history import record_dict, transitions_of
-from objmanifest.manifest import check_retention, check_settings, check_timing
-from objmanifest.model import DamageNote, TaskHeader
+from objmanifest.cas.loop import Codec
+from objmanifest.core.model import DamageNote, TaskHeader
+from objmanifest.engine.manifest import check_retention, check_settings, check_timing
+from objmanifest.journal.history import record_dict, transitions_of
 
+from ..wire.errors import NothingClaimable, UsageError
+from ..wire.polling import poll
+from ..wire.shapes import claim_json, entry_json, jsonable, status_json
 from . import progress
-from .exits import NothingClaimable, UsageError
-from .holding import poll
 from .inputs import load_json, read_whole, shown
-from .output import Output, claim_json, entry_json, jsonable, status_json
+from .output import Output
 from .render import (
     claim_line,
     entries_table,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from objmanifest.errors import ExtraMissing
+from ..wire.errors import ExtraMissing
 
 
 @contextmanager

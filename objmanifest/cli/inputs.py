@@ -14,7 +14,7 @@ from typing import Any
 
 import objmanifest as om
 
-from .exits import UsageError
+from ..wire.errors import UsageError
 
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 """The most a command reads whole from a file or stdin (64 MiB): about a million

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from objmanifest.errors import Stopped
 from objmanifest.mcp import tools  # the module: it imports cli's modules in turn
 
+from ..local.errors import Stopped
 from .commands import Context
 from .extras import extra_needed
 

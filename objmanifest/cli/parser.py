@@ -14,9 +14,10 @@ import re
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from objmanifest import __version__, demo, servers
+from objmanifest import __version__, demo
+from objmanifest.local import servers
 
-from .exits import UsageError
+from ..wire.errors import UsageError
 
 ENV_URL = "OBJMANIFEST_URL"
 ENV_TASK = "OBJMANIFEST_TASK"

@@ -16,11 +16,11 @@ from rich.text import Text
 from rich.tree import Tree
 
 import objmanifest as om
-from objmanifest.history import Lineage, LineageNode, Transition
-from objmanifest.model import EntryNote, JournalRecord, State
-from objmanifest.styles import ATTENTION_STYLES, STATE_STYLES
+from objmanifest.core.model import EntryNote, JournalRecord, State
+from objmanifest.journal.history import Lineage, LineageNode, Transition
+from objmanifest.local.styles import ATTENTION_STYLES, STATE_STYLES
 
-from .output import iso
+from ..wire.shapes import iso
 
 
 def claim_line(claim: om.Claim) -> str:

@@ -29,10 +29,10 @@ from types import FrameType
 from typing import IO, Any
 
 import objmanifest
-from objmanifest import servers
-from objmanifest.errors import LocalServerError
+from objmanifest.local import servers
 
-from .exits import UsageError
+from ..local.errors import LocalServerError
+from ..wire.errors import UsageError
 from .output import Output
 
 ENV_SERVE_PID = "OBJMANIFEST_SERVE_PID"

@@ -3,7 +3,7 @@
 ``doctor`` runs the whole probe (``objmanifest.store.probe``) against the URL's bucket and
 prefix and prints what the store enforces and how it answers, one row per check, with the
 permission a refused call lacked. ``iam-policy`` prints the least-privilege AWS IAM policy
-of a role for the URL (``objmanifest.permissions``); it sends no request.
+of a role for the URL (``objmanifest.store.permissions``); it sends no request.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from rich.table import Table
 from rich.text import Text
 
 import objmanifest as om
-from objmanifest import permissions
-from objmanifest.store import PROBE_PREFIX, parse_url
+from objmanifest.store import PROBE_PREFIX, parse_url, permissions
 from objmanifest.store.probe import Check, ProbeReport, probe_store
 
+from ..wire.errors import UsageError
+from ..wire.exits import ExitCode
 from .commands import Context
-from .exits import ExitCode, UsageError
 
 SKEW_LIMIT = 15 * 60.0
 """Beyond this much skew AWS (and SeaweedFS) refuse signed requests (RequestTimeTooSkewed)."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from objmanifest.errors import Stopped
 from objmanifest.web.security import check_binding
 from objmanifest.web.views import Site
 
+from ..local.errors import Stopped
 from .commands import Context
 from .extras import extra_needed
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from objmanifest import servers
+from objmanifest.local import servers
 
 DEFAULTS = {"agents": 3, "files": 24, "big_mib": 48, "lease": 3.0, "work_ms": 200}
 

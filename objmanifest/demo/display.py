@@ -17,8 +17,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from objmanifest.model import State
-from objmanifest.styles import STATE_STYLES
+from objmanifest.core.model import State
+from objmanifest.local.styles import STATE_STYLES
 
 PLAIN_EVERY = 2.0
 

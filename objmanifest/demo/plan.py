@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from objmanifest.errors import InvalidInput
+from ..errors import InvalidInput
 
 STAGES = ("collect", "write", "check")
 SEED = "objmanifest-demo-v1"

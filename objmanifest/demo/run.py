@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import objmanifest as om
-from objmanifest.errors import SetupError, Stopped
-from objmanifest.model import State
+from objmanifest.core.model import State
 
+from ..local.errors import SetupError, Stopped
 from . import display as d
 from . import plan as p
 from . import verify as v

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Protocol, TextIO
 
 import objmanifest as om
-from objmanifest.model import State
+from objmanifest.core.model import State
 
 from . import display as d
 from . import plan as p

@@ -22,9 +22,10 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 import objmanifest as om
-from objmanifest import servers
-from objmanifest.errors import SetupError
+from objmanifest.local import servers
 from objmanifest.store import make_client
+
+from ..local.errors import SetupError
 
 _SECRET_ENV = ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE")
 

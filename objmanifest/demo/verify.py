@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import objmanifest as om
-from objmanifest.model import Entry, State
+from objmanifest.core.model import Entry, State
 
 from . import plan as p
 

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import objmanifest as om
-from objmanifest.leases import Renewer
-from objmanifest.model import State
+from objmanifest.core.leases import Renewer
+from objmanifest.core.model import State
 
 from . import plan as p
 

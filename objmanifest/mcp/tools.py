@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import objmanifest as om
-from objmanifest.cli.exits import ExitCode, NothingClaimable, classify
-from objmanifest.cli.holding import poll
-from objmanifest.cli.output import claim_json, entry_json, error_json, status_json
-from objmanifest.history import record_dict
-from objmanifest.model import check_file_id
-from objmanifest.runtime import Repeating
+from objmanifest.core.model import check_file_id
+from objmanifest.core.runtime import Repeating
+from objmanifest.journal.history import record_dict
+from objmanifest.wire.polling import poll
+
+from ..wire.errors import NothingClaimable
+from ..wire.exits import ExitCode, classify
+from ..wire.shapes import claim_json, entry_json, error_json, status_json
 
 R = TypeVar("R")
 

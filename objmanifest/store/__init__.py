@@ -8,8 +8,8 @@ import unicodedata
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from ..core.runtime import Runtime
 from ..errors import InvalidInput
-from ..runtime import Runtime
 from .base import (
     CREATE,
     OVERWRITE,
@@ -31,9 +31,6 @@ from .s3 import S3Store, make_client, without_credentials
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-Store = S3Store
-"""The S3 implementation under its first name (``om.Store``)."""
 
 SCHEMES = ("s3", "memory")
 
@@ -59,7 +56,6 @@ __all__ = [
     "PartsListed",
     "PutMode",
     "S3Store",
-    "Store",
     "StoreClock",
     "connect",
     "list_keys",

@@ -26,8 +26,9 @@ from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import BinaryIO, Literal, Protocol, TypeVar, runtime_checkable
 
-from ..errors import BodyDamaged, StoreError
-from ..runtime import Runtime
+from ..core.runtime import Runtime
+from ..errors import StoreError
+from .errors import BodyDamaged
 
 
 @dataclass(frozen=True)

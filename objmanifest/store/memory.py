@@ -26,19 +26,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import BinaryIO, Literal
 
-from .. import checksum
-from ..errors import (
-    BodyDamaged,
-    InvalidInput,
-    NotFound,
-    OutcomeUnknown,
-    PartsRejected,
-    PreconditionFailed,
-    ReadBrokeOff,
-    StoreError,
-    UploadGone,
-)
-from ..runtime import DEFAULT, Runtime
+from ..core import checksum
+from ..core.runtime import DEFAULT, Runtime
+from ..errors import InvalidInput, NotFound, ReadBrokeOff, StoreError
 from .base import (
     CREATE,
     OVERWRITE,
@@ -51,6 +41,7 @@ from .base import (
     PutMode,
     send_whole,
 )
+from .errors import BodyDamaged, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
 
 MIN_PART_SIZE = 5 * 1024 * 1024
 MAX_PART_NUMBER = 10_000

@@ -36,17 +36,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from ..errors import (
-    AccessDenied,
-    NotFound,
-    ObjManifestError,
-    OutcomeUnknown,
-    PartsRejected,
-    PreconditionFailed,
-    StoreError,
-    UploadGone,
-)
+from ..errors import AccessDenied, NotFound, ObjManifestError, StoreError
 from .base import CREATE, OVERWRITE, Blob, ObjectStore, PutMode
+from .errors import OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
 from .s3 import S3Store
 
 PROBE_PREFIX = ".objmanifest-probe/"

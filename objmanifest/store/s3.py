@@ -28,20 +28,9 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.utils import determine_content_length
 
-from .. import checksum
-from ..errors import (
-    AccessDenied,
-    BodyDamaged,
-    InvalidInput,
-    NotFound,
-    OutcomeUnknown,
-    PartsRejected,
-    PreconditionFailed,
-    ReadBrokeOff,
-    StoreError,
-    UploadGone,
-)
-from ..runtime import DEFAULT, Runtime
+from ..core import checksum
+from ..core.runtime import DEFAULT, Runtime
+from ..errors import AccessDenied, InvalidInput, NotFound, ReadBrokeOff, StoreError
 from .base import (
     CREATE,
     OVERWRITE,
@@ -54,6 +43,7 @@ from .base import (
     StoreClock,
     send_whole,
 )
+from .errors import BodyDamaged, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import objmanifest as om
-from objmanifest.model import EntryNote, Shard, State, check_name
+from objmanifest.core.model import EntryNote, Shard, State, check_name
 
 from .graph import layered
 from .security import shown_endpoint

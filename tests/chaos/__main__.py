@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from objmanifest import servers
+from objmanifest.local import servers
 from tests.chaos.agent import BROKEN
 from tests.chaos.harness import Harness, Settings
 

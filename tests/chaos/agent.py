@@ -31,7 +31,7 @@ from types import FrameType
 from typing import Any
 
 import objmanifest as om
-from objmanifest import checksum, leases
+from objmanifest.core import checksum, leases
 from tests import sim
 
 STAGES = ("collect", "write", "check")

@@ -34,7 +34,7 @@ import boto3.session
 from botocore.config import Config
 
 import objmanifest as om
-from objmanifest import servers
+from objmanifest.local import servers
 from tests.chaos import judge
 from tests.chaos.agent import PUBLISHER, ROLES, STAGES, TRANSFER, settled
 from tests.faults import CHAOS_KINDS, Chaos, FaultProxy

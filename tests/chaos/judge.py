@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import objmanifest as om
-from objmanifest import checksum
+from objmanifest.core import checksum
 from tests import checker
 from tests.chaos.agent import big_payload, is_big, settled
 

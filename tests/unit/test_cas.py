@@ -25,21 +25,20 @@ from typing import Any, BinaryIO
 
 import pytest
 
-from objmanifest.cas import GROUP_MAX, CasPolicy, Documents, Stats
+from objmanifest.cas.loop import GROUP_MAX, CasPolicy, Documents, Stats
+from objmanifest.core.events import Change, CommitEvent
+from objmanifest.core.runtime import Runtime
 from objmanifest.errors import (
     ConflictRetriesExhausted,
     CorruptShard,
     InvalidInput,
     NotFound,
     ObjManifestError,
-    OutcomeUnknown,
-    PreconditionFailed,
     StoreError,
     UnsupportedSchema,
 )
-from objmanifest.events import Change, CommitEvent
-from objmanifest.runtime import Runtime
 from objmanifest.store import CREATE, OVERWRITE, MemoryStore, PutMode
+from objmanifest.store.errors import OutcomeUnknown, PreconditionFailed
 
 from .make import at
 
@@ -1144,7 +1143,7 @@ def test_an_observer_that_raises_neither_undoes_nor_fails_the_commit(
 
     rig.docs.observers.subscribe(broken)
     rig.docs.observers.subscribe(seen.append)
-    caplog.set_level(logging.ERROR, logger="objmanifest.events")
+    caplog.set_level(logging.ERROR, logger="objmanifest.core.events")
 
     assert rig.docs.commit(KEY, CODEC, Add("x")) == 1
     assert rig.peek() == Tally({"x": 1}, when(1), 1, (cid(1, 1),))

@@ -1,4 +1,4 @@
-"""The pure changes of ``objmanifest.changes`` on in-memory shards: no store, no I/O.
+"""The pure changes of ``objmanifest.core.changes`` on in-memory shards: no store, no I/O.
 
 Each test states the exact entry a change must produce (every field), what it must leave
 alone, and the exact words of every refusal.
@@ -10,8 +10,17 @@ from collections.abc import Callable
 
 import pytest
 
-from objmanifest import changes
-from objmanifest.changes import DataChanged, Rules
+from objmanifest.core import changes
+from objmanifest.core.changes import DataChanged, Rules
+from objmanifest.core.model import (
+    Archived,
+    Claim,
+    Declaration,
+    Entry,
+    Shard,
+    State,
+    declaration_digest,
+)
 from objmanifest.errors import (
     AlreadyConsumed,
     DataRemoved,
@@ -21,7 +30,6 @@ from objmanifest.errors import (
     NotFound,
     NotReady,
 )
-from objmanifest.model import Archived, Claim, Declaration, Entry, Shard, State, declaration_digest
 
 from .make import (
     RULES,

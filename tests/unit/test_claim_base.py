@@ -14,10 +14,10 @@ import uuid
 import pytest
 
 import objmanifest as om
-from objmanifest.cas import CasPolicy
+from objmanifest.cas.loop import CasPolicy
+from objmanifest.core.model import State
+from objmanifest.core.runtime import Runtime
 from objmanifest.errors import NotClaimable
-from objmanifest.model import State
-from objmanifest.runtime import Runtime
 from objmanifest.store import MemoryStore
 
 FRESH = CasPolicy().fresh_seconds

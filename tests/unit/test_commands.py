@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from objmanifest import changes
+from objmanifest.core import changes
+from objmanifest.core.model import Claim, Declaration, Shard, State, Stored
 from objmanifest.errors import LeaseLost
-from objmanifest.model import Claim, Declaration, Shard, State, Stored
 
 from .make import RULES, at, claim_on, entry, exactly, held, lookup, ready, shard
 

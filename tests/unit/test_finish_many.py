@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from objmanifest import changes
+from objmanifest.core import changes
+from objmanifest.core.model import Claim, Entry, Stored
 from objmanifest.errors import InvalidInput, LeaseLost, NotFound
-from objmanifest.model import Claim, Entry, Stored
 
 from .make import at, claim_on, entry, exactly, held, ready, shard
 

@@ -22,10 +22,11 @@ from typing import Any
 
 import pytest
 
-from objmanifest.cas import GROUP_MAX, CasPolicy, Documents, Stats, _Lane, _Member
-from objmanifest.errors import ConflictRetriesExhausted, OutcomeUnknown, StoreError
-from objmanifest.events import CommitEvent
+from objmanifest.cas.loop import GROUP_MAX, CasPolicy, Documents, Stats, _Lane, _Member
+from objmanifest.core.events import CommitEvent
+from objmanifest.errors import ConflictRetriesExhausted, StoreError
 from objmanifest.store import MemoryStore
+from objmanifest.store.errors import OutcomeUnknown
 
 from .make import at
 from .test_cas import (

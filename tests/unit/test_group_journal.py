@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 import objmanifest as om
-from objmanifest.codecs import IndexCodec, ShardCodec
-from objmanifest.events import CommitEvent
-from objmanifest.model import COMMITS_KEPT
-from objmanifest.repair import RECORDS_AT_RISK
+from objmanifest.cas.codecs import IndexCodec, ShardCodec
+from objmanifest.core.events import CommitEvent
+from objmanifest.core.model import COMMITS_KEPT
+from objmanifest.ops.repair import RECORDS_AT_RISK
 
 from .test_group_commit import until
 from .test_journal import INLINE

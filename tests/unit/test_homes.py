@@ -14,8 +14,8 @@ import uuid
 from itertools import groupby
 
 import objmanifest as om
-from objmanifest.layout import partition_of
-from objmanifest.runtime import Runtime
+from objmanifest.core.layout import partition_of
+from objmanifest.core.runtime import Runtime
 from objmanifest.store import MemoryStore
 
 PARTS = 4

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 import objmanifest as om
-from objmanifest.cas import BLOCK, BlockWriter, Stats
-from objmanifest.changes import Declare
+from objmanifest.cas.loop import BLOCK, BlockWriter, Stats
+from objmanifest.core.changes import Declare
+from objmanifest.core.model import Declaration, JournalBlock, JournalRecord, TaskHeader
+from objmanifest.core.runtime import DEFAULT, Runtime
 from objmanifest.errors import UnsupportedSchema
-from objmanifest.model import Declaration, JournalBlock, JournalRecord, TaskHeader
-from objmanifest.runtime import DEFAULT, Runtime
 from objmanifest.store import CREATE
 
 

@@ -10,10 +10,10 @@ from datetime import timedelta
 
 import pytest
 
-from objmanifest import leases
+from objmanifest.core import leases
+from objmanifest.core.leases import Renewer
+from objmanifest.core.model import State
 from objmanifest.errors import LeaseLost, ObjManifestError, StoreError
-from objmanifest.leases import Renewer
-from objmanifest.model import State
 
 from .make import T0, at, entry, held
 
@@ -153,14 +153,18 @@ def test_a_lost_lease_stops_renewing_and_says_why() -> None:
 def test_a_passing_store_fault_is_logged_and_renewal_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="objmanifest.leases")
+    caplog.set_level(logging.WARNING, logger="objmanifest.core.leases")
     renew = FakeRenew(StoreError("503 Slow Down"), ObjManifestError("timeout"))
     with Renewer(renew, 0.05, "flaky") as r:
         renew.wait_for(3)
     assert r.lost is None
     assert [(rec.name, rec.levelno, rec.getMessage()) for rec in caplog.records] == [
-        ("objmanifest.leases", logging.WARNING, "lease renewal failed, will retry: 503 Slow Down"),
-        ("objmanifest.leases", logging.WARNING, "lease renewal failed, will retry: timeout"),
+        (
+            "objmanifest.core.leases",
+            logging.WARNING,
+            "lease renewal failed, will retry: 503 Slow Down",
+        ),
+        ("objmanifest.core.leases", logging.WARNING, "lease renewal failed, will retry: timeout"),
     ]
 
 

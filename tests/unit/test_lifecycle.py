@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from objmanifest import changes
-from objmanifest.changes import Rules
+from objmanifest.core import changes
+from objmanifest.core.changes import Rules
+from objmanifest.core.model import Claim, Entry, Shard, State
+from objmanifest.core.states import TABLE, Event, InvalidTransition, next_state
 from objmanifest.errors import LeaseLost, ObjManifestError
-from objmanifest.model import Claim, Entry, Shard, State
-from objmanifest.states import TABLE, Event, InvalidTransition, next_state
 
 from .make import RULES, STAGE, T0, at, claim_on, entry, exactly, lookup, shard
 

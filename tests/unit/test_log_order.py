@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from objmanifest.history import decided_order
-from objmanifest.model import JournalRecord
+from objmanifest.core.model import JournalRecord
+from objmanifest.journal.history import decided_order
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import objmanifest as om
-from objmanifest.sources import Source
+from objmanifest.data.sources import Source
 from objmanifest.store import MemoryStore
 
 N = 24

@@ -10,8 +10,9 @@ import uuid
 import pytest
 
 import objmanifest as om
-from objmanifest.codecs import ShardCodec
-from objmanifest.repair import RECORDS_AT_RISK, RebuildShard, replay
+from objmanifest.cas.codecs import ShardCodec
+from objmanifest.core import checksum
+from objmanifest.ops.repair import RECORDS_AT_RISK, RebuildShard, replay
 from objmanifest.store import CREATE
 
 
@@ -123,7 +124,7 @@ def test_a_chunked_entry_keeps_its_whole_checksum_through_the_journal_and_a_repa
     assert claim is not None
     body = bytes(range(256)) * (45 << 12)  # 11.25 MiB: three parts
     made = agent.put(claim, body)
-    assert made.is_chunked and made.whole_checksum == om.checksum.of_bytes(body)
+    assert made.is_chunked and made.whole_checksum == checksum.of_bytes(body)
     task.agent("x").consume("big")
     key = task.shard_key("collect")
     seen = replay(task.journal.records(key, task.codec("collect")))

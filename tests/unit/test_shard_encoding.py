@@ -12,9 +12,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from objmanifest.codecs import REMOVED, Fragments, ShardCodec, _rebuild_fields
-from objmanifest.events import Change
-from objmanifest.model import Archived, Entry, JournalRecord, Shard, State
+from objmanifest.cas.codecs import REMOVED, Fragments, ShardCodec, _rebuild_fields
+from objmanifest.core.events import Change
+from objmanifest.core.model import Archived, Entry, JournalRecord, Shard, State
 
 from .make import T0, at, entry
 

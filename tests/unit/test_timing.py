@@ -9,9 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from objmanifest import changes, leases, states
+from objmanifest.core import changes, leases, states
+from objmanifest.core.model import State
 from objmanifest.errors import NotClaimable
-from objmanifest.model import State
 
 from .make import RULES, T0, at, claim_on, entry, exactly, held, nothing, ready, shard
 

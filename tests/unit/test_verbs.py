@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 import shard_index
-from objmanifest import verbs
+from objmanifest.core import verbs
+from objmanifest.core.model import State
+from objmanifest.core.states import TABLE, VERBS, Event, InvalidTransition, Verb, verb_state
 from objmanifest.errors import HasDependents, LeaseLost, NotFound, WrongState
-from objmanifest.model import State
-from objmanifest.states import TABLE, VERBS, Event, InvalidTransition, Verb, verb_state
 
 from .make import at, claim_on, entry, exactly, held, ready, shard
 

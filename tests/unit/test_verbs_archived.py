@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from objmanifest import verbs
+from objmanifest.core import verbs
+from objmanifest.core.model import Archived, Shard, State
 from objmanifest.errors import NotFound, WrongState
-from objmanifest.model import Archived, Shard, State
 
 from .make import at, entry, exactly, shard
 

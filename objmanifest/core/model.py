@@ -1,0 +1,685 @@
+"""The manifest's data: task header, shard, entry, claim. Pydantic models, no I/O.
+
+Models keep fields they do not know (``extra="allow"``), so an object written by a newer
+objmanifest of the same schema version loses nothing when this version rewrites it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from ..errors import InvalidFileId, InvalidInput
+from .events import Change
+
+SCHEMA_VERSION = 2
+"""The newest format this objmanifest writes: 2 journals every version of every manifest
+object. A task stays at the version its header says (1 for tasks made before the journal)
+until ``Task.migrate`` moves it, so agents of both releases can share it meanwhile."""
+JOURNAL_SCHEMA = 2
+"""The first schema version whose manifest objects carry their journal records."""
+HEADER_SCHEMA = 3
+"""The newest task header: 3 adds the shard layout (``partitions``, ``layout``). A task with
+the default layout (one shard per stage) keeps its header at its objects' schema, so
+0.2.0 agents can share it; one with partitioned stages or one shard for the whole task has
+a header at 3, which 0.2.0 refuses (it would look for each stage's own shard). Manifest
+objects are at ``SCHEMA_VERSION`` in both."""
+READERS = {1: "0.1.0", 2: "0.2.0", 3: "0.3.0"}
+"""The first objmanifest release that reads each schema version."""
+BACKOFF_CAP_FACTOR = 64
+"""Without ``retry_backoff_max``, a retry's backoff doubles up to this many times the first."""
+MAX_PARTITIONS = 1024
+"""The most shards one stage may be split into."""
+TASK_SHARD = "_task"
+"""The name of the one shard of a task created with ``layout="task"`` (never a stage name:
+those start with a letter or digit)."""
+"""The first schema version whose manifest objects carry their journal records."""
+COMMITS_KEPT = 64
+"""How many commit ids a shard remembers: enough to tell a lost response from a lost race
+even after dozens of others committed on top."""
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""A task id or stage name, matched whole (``$`` would let a final newline in)."""
+
+MAX_FILE_ID_BYTES = 512
+MAX_AGENT_BYTES = 256
+"""The longest agent name or consumer role, in bytes of UTF-8: each is stored in every
+entry it holds or consumed, and every commit rewrites the shard."""
+MAX_ERROR_CHARS = 1024
+"""Stored error text (a ``fail`` reason, a mismatch) is cut to this many characters."""
+
+
+class State(str, Enum):
+    """Where an entry is in its lifecycle; see ``core.states`` for the allowed moves."""
+
+    pending = "pending"
+    writing = "writing"
+    ready = "ready"
+    consumed = "consumed"
+    failed = "failed"
+    dead = "dead"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def check_name(kind: str, value: str) -> str:
+    """Task ids and stage names become parts of object keys, so they are kept plain."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        shown = repr(value)
+        if len(shown) > 300:  # a name of megabytes is not quoted whole
+            shown = f"{shown[:300]}... ({len(shown)} characters)"
+        raise InvalidInput(
+            f"invalid {kind} {shown}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def _has_control(text: str) -> bool:
+    """C0 and C1 control characters and DEL (tab and newline included)."""
+    return any(unicodedata.category(c) == "Cc" for c in text)
+
+
+BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+"""Characters that reorder the text shown around them (``x\u202egpj.exe`` shows as
+"xexe.jpg"): a name is shown in the terminal and on the web page as it is spelt."""
+
+
+def _has_bidi(text: str) -> bool:
+    return not BIDI_CONTROLS.isdisjoint(text)
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a lone surrogate (bytes that were not UTF-8, smuggled in by the OS)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_file_id(file_id: str) -> str:
+    """File ids are relative object keys: refuse what could escape or confuse a prefix."""
+    problem = None
+    if not isinstance(file_id, str) or not file_id:
+        problem = "it is empty" if file_id == "" else "it is not a string"
+    elif not _is_utf8(file_id):
+        problem = "it is not valid UTF-8 text"
+    elif file_id.startswith("/"):
+        problem = "it is absolute (starts with '/')"
+    elif len(file_id.encode()) > MAX_FILE_ID_BYTES:
+        problem = f"it is longer than {MAX_FILE_ID_BYTES} bytes"
+    elif _has_control(file_id):
+        problem = "it contains a control character"
+    elif _has_bidi(file_id):
+        problem = "it contains a bidirectional control character (it would be shown reordered)"
+    elif "\\" in file_id:
+        problem = "it contains a backslash; use '/' between parts"
+    else:
+        parts = file_id.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            problem = "it has an empty, '.' or '..' path segment"
+    if problem:
+        shown = repr(file_id)
+        if len(shown) > 300:  # a line of megabytes is not quoted whole
+            shown = f"{shown[:300]}... ({len(shown)} characters)"
+        raise InvalidFileId(
+            f"invalid file id {shown}: {problem}. Use a relative key such as 'raw/a.json'."
+        )
+    return file_id
+
+
+def check_agent(kind: str, value: object) -> str:
+    """An agent name or a consumer role: any text a person would type, within limits."""
+    problem = None
+    if not isinstance(value, str):
+        problem = f"it is a {type(value).__name__}, not a string"
+    elif not value.strip():
+        problem = "it is empty"
+    elif not _is_utf8(value):
+        problem = "it is not valid UTF-8 text"
+    elif len(value.encode()) > MAX_AGENT_BYTES:
+        problem = f"it is longer than {MAX_AGENT_BYTES} bytes"
+    elif _has_control(value):
+        problem = "it contains a control character (a newline, a tab, an escape ...)"
+    elif _has_bidi(value):
+        problem = "it contains a bidirectional control character (it would be shown reordered)"
+    if problem:
+        shown = value if not isinstance(value, str) or len(value) <= 80 else value[:80] + "..."
+        raise InvalidInput(
+            f"invalid {kind} {shown!r}: {problem}. Use up to {MAX_AGENT_BYTES} bytes of "
+            "printable text, such as 'collector-1'."
+        )
+    assert isinstance(value, str)
+    return value
+
+
+def error_text(text: object) -> str:
+    """Error text as it is stored in an entry: a string of at most ``MAX_ERROR_CHARS``
+    characters (a longer one is cut, saying how long it was), valid UTF-8."""
+    if not isinstance(text, str):
+        raise InvalidInput(f"a reason must be a string, not {type(text).__name__}")
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    tail = f" ... [cut to {MAX_ERROR_CHARS} of {len(text)} characters]"
+    return text[: MAX_ERROR_CHARS - len(tail)] + tail
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], what: str, **fields: Any) -> M:
+    """Build a model from user input; a bad field raises the check's own clear error, not
+    a pydantic report."""
+    try:
+        return model(**fields)
+    except ValidationError as e:
+        for err in e.errors():
+            original = (err.get("ctx") or {}).get("error")
+            if isinstance(original, Exception):
+                raise original from None
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidInput(f"invalid {what}: {where}: {first['msg']}") from None
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True, use_enum_values=False)
+
+
+class JournalRecord(_Model):
+    """One committed version of a manifest object: who changed it, how, when (the store's
+    time the change was decided at), and what each changed item went through.
+
+    Stored inside the object it describes until it is flushed to a journal block
+    (``object_key`` is then implied); readers fill ``object_key`` in."""
+
+    version: int
+    commit_id: str
+    command: str
+    actor: str
+    at: datetime
+    transitions: tuple[Change, ...] = ()
+    object_key: str | None = None
+
+
+class Journaled(_Model):
+    """A manifest object whose newest journal records travel inside it.
+
+    ``journal_id`` names this incarnation of the object (a deleted and re-created object
+    starts a new one, so its versions never collide with older blocks); ``journal`` holds
+    the records not yet known to be flushed, oldest first. Both stay None below
+    ``JOURNAL_SCHEMA``."""
+
+    schema_version: int = SCHEMA_VERSION
+    version: int = 0
+    commits: tuple[str, ...] = ()
+    journal_id: str | None = None
+    journal: tuple[JournalRecord, ...] | None = None
+
+
+class JournalBlock(_Model):
+    """Records ``first`` to ``last`` of one incarnation of a manifest object, written once
+    at a key derived from exactly those (``layout.TaskLayout.journal_block``)."""
+
+    schema_version: int = 1
+    object_key: str
+    journal_id: str
+    first: int
+    last: int
+    records: tuple[JournalRecord, ...]
+
+
+class DroppedRange(_Model):
+    """Records ``first`` to ``last`` of one incarnation of a manifest object that journal
+    retention dropped: how many, the newest one's store time, and when the last trim ran."""
+
+    journal_id: str
+    first: int
+    last: int
+    records: int
+    newest_at: datetime | None = None
+    trimmed_at: datetime
+
+
+class LostRange(_Model):
+    """Records ``first`` to ``last`` of one incarnation of a manifest object that were lost
+    with a damaged or deleted journal block, as ``repair`` found them: where the damaged
+    block's bytes were copied (None: it was gone), what was wrong, and when."""
+
+    journal_id: str
+    first: int
+    last: int
+    problem: str
+    moved_to: str | None = None
+    found_at: datetime
+
+
+class RetentionMarker(_Model):
+    """What journal retention dropped of one manifest object, written by the trimmer before
+    it deletes a block, so no reader can take a trimmed journal for a complete one; and
+    what ``repair`` found lost with a damaged block (``lost``), for the same reason."""
+
+    schema_version: int = 1
+    object_key: str
+    dropped: tuple[DroppedRange, ...] = ()
+    lost: tuple[LostRange, ...] = ()
+    commit_id: str = ""
+
+
+class Entry(_Model):
+    """One file of the task: its stage, state, holder, lease, checksum and dependencies."""
+
+    file_id: str
+    stage: str
+    state: State = State.pending
+    owner: str | None = None
+    epoch: int = 0
+    lease_expires_at: datetime | None = None
+    checksum: str | None = None
+    size: int | None = None
+    retry_count: int = 0
+    depends_on: tuple[str, ...] = ()
+    consumers: tuple[str, ...] = ()
+    consumed_by: tuple[str, ...] = ()
+    error: str | None = None
+    key: str | None = None
+    declared_at: datetime | None = None
+    updated_at: datetime | None = None
+    part_size: int | None = None
+    """Set for a chunked entry: the size of every part but the last."""
+    parts_key: str | None = None
+    """Set for a chunked entry: the small object that lists its parts and their digests
+    (kept out of the shard, which every agent of the stage rewrites)."""
+    whole_checksum: str | None = None
+    """Set for a chunked entry (from 0.3.0 on): the xxh3-128 of all its bytes in order, as
+    ``xxhsum -H2`` prints it for the downloaded file (``checksum`` is the composite of the
+    part digests). Verified on download together with every part."""
+    data_removed_at: datetime | None = None
+    """Set (by gc's ``drop-data`` command) on a consumed entry whose data was removed after
+    its retention: reading it again raises ``DataRemoved``."""
+    retry_at: datetime | None = None
+    """Set on a failed entry of a task with a retry backoff: it may be claimed again only
+    from this store time on."""
+    claimed_at: datetime | None = None
+    """When its current holder claimed it (store time); kept by renewals."""
+    ready_at: datetime | None = None
+    """When it last became ready (store time): a stage's deadline for being consumed counts
+    from here."""
+
+    @property
+    def is_chunked(self) -> bool:
+        """Its data is a multipart object, verified part by part."""
+        return self.part_size is not None and self.parts_key is not None
+
+    @property
+    def is_queue(self) -> bool:
+        """No named consumers: the first agent to consume it takes it."""
+        return not self.consumers
+
+
+# -- archiving ------------------------------------------------------------------------------
+
+
+class Archived(_Model):
+    """What a shard keeps of an entry it archived: enough for dependency checks and
+    re-declarations to stay one read (its terminal state, a digest of its declaration) and
+    the archive object that holds the whole entry."""
+
+    state: State
+    archive: str
+    declared: str
+    data_removed_at: datetime | None = None
+    """When gc removed the data of this consumed entry (its archive object, written once,
+    still says where the data was)."""
+
+
+def declaration_digest(stage: str, depends_on: Iterable[str], consumers: Iterable[str]) -> str:
+    """A short digest of what a declaration says, so an archived id declared again is
+    compared without reading its archive object."""
+    text = json.dumps([stage, sorted(depends_on), sorted(consumers)], separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+class ArchiveObject(_Model):
+    """``archive/SHARD/ARCHIVE_ID.json``: entries moved out of a live shard, written once
+    before the shard commit that names it. Only the entries the shard's ``archived`` map
+    points here are archived; the others (changed before that commit landed) are not."""
+
+    schema_version: int = 1
+    task_id: str
+    shard: str
+    archive_id: str
+    created_at: datetime
+    entries: dict[str, Entry]
+
+
+class ArchiveReport(BaseModel):
+    """What one ``archive()`` moved: file ids per stage, the archive objects it wrote and
+    those left by an archiver that died before its shard commit, which it committed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    archived: dict[str, list[str]] = Field(default_factory=dict)
+    objects: list[str] = Field(default_factory=list)
+    adopted: list[str] = Field(default_factory=list)
+
+
+class Shard(Journaled):
+    """All live entries of one stage, stored as ``shards/STAGE.json``; ``archived`` lists
+    the ids archived out of it (None until the first archive, so it costs nothing before)."""
+
+    task_id: str
+    stage: str
+    entries: dict[str, Entry] = Field(default_factory=dict)
+    archived: dict[str, Archived] | None = None
+
+    def with_entries(self, changed: dict[str, Entry]) -> Shard:
+        return self.model_copy(update={"entries": {**self.entries, **changed}})
+
+
+class TaskHeader(_Model):
+    """``task.json``: written once at create, read by everyone who opens the task."""
+
+    schema_version: int = SCHEMA_VERSION
+    task_id: str
+    stages: tuple[str, ...]
+    lease_seconds: float
+    max_retries: int
+    created_at: datetime
+    creation_id: str = ""
+    requires: str | None = None
+    """The oldest objmanifest release that can work on the task (from schema 2 on), so an
+    older one can say which to install."""
+    journal_keep_seconds: float | None = None
+    """Journal retention: records older than this (store time) may be dropped by a trim."""
+    journal_keep_versions: int | None = None
+    """Journal retention: only this many newest records of an object need be kept."""
+    deleting_at: datetime | None = None
+    """Set by ``task.delete()`` before it removes anything: the task is being deleted, and
+    opening it is refused until ``delete`` runs again to finish."""
+    layout: str | None = None
+    """``"task"``: every entry in one shard (the baseline to compare against); None: one
+    shard per stage, or ``partitions`` of it."""
+    partitions: dict[str, int] | None = None
+    """Stages split into this many hash partitions, each a shard of its own (from header
+    schema 3 on). Fixed for the life of the task."""
+    retry_backoff: float | None = None
+    """Seconds a failed entry waits before it may be claimed again, doubling per retry up
+    to ``retry_backoff_max`` (from header schema 3 on); None: no wait."""
+    retry_backoff_max: float | None = None
+    """The longest retry backoff; None: 64 times ``retry_backoff``."""
+    deadlines: dict[str, float] | None = None
+    """Per stage, seconds an entry may stay writing (from its claim) or ready without being
+    consumed (from ``ready_at``) before ``status`` lists it as late (header schema 3)."""
+
+    @property
+    def backoff_cap(self) -> float:
+        """The longest backoff a retry waits, in seconds (0 without backoff)."""
+        base = self.retry_backoff or 0.0
+        if self.retry_backoff_max is not None:
+            return self.retry_backoff_max
+        return base * BACKOFF_CAP_FACTOR
+
+    @property
+    def objects_schema(self) -> int:
+        """The schema of the task's manifest objects (the header may be newer)."""
+        return min(self.schema_version, SCHEMA_VERSION)
+
+    @field_validator("layout")
+    @classmethod
+    def _layout(cls, v: str | None) -> str | None:
+        if v not in (None, "task"):
+            raise InvalidInput(
+                f"unknown layout {v!r}: use 'task' (one shard for the whole task) or leave it "
+                "out (one shard per stage, split by partitions=)"
+            )
+        return v
+
+    @field_validator("partitions", mode="before")
+    @classmethod
+    def _partition_counts(cls, v: Any) -> Any:
+        for stage, count in (v or {}).items() if isinstance(v, dict) else ():
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise InvalidInput(
+                    f"the partition count of {stage!r} must be a whole number, not {count!r}"
+                )
+        return v
+
+    @field_validator("partitions")
+    @classmethod
+    def _partitions(cls, v: dict[str, int] | None, info: ValidationInfo) -> dict[str, int] | None:
+        if v is None:
+            return None
+        stages = info.data.get("stages") or ()
+        for stage, count in v.items():
+            if stage not in stages:
+                raise InvalidInput(
+                    f"partitions name {stage!r}, which is not a stage of the task "
+                    f"(its stages are {', '.join(stages)})"
+                )
+            if not 1 <= count <= MAX_PARTITIONS:
+                raise InvalidInput(
+                    f"stage {stage!r} cannot have {count} partitions: use 1 to {MAX_PARTITIONS}"
+                )
+        if info.data.get("layout") == "task" and any(n > 1 for n in v.values()):
+            raise InvalidInput(
+                "a task with layout='task' keeps every entry in one shard, so it cannot also "
+                "split stages into partitions: choose one"
+            )
+        return {stage: n for stage, n in v.items() if n > 1} or None
+
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for s in v:
+            check_name("stage", s)
+        if not v:
+            raise InvalidInput("a task needs at least one stage")
+        if len(set(v)) != len(v):
+            raise InvalidInput(f"stages must be distinct: {list(v)}")
+        return v
+
+
+class Declaration(BaseModel):
+    """What ``declare`` states about a file: where it belongs and what it waits for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    file_id: str
+    stage: str
+    depends_on: tuple[str, ...] = ()
+    consumers: tuple[str, ...] = ()
+
+    @field_validator("file_id")
+    @classmethod
+    def _file_id(cls, v: str) -> str:
+        return check_file_id(v)
+
+    @field_validator("depends_on", "consumers", mode="before")
+    @classmethod
+    def _not_a_string(cls, v: Any, info: ValidationInfo) -> Any:
+        """A lone string would be read as its characters: refuse it, ask for a list."""
+        if isinstance(v, (str, bytes)):
+            raise InvalidInput(f"{info.field_name} must be a list of strings, not the string {v!r}")
+        if isinstance(v, dict):
+            raise InvalidInput(f"{info.field_name} must be a list of strings, not a dict: {v!r}")
+        return v
+
+    @field_validator("depends_on")
+    @classmethod
+    def _deps(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(sorted({check_file_id(d) for d in v}))
+
+    @field_validator("consumers", mode="before")
+    @classmethod
+    def _roles(cls, v: Any) -> Any:
+        """Each role is checked like an agent name, before pydantic's own type check."""
+        if isinstance(v, (list, tuple, set, frozenset)):
+            for role in v:
+                check_agent("consumer role", role)
+        return v
+
+    @field_validator("consumers")
+    @classmethod
+    def _consumers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(sorted(set(v)))
+
+    @classmethod
+    def of(cls, value: Declaration | dict[str, Any] | tuple[Any, ...]) -> Declaration:
+        """Accept a Declaration, a dict of its fields, or a (file_id, stage, ...) tuple."""
+        if isinstance(value, Declaration):
+            return value
+        if isinstance(value, dict):
+            fields = value
+        elif not isinstance(value, (tuple, list)):
+            raise InvalidInput(
+                f"a declaration is a Declaration, a dict or a (file_id, stage, ...) tuple, not "
+                f"{type(value).__name__} {value!r}"
+            )
+        else:
+            fields = dict(zip(("file_id", "stage", "depends_on", "consumers"), value, strict=False))
+        return validated(cls, f"declaration {value!r}", **fields)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Where a holder's bytes landed and what they were (chunked: its part size and the
+    object that lists its parts)."""
+
+    key: str
+    checksum: str
+    size: int
+    part_size: int | None = None
+    parts_key: str | None = None
+    whole_checksum: str | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Proof that an agent holds an entry: the epoch is its fencing token.
+
+    ``shard`` names the shard the entry lives in (the stage's own shard unless the stage is
+    split); every change the holder makes goes there.
+    """
+
+    task_id: str
+    file_id: str
+    stage: str
+    agent: str
+    epoch: int
+    lease_expires_at: datetime
+    shard: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.shard:
+            object.__setattr__(self, "shard", self.stage)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "file_id": self.file_id,
+            "stage": self.stage,
+            "agent": self.agent,
+            "epoch": self.epoch,
+            "lease_expires_at": self.lease_expires_at.isoformat(),
+        }
+
+
+class EntryNote(BaseModel):
+    """One entry that needs attention in a status report, and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    file_id: str
+    stage: str
+    state: State
+    reason: str
+
+
+class IndexNote(BaseModel):
+    """A file id the index and the shards disagree about, and what to do about it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    file_id: str
+    stage: str
+    reason: str
+
+
+class DamageNote(BaseModel):
+    """A manifest object that does not read back sound, and what to do about it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    kind: str
+    """``shard``, ``index`` or ``upload state``."""
+    problem: str
+    address: str = ""
+    """The object's full address (``s3://bucket/prefix/key``)."""
+    fix: str = "run `objmanifest repair` (Task.repair())"
+
+
+class TaskStatus(BaseModel):
+    """Counts per stage and state, and the entries that are stuck."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    store_time: datetime
+    stages: dict[str, dict[str, int]]
+    blocked: list[EntryNote] = Field(default_factory=list)
+    overdue: list[EntryNote] = Field(default_factory=list)
+    dead: list[EntryNote] = Field(default_factory=list)
+    late: list[EntryNote] = Field(default_factory=list)
+    """Writing or ready for longer than their stage's deadline (``overdue`` is an expired
+    lease)."""
+    backing_off: list[EntryNote] = Field(default_factory=list)
+    """Failed entries waiting out their retry backoff; the reason says until when."""
+    unfinished: list[IndexNote] = Field(default_factory=list)
+    """In the index, in no shard: a declaration that was interrupted (rerun it)."""
+    unindexed: list[IndexNote] = Field(default_factory=list)
+    """In a shard, not in the index: damage (``Task.repair_index()`` repairs it)."""
+    archived: dict[str, int] = Field(default_factory=dict)
+    """Per stage, how many entries are archived; ``stages`` counts them in their state
+    (consumed or dead) too."""
+    damaged: list[DamageNote] = Field(default_factory=list)
+    """Shards, the index, and upload states of ready chunked entries that do not read back
+    sound: the counts leave out what a damaged shard holds (``Task.repair()`` mends it)."""
+
+    @property
+    def totals(self) -> dict[str, int]:
+        out = {s.value: 0 for s in State}
+        for counts in self.stages.values():
+            for state, n in counts.items():
+                out[state] += n
+        return out
+
+    @property
+    def finished(self) -> bool:
+        """Every entry is ready or consumed and no declaration is unfinished: nothing is
+        left to produce."""
+        t = self.totals
+        done = sum(t.values()) == t["ready"] + t["consumed"]
+        return done and not self.unfinished and not self.damaged

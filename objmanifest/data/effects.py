@@ -1,0 +1,56 @@
+"""The side effects of entry transitions, run from commit events in one place.
+
+The task subscribes ``TransitionEffects`` to its commits, so every path that moves an entry
+(``fail``, a takeover in ``claim`` or ``claim_many``, ``reap``, a checksum mismatch) gets
+the same follow-up, whoever committed it:
+
+* an entry that became ``dead``: nobody will adopt its upload, so it is aborted;
+* an entry made ``ready`` as one object after an earlier holder: that holder's upload is
+  aborted (unless a newer holder has it).
+
+A follow-up that fails is logged; ``Task.sweep_uploads`` finds what is left over.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..core import checksum
+from ..core.events import CommitEvent
+from ..core.model import State
+from ..errors import ObjManifestError
+from .chunked import Scope, abandon
+
+log = logging.getLogger(__name__)
+
+
+class TransitionEffects:
+    """A commit observer that runs the side effects of entry transitions."""
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+
+    def __call__(self, event: CommitEvent) -> None:
+        parsed = self.scope.layout.parse(event.key)
+        if parsed.kind != "shard":
+            return
+        for t in event.transitions:
+            if t.after == State.dead.value and t.before != State.dead.value:
+                self._abandon(parsed.stage, t.item, None, "it is dead")
+            elif (
+                t.after == State.ready.value
+                and t.before == State.writing.value
+                and (t.epoch or 0) > 1
+                and not checksum.is_composite(t.checksum)
+            ):
+                self._abandon(parsed.stage, t.item, t.epoch, "it was made ready as one object")
+
+    def _abandon(self, stage: str | None, file_id: str, epoch: int | None, why: str) -> None:
+        try:
+            # The task's one shard holds every stage: the entry says which is its own.
+            stage = stage or self.scope.stage_of(file_id)
+            abandon(self.scope, stage, file_id, epoch)
+        except ObjManifestError as e:
+            log.warning(
+                "could not abort the upload of %r (%s); sweep_uploads will: %s", file_id, why, e
+            )

@@ -1,0 +1,821 @@
+"""Repair: a stage shard or the index that was deleted or damaged, rebuilt.
+
+A shard is rebuilt from its journal (the write-once blocks, plus the records a damaged
+object still carries if its JSON can be read), combined with the index (stage and
+dependencies); the index is rebuilt from the shards. A corrupt object is first copied
+aside (``layout.TaskLayout.damaged``), and only then replaced, by a commit conditional on
+exactly the bytes that were copied; a deleted object is re-created create-only. Both are
+named commits (``repair``), so they are journaled like any other.
+
+The newest records of an object travel inside it until a block holds them, so a lost
+object may take its latest records with it. Each rebuilt entry therefore follows these
+rules (``RULES`` in the docs):
+
+* ``consumed``: restored as the journal last saw it (terminal: nothing can follow it).
+* ``ready``: restored at its epoch only if its data object exists and verifies against the
+  recorded checksum and size (the only ways out of ``ready`` are a consumption and a
+  mismatch, and a mismatch cannot follow bytes that verify, so no claim can have followed
+  it). Consumptions after the last record may be lost: it may be consumed again.
+* anything else (``writing``, ``pending``, ``failed``, ``dead``, a ``ready`` whose data
+  does not verify, an id only the index knows): a fenced state at an epoch above any the
+  task has seen for it (the journal, data keys), plus ``RECORDS_AT_RISK`` when the
+  object's own records were lost (each lost version can have raised an epoch by one), so
+  no claim ever given out comes back to life: ``writing`` and an unverified ``ready``
+  become ``failed`` (claimable again, no retry counted), ``pending`` stays ``pending``,
+  ``failed`` stays ``failed``, ``dead`` stays ``dead``.
+
+Every rebuilt entry keeps the times its records carried: when it was claimed and became
+ready (a stage's deadline counts from them) and, if it stays ``failed``, when its retry
+backoff ends; a fenced ``writing`` entry becomes claimable at once.
+
+What a record did not carry (consumers and dependencies of entries declared before the
+journal recorded them, the data key or size of an older record) is taken from the index or
+the data object where it can be, and named in the report where it cannot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar, Literal
+
+from pydantic import ValidationError
+
+import shard_index
+
+from ..cas.codecs import REMOVED, IndexCodec, ShardCodec, index_error
+from ..cas.loop import BLOCK, GROUP_MAX, Codec, Documents
+from ..core.layout import TaskLayout
+from ..core.model import Archived, Entry, JournalRecord, Shard, State, declaration_digest
+from ..data import transfer
+from ..data.chunked.rebuild import RebuildUpload, needs_parts, read_parts, rebuilt_state
+from ..data.chunked.state import UploadCodec
+from ..errors import ChecksumMismatch, CorruptShard, NotFound, UnsupportedSchema
+from ..journal import mending
+from ..journal.history import History
+from ..store import CREATE, ObjectStore
+from .archive import Archives
+
+RECORDS_AT_RISK = 2 * BLOCK + GROUP_MAX
+"""How many versions an object carries unflushed while its block writes succeed (two blocks,
+and a group commit's members, each a version, landed in one write): the epoch margin given
+to an entry rebuilt without the object's own records."""
+
+Damage = Literal["deleted", "corrupt", "newer"]
+Action = Literal[
+    "rebuilt", "would rebuild", "left alone", "recorded as lost", "would record as lost"
+]
+Kind = Literal["shard", "index", "journal block", "upload state"]
+
+
+@dataclass(frozen=True)
+class RestoredEntry:
+    """One entry of a rebuilt shard: what the journal last saw, what it was rebuilt as, and
+    which of its fields could not be restored."""
+
+    file_id: str
+    state: str
+    epoch: int
+    seen_state: str | None
+    """The last state its records gave it; None if only the index knew it."""
+    seen_epoch: int | None
+    rule: str
+    """Why it has this state and epoch."""
+    lost: tuple[str, ...] = ()
+    """Fields that could not be restored (left at their defaults)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file_id": self.file_id,
+            "state": self.state,
+            "epoch": self.epoch,
+            "seen_state": self.seen_state,
+            "seen_epoch": self.seen_epoch,
+            "rule": self.rule,
+            "lost": list(self.lost),
+        }
+
+
+@dataclass(frozen=True)
+class ObjectRepair:
+    """One manifest object found damaged, and what repair did about it."""
+
+    key: str
+    kind: Kind
+    damage: Damage
+    problem: str
+    action: Action
+    moved_to: str | None = None
+    """Where its bytes were copied before it was replaced (corrupt objects)."""
+    records: int = 0
+    """Journal records replayed (a shard); the versions a journal block held."""
+    journal_complete: bool = False
+    """The object's own records were read too: nothing after them can be missing."""
+    entries: tuple[RestoredEntry, ...] = ()
+    """A shard: every entry it was rebuilt with."""
+    indexed: tuple[str, ...] = ()
+    """The index: every file id it was rebuilt with."""
+    not_restored: tuple[str, ...] = ()
+    """What could not be put back, each saying why."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "damage": self.damage,
+            "problem": self.problem,
+            "action": self.action,
+            "moved_to": self.moved_to,
+            "records": self.records,
+            "journal_complete": self.journal_complete,
+            "entries": [e.to_dict() for e in self.entries],
+            "indexed": list(self.indexed),
+            "not_restored": list(self.not_restored),
+        }
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    """What ``Task.repair`` found and did: each damaged object, and the file ids put back
+    into the index (``added``: those a sound index lacked, or every id of a rebuilt one)."""
+
+    task_id: str
+    dry_run: bool
+    objects: tuple[ObjectRepair, ...] = ()
+    added: tuple[str, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        """Nothing was damaged."""
+        return not self.objects and not self.added
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "dry_run": self.dry_run,
+            "objects": [o.to_dict() for o in self.objects],
+            "added": list(self.added),
+        }
+
+
+# -- the commands -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RebuildShard:
+    """A rebuilt shard in place of a deleted or corrupt one; nothing to write if a valid
+    shard is there by now (someone re-created it meanwhile)."""
+
+    rebuilt: Shard
+    name: ClassVar[str] = "repair"
+    actor: ClassVar[str] = ""
+
+    def apply(self, doc: Shard, now: datetime) -> tuple[Shard | None, bool]:
+        if doc.entries or doc.version:
+            return None, False
+        return self.rebuilt, True
+
+
+@dataclass(frozen=True)
+class RebuildIndex:
+    """A rebuilt index in place of a deleted or corrupt one; nothing to write if a valid
+    index is there by now."""
+
+    rebuilt: shard_index.ShardIndex
+    name: ClassVar[str] = "repair"
+    actor: ClassVar[str] = ""
+
+    def apply(
+        self, doc: shard_index.ShardIndex, now: datetime
+    ) -> tuple[shard_index.ShardIndex | None, bool]:
+        if len(doc) or doc.version:
+            return None, False
+        return self.rebuilt, True
+
+
+# -- reading what is left ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Found:
+    """A manifest object as the store holds it: missing, corrupt (with its bytes and ETag),
+    newer than this release, or fine."""
+
+    key: str
+    damage: Damage | None
+    problem: str = ""
+    body: bytes = b""
+    etag: str | None = None
+
+
+def inspect(store: ObjectStore, key: str, decode: Callable[[str, bytes], object]) -> Found:
+    """What is wrong with ``key``, if anything (a raw read: the CAS cache is not trusted)."""
+    try:
+        blob = store.get(key)
+    except NotFound:
+        return Found(key, "deleted", "it does not exist")
+    assert blob is not None
+    try:
+        decode(key, blob.body)
+    except UnsupportedSchema as e:
+        return Found(key, "newer", str(e))
+    except CorruptShard as e:
+        return Found(key, "corrupt", e.detail, blob.body, blob.etag)
+    return Found(key, None)
+
+
+def salvage(body: bytes) -> tuple[list[JournalRecord], bool]:
+    """The journal records a damaged object still carries, and whether they could all be
+    read (then the journal is complete up to the object's own version)."""
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):  # not JSON, or nested too deep
+        return [], False
+    raw = data.get("journal") if isinstance(data, dict) else None
+    if not isinstance(raw, list):
+        return [], False
+    try:
+        return [JournalRecord.model_validate(r) for r in raw], True
+    except ValidationError:
+        return [], False
+
+
+def merged(records: Iterable[JournalRecord]) -> list[JournalRecord]:
+    """One record per version (blocks and the object may hold the same one), oldest first."""
+    found: dict[tuple[str, int], JournalRecord] = {}
+    for record in records:
+        found.setdefault((record.commit_id, record.version), record)
+    return sorted(found.values(), key=lambda r: r.version)
+
+
+# -- rebuilding a shard ------------------------------------------------------------------
+
+
+@dataclass
+class _Seen:
+    """An entry as its records leave it."""
+
+    file_id: str
+    state: str | None = None
+    epoch: int = 0
+    max_epoch: int = 0
+    retry_count: int = 0
+    error: str | None = None
+    checksum: str | None = None
+    key: str | None = None
+    size: int | None = None
+    part_size: int | None = None
+    parts_key: str | None = None
+    whole_checksum: str | None = None
+    consumed_by: tuple[str, ...] = ()
+    depends_on: tuple[str, ...] | None = None
+    consumers: tuple[str, ...] | None = None
+    producer: str | None = None
+    declared_at: datetime | None = None
+    updated_at: datetime | None = None
+    claimed_at: datetime | None = None
+    ready_at: datetime | None = None
+    retry_at: datetime | None = None
+    removed: bool = False
+
+
+def replay(records: Iterable[JournalRecord]) -> dict[str, _Seen]:
+    """Every entry's last known fields, from the transitions of ``records`` in order."""
+    seen: dict[str, _Seen] = {}
+    for record in records:
+        for change in record.transitions:
+            entry = seen.setdefault(change.item, _Seen(change.item))
+            if change.after == REMOVED:
+                entry.removed = True
+                continue
+            if change.before is None:  # declared (again, after it was removed)
+                entry.removed = False
+                entry.declared_at = record.at
+                entry.depends_on, entry.consumers = change.depends_on, change.consumers
+            if change.after == State.ready.value and change.before != State.ready.value:
+                entry.producer = record.actor
+            entry.state = change.after
+            entry.updated_at = record.at
+            if change.epoch is not None:
+                entry.epoch = change.epoch
+                entry.max_epoch = max(entry.max_epoch, change.epoch)
+            entry.retry_count = change.retry_count or 0
+            entry.error = change.error
+            entry.checksum = change.checksum
+            entry.key, entry.size = change.key, change.size
+            entry.part_size, entry.parts_key = change.part_size, change.parts_key
+            entry.whole_checksum = change.whole_checksum
+            entry.consumed_by = change.consumed_by or ()
+            # Recorded when they change (``retry_at`` whenever the entry has one).
+            entry.claimed_at = change.claimed_at or entry.claimed_at
+            entry.ready_at = change.ready_at or entry.ready_at
+            entry.retry_at = change.retry_at
+    return seen
+
+
+@dataclass
+class ShardPlan:
+    """A shard to rebuild: its entries and the report of each."""
+
+    shard: Shard
+    restored: list[RestoredEntry] = field(default_factory=list)
+
+
+class Repairer:
+    """Finds and rebuilds the damaged manifest objects of one task."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        docs: Documents,
+        layout: TaskLayout,
+        history: History,
+        codecs: Mapping[str, ShardCodec],
+        index_codec: IndexCodec,
+        stages: tuple[str, ...],
+        objects: Callable[[], Sequence[tuple[str, Codec[Any]]]] = tuple,
+        upload_codec: Callable[[str], UploadCodec | None] = lambda key: None,
+    ) -> None:
+        self.objects = objects
+        """Every journaled object (shards, the index, upload states), whose blocks are read."""
+        self.upload_codec = upload_codec
+        self.store = store
+        self.docs = docs
+        self.layout = layout
+        self.history = history
+        self.codecs = codecs
+        self.stages = stages
+        self.index_codec = index_codec
+        self.archives = Archives(store, layout)
+
+    def run(self, dry_run: bool, repair_index: Callable[[], list[str]]) -> RepairReport:
+        """Journal blocks read first (what is damaged or missing); then shards (from their
+        journal and the index, if it is sound), then the index from the shards (an index
+        that is sound but lacks ids gets them: ``repair_index``), then the upload states
+        ready chunked entries need, and last the damaged blocks, mended or said lost."""
+        self.block_damage: dict[str, list[mending.BlockDamage]] = {}
+        self.carried: dict[str, tuple[str | None, Sequence[JournalRecord]]] = {}
+        for key, codec in self.objects():
+            try:
+                live = codec.journal(self.docs.read(key, codec))
+            except (NotFound, CorruptShard, UnsupportedSchema):
+                live = None
+            if live is not None:
+                self.carried[key] = live
+            self.block_damage[key] = mending.find(self.store, self.layout, key, live)
+        index_found = inspect(self.store, self.layout.index, self.index_codec.decode)
+        index = None if index_found.damage else self.docs.read(self.layout.index, self.index_codec)
+        reports: list[ObjectRepair] = []
+        shards: dict[str, Shard] = {}
+        for shard, codec in self.codecs.items():
+            key = self.layout.shard(shard)
+            found = inspect(self.store, key, codec.decode)
+            if found.damage is None:
+                shards[shard] = self.docs.read(key, codec)
+                continue
+            report, rebuilt = self._shard(found, shard, codec, index, dry_run)
+            if report is not None:
+                reports.append(report)
+            if rebuilt is not None:
+                shards[shard] = rebuilt
+        added: list[str] = []
+        if index_found.damage is not None:
+            report = self._index(index_found, shards, dry_run)
+            if report is not None:
+                reports.append(report)
+                added = list(report.indexed) if report.action != "left alone" else []
+        elif index is not None and not any(r.damage == "newer" for r in reports):
+            lacking = sorted({f for sh in shards.values() for f in sh.entries if f not in index})
+            added = lacking if dry_run or not lacking else repair_index()
+        for doc in shards.values():
+            for entry in sorted(doc.entries.values(), key=lambda e: e.file_id):
+                if needs_parts(entry):
+                    report = self._upload_state(entry, dry_run)
+                    if report is not None:
+                        reports.append(report)
+        for damages in self.block_damage.values():
+            reports += [self._block(d, dry_run) for d in damages]
+        return RepairReport(self.layout.task_id, dry_run, tuple(reports), tuple(added))
+
+    # -- journal blocks and upload states ------------------------------------------------
+
+    def _block(self, damage: mending.BlockDamage, dry_run: bool) -> ObjectRepair:
+        journal_id, records = self.carried.get(damage.object_key, (None, ()))
+        carried = {r.version: r for r in records} if journal_id == damage.journal_id else {}
+        whole = all(v in carried for v in range(damage.first, damage.last + 1))
+        moved = None
+        action: Action = "would rebuild" if whole else "would record as lost"
+        if not dry_run:
+            action, moved = mending.mend(self.store, self.docs, self.layout, damage, carried)
+        versions = damage.last - damage.first + 1
+        lost = () if whole else (f"versions {damage.first}..{damage.last} of {damage.object_key}",)
+        return ObjectRepair(
+            key=damage.key,
+            kind="journal block",
+            damage=damage.damage,
+            problem=damage.problem,
+            action=action,
+            moved_to=moved,
+            records=versions,
+            not_restored=lost,
+        )
+
+    def _upload_state(self, entry: Entry, dry_run: bool) -> ObjectRepair | None:
+        """A ready (or consumed) chunked entry's upload state, if it is deleted or damaged:
+        rebuilt from its data, which must make the entry's checksum."""
+        key = entry.parts_key
+        assert key is not None
+        codec = self.upload_codec(key)
+        if codec is None:
+            return None
+        found = inspect(self.store, key, codec.decode)
+        if found.damage is None:
+            return None
+        if found.damage == "newer":
+            return ObjectRepair(key, "upload state", "newer", found.problem, "left alone")
+        if dry_run:
+            return ObjectRepair(
+                key,
+                "upload state",
+                found.damage,
+                found.problem,
+                "would rebuild",
+                not_restored=(f"{entry.file_id}: rebuilt only if its data makes its checksum",),
+            )
+        read = read_parts(self.store, entry)
+        if isinstance(read, str):
+            why = f"{entry.file_id}: {read}; consuming it sends it back to be produced again"
+            return ObjectRepair(
+                key,
+                "upload state",
+                found.damage,
+                found.problem,
+                "left alone",
+                not_restored=(why,),
+            )
+        parts, whole = read
+        version = max((r.version for r in self.history.blocks(key, damaged=[])), default=0)
+        rebuilt = rebuilt_state(codec, entry, parts, whole, version)
+        moved, landed = self._replace(found, codec, RebuildUpload(rebuilt))
+        return ObjectRepair(
+            key=key,
+            kind="upload state",
+            damage=found.damage,
+            problem=found.problem,
+            action="rebuilt" if landed else "left alone",
+            moved_to=moved,
+            records=len(parts),
+        )
+
+    # -- one shard ---------------------------------------------------------------------
+
+    def _shard(
+        self,
+        found: Found,
+        shard: str,
+        codec: ShardCodec,
+        index: shard_index.ShardIndex | None,
+        dry_run: bool,
+    ) -> tuple[ObjectRepair | None, Shard | None]:
+        key = self.layout.shard(shard)
+        kind: Literal["shard"] = "shard"
+        if found.damage == "newer":
+            return ObjectRepair(key, kind, "newer", found.problem, "left alone"), None
+        blocks = list(self.history.blocks(key, damaged=[]))
+        own, complete = salvage(found.body) if found.damage == "corrupt" else ([], False)
+        records = merged([*blocks, *own])
+        # Versions a damaged or missing block held are unknown: each may have raised an
+        # epoch by one, as a version lost with the object's own records may.
+        unknown = sum(d.last - d.first + 1 for d in self.block_damage.get(key, ()))
+        indexed = {
+            fid
+            for stage in self._stages_of(shard)
+            for fid in (index.file_ids(stage) if index is not None else ())
+            if self.layout.shard_of(stage, fid) == shard
+        }
+        if found.damage == "deleted" and not records and not indexed:
+            return None, None  # never written: nothing was lost
+        plan = self._plan(shard, codec, records, complete, index, indexed, unknown)
+        moved = None
+        action: Action = "would rebuild"
+        if not dry_run:
+            moved, landed = self._replace(found, codec, RebuildShard(plan.shard))
+            action = "rebuilt" if landed else "left alone"
+        not_restored = [f"{e.file_id}: {', '.join(e.lost)}" for e in plan.restored if e.lost]
+        if index is None:
+            not_restored.append(
+                "the index is damaged too: ids declared after the last journal "
+                "block of this shard are lost"
+            )
+        for d in self.block_damage.get(key, ()):
+            not_restored.append(
+                f"versions {d.first}..{d.last}: their journal block is {d.damage} "
+                f"({d.problem}); entries whose last change was there are fenced"
+            )
+        report = ObjectRepair(
+            key=key,
+            kind=kind,
+            damage=found.damage or "deleted",
+            problem=found.problem,
+            action=action,
+            moved_to=moved,
+            records=len(records),
+            journal_complete=complete,
+            entries=tuple(plan.restored),
+            not_restored=tuple(not_restored),
+        )
+        return report, plan.shard if action != "left alone" else None
+
+    def _plan(
+        self,
+        shard: str,
+        codec: ShardCodec,
+        records: list[JournalRecord],
+        complete: bool,
+        index: shard_index.ShardIndex | None,
+        indexed: set[str],
+        unknown: int = 0,
+    ) -> ShardPlan:
+        own_stage = self.layout.stage_of_shard(shard)
+        seen = {fid: s for fid, s in replay(records).items() if not s.removed}
+        archived = self._archived(shard, seen)
+        for fid in indexed:
+            if fid not in archived:
+                seen.setdefault(fid, _Seen(fid))
+        data_epochs: dict[tuple[str, str], int] = {}
+        for data_stage in self._stages_of(shard):
+            for row in self.store.list(self.layout.data_of(data_stage)):
+                parsed = self.layout.parse(row.key)
+                if parsed.kind != "data" or parsed.file_id is None or parsed.epoch is None:
+                    continue
+                at = (data_stage, parsed.file_id)
+                data_epochs[at] = max(data_epochs.get(at, 0), parsed.epoch)
+        margin = (0 if complete else RECORDS_AT_RISK) + unknown
+        entries: dict[str, Entry] = {}
+        restored: list[RestoredEntry] = []
+        for fid in sorted(seen):
+            s = seen[fid]
+            stage = own_stage or (index.stage_of(fid) if index is not None else None)
+            if stage is None:
+                # The task's one shard holds every stage; only the index says whose.
+                why = (
+                    "not restored: the task keeps every stage in one shard, and the index, "
+                    "which names each entry's stage, is damaged too; repair again once the "
+                    "index is repaired, or declare it again"
+                )
+                restored.append(RestoredEntry(fid, "lost", 0, s.state, s.epoch, why, ("all",)))
+                continue
+            floor = max(s.max_epoch, data_epochs.get((stage, fid), 0)) + 1 + margin
+            entry, note = self._entry(stage, s, floor, index)
+            entries[fid] = entry
+            restored.append(note)
+        version = max((r.version for r in records), default=0)
+        rebuilt = Shard(
+            task_id=codec.task_id,
+            stage=codec.stage,
+            schema_version=codec.writes,
+            version=version,
+            entries=entries,
+            archived=archived or None,
+        )
+        restored += [
+            RestoredEntry(fid, ref.state.value, 0, None, None, f"archived in {ref.archive}")
+            for fid, ref in sorted(archived.items())
+        ]
+        return ShardPlan(rebuilt, restored)
+
+    def _stages_of(self, shard: str) -> list[str]:
+        """The stages whose entries ``shard`` holds: its own, or all of them."""
+        own = self.layout.stage_of_shard(shard)
+        return [own] if own is not None else list(self.stages)
+
+    def _archived(self, shard: str, live: Mapping[str, _Seen]) -> dict[str, Archived]:
+        """The shard's ``archived`` map, from its archive objects (written once, never
+        inside the shard): every entry an archive object holds that the journal does not
+        show live. An entry the journal shows live stays live (its archive object is one an
+        archiver that died before its shard commit left; the next ``archive()`` commits it).
+        Newer archive objects win (their ids begin with the store time)."""
+        ids = sorted(
+            archive_id
+            for row in self.store.list(self.layout.archive_of(shard))
+            if (archive_id := self.layout.parse_archive(row.key, shard)) is not None
+        )
+        archived: dict[str, Archived] = {}
+        for archive_id in ids:
+            try:
+                doc = self.archives.read(shard, archive_id)
+            except NotFound:
+                continue
+            for fid, e in doc.entries.items():
+                if fid in live:
+                    continue
+                archived[fid] = Archived(
+                    state=e.state,
+                    archive=archive_id,
+                    declared=declaration_digest(e.stage, e.depends_on, e.consumers),
+                )
+        return archived
+
+    def _entry(
+        self, stage: str, s: _Seen, floor: int, index: shard_index.ShardIndex | None
+    ) -> tuple[Entry, RestoredEntry]:
+        lost: list[str] = []
+        declared = s.declared_at is not None
+        # The index is authoritative for dependencies; a declaration record names them
+        # (and the consumers) when there are any.
+        if index is not None and s.file_id in index:
+            depends_on = tuple(sorted(index.dependencies(s.file_id)))
+        elif declared:
+            depends_on = s.depends_on or ()
+        else:
+            depends_on = ()
+            lost.append("depends_on")
+        consumers = s.consumers or ()
+        if not declared:
+            lost += ["consumers", "declared_at"]
+        base: dict[str, Any] = {
+            "file_id": s.file_id,
+            "stage": stage,
+            "retry_count": s.retry_count,
+            "depends_on": depends_on,
+            "consumers": consumers,
+            "declared_at": s.declared_at,
+            "updated_at": s.updated_at,
+            "claimed_at": s.claimed_at,
+            "ready_at": s.ready_at,
+        }
+        seen_state = s.state
+        if seen_state == State.consumed.value:
+            if s.key is None or s.size is None:
+                lost += [f for f, v in (("key", s.key), ("size", s.size)) if v is None]
+            entry = Entry(
+                **base,
+                state=State.consumed,
+                epoch=s.epoch,
+                owner=s.producer,
+                checksum=s.checksum,
+                key=s.key,
+                size=s.size,
+                part_size=s.part_size,
+                parts_key=s.parts_key,
+                whole_checksum=s.whole_checksum,
+                consumed_by=s.consumed_by,
+            )
+            rule = "consumed is terminal: restored as the journal last saw it"
+            return entry, self._note(entry, s, rule, lost)
+        if seen_state == State.ready.value:
+            data, why = self._verified(stage, s)
+            if data is not None:
+                key, size = data
+                entry = Entry(
+                    **base,
+                    state=State.ready,
+                    epoch=s.epoch,
+                    owner=s.producer,
+                    checksum=s.checksum,
+                    key=key,
+                    size=size,
+                    part_size=s.part_size,
+                    parts_key=s.parts_key,
+                    whole_checksum=s.whole_checksum,
+                    consumed_by=s.consumed_by,
+                )
+                rule = (
+                    "ready, its data verifies: restored at its epoch (consumptions after "
+                    "the last record may be lost)"
+                )
+                return entry, self._note(entry, s, rule, lost)
+            state, rule = State.failed, f"ready but {why}: made claimable again"
+            error: str | None = f"repair: {why}"
+        elif seen_state == State.writing.value:
+            state = State.failed
+            rule = f"writing (epoch {s.epoch}): its holder is fenced, claimable again"
+            error = f"repair: the claim of epoch {s.epoch} was fenced when the shard was rebuilt"
+        elif seen_state in (State.pending.value, State.failed.value, State.dead.value):
+            state = State(seen_state)
+            rule = f"{seen_state}: kept, at an epoch above any seen"
+            error = s.error
+            if state is State.failed:
+                base["retry_at"] = s.retry_at  # its backoff goes on where it was
+        else:
+            state = State.pending
+            rule = "only the index knows it: pending, at an epoch above any seen"
+            error = None
+            lost.append("its history (declared after the last journal block)")
+        entry = Entry(**base, state=state, epoch=floor, error=error)
+        return entry, self._note(entry, s, rule, lost)
+
+    @staticmethod
+    def _note(entry: Entry, s: _Seen, rule: str, lost: list[str]) -> RestoredEntry:
+        return RestoredEntry(
+            file_id=entry.file_id,
+            state=entry.state.value,
+            epoch=entry.epoch,
+            seen_state=s.state,
+            seen_epoch=s.epoch if s.state is not None else None,
+            rule=rule,
+            lost=tuple(dict.fromkeys(lost)),
+        )
+
+    def _verified(self, stage: str, s: _Seen) -> tuple[tuple[str, int] | None, str]:
+        """The data key and size of a ready entry if its bytes exist and verify."""
+        if s.checksum is None:
+            return None, "no checksum was recorded"
+        key = s.key or self.layout.data(stage, s.file_id, s.epoch)
+        try:
+            head = self.store.head(key)
+        except NotFound:
+            return None, f"its data {key} is missing"
+        size = s.size if s.size is not None else head.size
+        if s.part_size is not None:
+            # A chunked entry: its parts are verified by whoever consumes it.
+            if head.size != size or s.parts_key is None:
+                return None, f"its data {key} does not match the recorded size"
+            return (key, size), ""
+        try:
+            transfer.download(self.store, s.file_id, key, s.checksum, size)
+        except ChecksumMismatch:
+            return None, f"its data {key} does not verify"
+        except NotFound:
+            return None, f"its data {key} is missing"
+        return (key, size), ""
+
+    # -- the index ---------------------------------------------------------------------
+
+    def _index(
+        self, found: Found, shards: Mapping[str, Shard], dry_run: bool
+    ) -> ObjectRepair | None:
+        key = self.layout.index
+        if found.damage == "newer":
+            return ObjectRepair(key, "index", "newer", found.problem, "left alone")
+        held: dict[str, list[Entry]] = {}
+        for shard in shards.values():
+            for fid, entry in shard.entries.items():
+                held.setdefault(fid, []).append(entry)
+        if found.damage == "deleted" and not held:
+            return None
+        tuples: list[tuple[str, str, tuple[str, ...]]] = []
+        unplaced: list[str] = []
+        for fid, entries in sorted(held.items()):
+            stages = sorted({e.stage for e in entries})
+            if len(stages) > 1:
+                unplaced.append(f"{fid}: in the shards of {', '.join(stages)}")
+            else:
+                tuples.append((fid, stages[0], entries[0].depends_on))
+        blocks = list(self.history.blocks(key, damaged=[]))
+        own, _ = salvage(found.body) if found.damage == "corrupt" else ([], False)
+        version = max((r.version for r in merged([*blocks, *own])), default=0)
+        try:
+            rebuilt = shard_index.ShardIndex.empty(self.index_codec.writes).declare_many(tuples)
+        except shard_index.ShardIndexError as e:
+            raise index_error(e) from None
+        rebuilt = rebuilt.with_meta(rebuilt.meta, version + 1)
+        moved = None
+        action: Action = "would rebuild"
+        if not dry_run:
+            moved, landed = self._replace(found, self.index_codec, RebuildIndex(rebuilt))
+            action = "rebuilt" if landed else "left alone"
+        return ObjectRepair(
+            key=key,
+            kind="index",
+            damage=found.damage or "deleted",
+            problem=found.problem,
+            action=action,
+            moved_to=moved,
+            records=0,
+            indexed=tuple(fid for fid, _, _ in tuples),
+            not_restored=tuple(unplaced),
+        )
+
+    # -- writing -----------------------------------------------------------------------
+
+    def _replace(self, found: Found, codec: Any, command: Any) -> tuple[str | None, bool]:
+        """Copy a corrupt object aside (create-only, then read back), then commit
+        ``command`` over exactly those bytes; a deleted object is re-created create-only."""
+        if found.damage != "corrupt":
+            self.docs.forget(found.key)
+            return None, bool(self.docs.commit(found.key, codec, command))
+        aside = self.layout.damaged(found.key, self.store.now())
+        self.store.put(aside, found.body, mode=CREATE)
+        blob = self.store.get(aside)
+        if blob is None or blob.body != found.body:
+            raise CorruptShard(
+                aside,
+                "the copy of the damaged object does not read back as written; nothing "
+                "was replaced",
+                self.store.describe(aside),
+            )
+        return aside, bool(self.docs.commit(found.key, codec, command, over=found.etag))
+
+
+__all__ = [
+    "RECORDS_AT_RISK",
+    "ObjectRepair",
+    "RebuildIndex",
+    "RebuildShard",
+    "RepairReport",
+    "Repairer",
+    "RestoredEntry",
+]

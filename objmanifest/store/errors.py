@@ -1,0 +1,39 @@
+"""Store outcomes: what a backend answers that the layers above decide on (a condition
+that failed, an answer that never came, an upload that is gone). They are not the public
+errors users catch: the commit loop and the data path turn each into a retry, a result or
+a public error from ``objmanifest.errors``."""
+
+from __future__ import annotations
+
+
+class StoreOutcome(Exception):
+    """An answer of the store that the layer above decides on; never shown to a user."""
+
+
+class PreconditionFailed(StoreOutcome):
+    """412 or 409 on a conditional write: someone else changed the object first.
+
+    ``answer`` is how the store said it (``412 PreconditionFailed``, ``409
+    ConditionalRequestConflict``, ``404 NoSuchKey``), where a backend has one to tell."""
+
+    def __init__(self, message: str = "", answer: str = "") -> None:
+        super().__init__(message)
+        self.answer = answer
+
+
+class OutcomeUnknown(StoreOutcome):
+    """A write was sent but no answer came back: it may or may not have been applied."""
+
+
+class BodyDamaged(StoreOutcome):
+    """The store refused a body that did not match the digest sent with it (``BadDigest``,
+    ``XAmzContentChecksumMismatch`` ...): it was damaged or cut short on its way, and nothing
+    was stored. A transient fault: the store layer sends it again."""
+
+
+class UploadGone(StoreOutcome):
+    """The multipart upload no longer exists: it was completed or aborted."""
+
+
+class PartsRejected(StoreOutcome):
+    """Completion named a part the store does not hold with that ETag (``InvalidPart``)."""
