@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 import objmanifest as om  # noqa: E402
 from objmanifest.local import servers  # noqa: E402
 from objmanifest.store import make_client  # noqa: E402
-from tests.faults import FaultProxy  # noqa: E402
+from tests.support.faults import FaultProxy  # noqa: E402
 
 BUCKET = "objmanifest-bench"
 

@@ -1,6 +1,6 @@
 """Requests per produced (and consumed) entry, with the journal on, counted at an HTTP proxy.
 
-Through the fault proxy of ``tests/faults.py`` in front of the server, which logs every
+Through the fault proxy of ``tests/support/faults.py`` in front of the server, which logs every
 request it forwards, one agent produces ``--entries`` small entries of one stage one by
 one (``claim(stage=)`` + ``put``), then (when this objmanifest has ``put_many``) as many
 again in batches (``claim_many`` + ``put_many``), and a consumer consumes the first ones
@@ -29,7 +29,7 @@ if __package__ in (None, ""):
 import objmanifest as om
 from bench.common import Bench, bench_context, fmt, layout_support, new_prefix, say
 from objmanifest.cas import loop
-from tests.faults import FaultProxy
+from tests.support.faults import FaultProxy
 
 LIMIT = 3
 """Requests a produced entry cannot do without: the claim's PUT, the data PUT, the ready PUT."""

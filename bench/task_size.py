@@ -20,7 +20,7 @@ import objmanifest as om
 from bench.common import Bench, create_task, fmt, layout_support, ms, new_prefix, pct, say
 from objmanifest.cas import loop
 from objmanifest.core.model import Shard
-from tests.faults import FaultProxy
+from tests.support.faults import FaultProxy
 
 PER_PARTITION = 1_000
 LIVE = 1_000

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from backends import Stall, stalling
-from conftest import Server
 
 import objmanifest as om
 from objmanifest.aio import AsyncAgent, AsyncTask
+from tests.support.backends import Stall, stalling
+from tests.support.stores import Server
 
 pytestmark = pytest.mark.behaviour
 

@@ -6,10 +6,11 @@ import threading
 from collections import Counter
 
 import pytest
-from conftest import raw_delete, raw_put
 
 import objmanifest as om
 from objmanifest.core import changes
+from tests.support.rawstore import delete as raw_delete
+from tests.support.rawstore import put as raw_put
 
 pytestmark = pytest.mark.behaviour
 

@@ -25,8 +25,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-import rawstore
-from breaking import BreakingFile
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -56,6 +54,8 @@ from objmanifest.core.model import (
 from objmanifest.data.chunked.state import UploadCodec
 from objmanifest.store import parse_url
 from objmanifest.store.s3 import check_endpoint
+from tests.support import rawstore
+from tests.support.breaking import BreakingFile
 
 MiB = 1024 * 1024
 PART = 5 * MiB

@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import raw_delete, raw_get, raw_put, requests
 
 import objmanifest as om
 from objmanifest.engine.manifest import DeclareInIndex
 from objmanifest.errors import ReadBrokeOff
 from objmanifest.store import make_client
+from tests.support.rawstore import delete as raw_delete
+from tests.support.rawstore import get as raw_get
+from tests.support.rawstore import put as raw_put
+from tests.support.rawstore import requests as requests
 
 pytestmark = pytest.mark.behaviour
 

@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import Server, backends, running
 
 from tests.chaos.harness import Endpoint, Harness, Settings
-from tests.faults import CHAOS_KINDS, Chaos
+from tests.support.faults import CHAOS_KINDS, Chaos
+from tests.support.stores import Server, backends, running
 
 pytestmark = pytest.mark.chaos
 

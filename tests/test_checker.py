@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ManualClock
 
 from objmanifest.core import checksum
 from objmanifest.core.model import Entry, Shard, State
 from objmanifest.store.memory import MemoryStore
 from objmanifest.task import Task
-from tests.checker import (
+from tests.support.checker import (
     ACK_MISSING,
     BAD_BYTES,
     CLAIM,
@@ -40,6 +39,7 @@ from tests.checker import (
     check,
     summary,
 )
+from tests.support.stores import ManualClock
 
 
 @dataclass(frozen=True)

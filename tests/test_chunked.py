@@ -1,7 +1,7 @@
 """Chunked entries on real servers: large files in parts, adopted after a crash, fenced
 zombies, corrupted parts, aborted uploads, bounded memory.
 
-Producers that crash or stall run as real processes (``tests/chunk_worker.py``) and are
+Producers that crash or stall run as real processes (``tests/workers/chunked.py``) and are
 killed or stopped with real signals. Source files are generated deterministically in
 ``tmp_path`` (pseudo-random 1 MiB blocks) and deleted with it.
 """
@@ -26,16 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from breaking import BreakingFile, BreakingStream
-from conftest import Server, raw_get, raw_put, requests
 
 import objmanifest as om
 from objmanifest.core import checksum
 from objmanifest.data import chunked as chunked
 from objmanifest.data import transfer
 from objmanifest.store.errors import PartsRejected
+from tests.support.breaking import BreakingFile, BreakingStream
+from tests.support.rawstore import get as raw_get
+from tests.support.rawstore import put as raw_put
+from tests.support.rawstore import requests as requests
+from tests.support.stores import Server
 
-WORKER = Path(__file__).with_name("chunk_worker.py")
+WORKER = Path(__file__).parent / "workers" / "chunked.py"
 MiB = 1024 * 1024
 PART = 5 * MiB
 TASK = "job"
@@ -106,7 +109,7 @@ def _clean_up(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 class Worker:
-    """One ``tests/chunk_worker.py`` process, its stdout read as JSON lines by a thread."""
+    """One ``tests/workers/chunked.py`` process, its stdout read as JSON lines by a thread."""
 
     def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(

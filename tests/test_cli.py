@@ -29,9 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from breaking import BreakingFile
-from conftest import BUCKET, LAYOUT, Server, layout_options, raw_get, raw_put
-from faults import FaultProxy
 
 import objmanifest as om
 from objmanifest.cli import app, main, parser, progress
@@ -40,6 +37,11 @@ from objmanifest.data import transfer
 from objmanifest.local import servers
 from objmanifest.wire import exits
 from objmanifest.wire.polling import poll
+from tests.support.breaking import BreakingFile
+from tests.support.faults import FaultProxy
+from tests.support.rawstore import get as raw_get
+from tests.support.rawstore import put as raw_put
+from tests.support.stores import BUCKET, LAYOUT, Server, layout_options
 
 ENTRY_KEYS = set(om.Entry.model_fields)
 CLAIM_KEYS = {"task_id", "file_id", "stage", "agent", "epoch", "lease_expires_at"}

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import test_cli
-from test_cli import Cli, E
-
 import objmanifest as om
 from objmanifest.cli import batch
+from tests import test_cli
+from tests.test_cli import Cli, E
 
 cli = test_cli.cli  # the fixture: the CLI for one test's prefix
 

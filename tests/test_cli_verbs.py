@@ -3,10 +3,9 @@ delete; each with --json and the exit codes of cli/exits.py, hostile input inclu
 
 from __future__ import annotations
 
-import test_cli
-from test_cli import Cli, E
-
 import objmanifest as om
+from tests import test_cli
+from tests.test_cli import Cli, E
 
 cli = test_cli.cli  # the fixture: the CLI for one test's prefix
 

@@ -27,8 +27,6 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from conftest import BUCKET, Server, backends, refusal_breaks, running, verifies_digests
-from faults import FaultProxy
 
 from objmanifest.core import checksum
 from objmanifest.errors import InvalidInput, NotFound, ReadBrokeOff, StoreError
@@ -47,6 +45,8 @@ from objmanifest.store import (
 )
 from objmanifest.store.errors import OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
 from objmanifest.store.s3 import CONTINUE_THRESHOLD
+from tests.support.faults import FaultProxy
+from tests.support.stores import BUCKET, Server, backends, refusal_breaks, running, verifies_digests
 
 pytestmark = [pytest.mark.conformance, pytest.mark.behaviour]
 
@@ -413,7 +413,8 @@ def test_a_delete_whose_answer_is_lost_is_a_store_error_and_applied(
     backend: Backend, store: ObjectStore, prefix: str
 ) -> None:
     """Not ``OutcomeUnknown``, which no caller of a delete expects (``gc`` would let it out):
-    a ``StoreError`` on every backend (found by the simulation, seed 0: ``tests/sim.py``)."""
+    a ``StoreError`` on every backend (found by the simulation, seed 0:
+    ``tests/support/sim.py``)."""
     store.put("doomed", b"bytes")
     with backend.faulty(prefix) as faulty:
         faulty.lose("delete", "doomed")

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from breaking import BreakingFile
 
 import objmanifest as om
+from tests.support.breaking import BreakingFile
 
 pytestmark = pytest.mark.behaviour
 

@@ -18,10 +18,10 @@ import botocore.auth
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionClosedError, HTTPClientError
-from faults import CHAOS_KINDS, Chaos, FaultProxy
 
 from objmanifest.local import servers
 from objmanifest.local.servers import LocalS3
+from tests.support.faults import CHAOS_KINDS, Chaos, FaultProxy
 
 pytestmark = pytest.mark.xdist_group("faults")
 """Under xdist (``--dist loadgroup``) this module's tests run on one worker, so its own

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import rawstore
-from backends import Stall, stalling
-from conftest import Server
 
 import objmanifest as om
+from tests.support import rawstore
+from tests.support.backends import Stall, stalling
+from tests.support.stores import Server
 
 pytestmark = pytest.mark.behaviour
 

@@ -10,13 +10,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from breaking import BreakingFile
-from conftest import raw_put
 
 import objmanifest as om
 from objmanifest.core.model import Stored
 from objmanifest.data import transfer
 from objmanifest.store import PROBE_PREFIX
+from tests.support.breaking import BreakingFile
+from tests.support.rawstore import put as raw_put
 
 pytestmark = pytest.mark.behaviour
 

@@ -3,7 +3,7 @@ user's touched (issue "Hardening").
 
 Pure input validation runs on ``MemoryStore``; whatever involves the store (writing a
 consumed file, corrupt or deleted manifest objects, concurrent uploads) runs against the
-real servers of ``conftest``.
+real servers of ``tests.support.stores``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rawstore
 
 import objmanifest as om
 from objmanifest.core.model import MAX_AGENT_BYTES, MAX_ERROR_CHARS
+from tests.support import rawstore
 
 MiB = 1024 * 1024
 LEASE_MESSAGE = "lease_seconds must be a number of seconds above 0 and at most 2592000"

@@ -2,8 +2,8 @@
 (issue "Hardening"). The attack table in docs/cli.md lists what was tried.
 
 What needs no store runs ``main()`` in this process; everything else runs ``python -m
-objmanifest`` as a child process against the real servers of ``conftest``, the way a shell
-step runs it.
+objmanifest`` as a child process against the real servers of ``tests.support.stores``, the
+way a shell step runs it.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rawstore
-from conftest import BUCKET, Server
-from faults import FaultProxy
-from test_hardening import not_s3
 
 import objmanifest as om
 from objmanifest.cli import main
+from tests.support import rawstore
+from tests.support.faults import FaultProxy
+from tests.support.stores import BUCKET, Server
+from tests.test_hardening import not_s3
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1024 * 1024

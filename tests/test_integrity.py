@@ -8,7 +8,7 @@ object carries refuses the damaged body and the store layer sends it again; a pa
 digest header) is stored as it arrived and the pump, seeing an ETag that is not the MD5 it
 sent, sends it again. The moto server verifies no digest (it stores damaged whole objects),
 so the tests that damage whole objects run only on stores that verify
-(``conftest.verifies_digests``); the part test runs everywhere.
+(``tests.support.stores.verifies_digests``); the part test runs everywhere.
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
+
+import objmanifest as om
+from objmanifest.core import checksum
+from objmanifest.data import transfer
+from objmanifest.data.chunked import UploadCodec
+from tests.support.faults import FaultProxy
+from tests.support.stores import (
     BUCKET,
     Server,
     backends,
@@ -33,12 +39,6 @@ from conftest import (
     running,
     verifies_digests,
 )
-from faults import FaultProxy
-
-import objmanifest as om
-from objmanifest.core import checksum
-from objmanifest.data import transfer
-from objmanifest.data.chunked import UploadCodec
 
 pytestmark = [pytest.mark.behaviour]
 

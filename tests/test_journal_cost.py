@@ -2,15 +2,15 @@
 same at a proxy): three PUTs (the claim's, the data's, the ready one), plus one block PUT per
 ``BLOCK`` versions of the shard, each block sent once. A warm claim chooses on the cached
 shard, which the agent's own last commit confirmed current, without reading it again; a
-busy shard is read first (``tests/unit/test_claim_base.py``)."""
+busy shard is read first (``tests/unit/cas/test_claim_base.py``)."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import requests
 
 import objmanifest as om
 from objmanifest.cas import loop
+from tests.support.rawstore import requests as requests
 
 pytestmark = pytest.mark.behaviour
 

@@ -17,12 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import Server
-from faults import FaultProxy
-
 import objmanifest as om
+from tests.support.faults import FaultProxy
+from tests.support.stores import Server
 
-WORKER = Path(__file__).with_name("journal_worker.py")
+WORKER = Path(__file__).parent / "workers" / "journal.py"
 
 KILL_POINTS = [
     # (method, path contains, nth, phase, counted only after a request containing ...)

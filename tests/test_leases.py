@@ -11,12 +11,12 @@ import time
 from datetime import datetime, timedelta
 
 import pytest
-import rawstore
-from backends import skewed
-from breaking import BreakingFile
-from conftest import Server
 
 import objmanifest as om
+from tests.support import rawstore
+from tests.support.backends import skewed
+from tests.support.breaking import BreakingFile
+from tests.support.stores import Server
 
 pytestmark = pytest.mark.behaviour
 

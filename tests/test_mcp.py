@@ -23,12 +23,17 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import Server, memory_store
 from mcp import Client, ClientSession
 from mcp import types as mcp_types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from test_cli import (
+
+import objmanifest as om
+from objmanifest.mcp import server as mcp_server
+from objmanifest.mcp.tools import MAX_INLINE, Session, confine
+from objmanifest.wire import exits
+from tests.support.stores import Server, memory_store
+from tests.test_cli import (
     MOTO_ONLY,
     Cli,
     base_env,
@@ -37,11 +42,6 @@ from test_cli import (
     produce,
     read_line,
 )
-
-import objmanifest as om
-from objmanifest.mcp import server as mcp_server
-from objmanifest.mcp.tools import MAX_INLINE, Session, confine
-from objmanifest.wire import exits
 
 E = exits.ExitCode
 TOOLS = {

@@ -15,14 +15,16 @@ import uuid
 from collections import Counter
 
 import pytest
-from conftest import Server, raw_delete, raw_get
-from test_cli import Cli, cli  # noqa: F401 (the fixture)
-from test_races import STAGE, TASK, Spawn, fresh, payload, spawn  # noqa: F401 (the fixture)
 
 import objmanifest as om
 from objmanifest.core import checksum
 from objmanifest.core.layout import TaskLayout, partition_of
 from objmanifest.core.model import READERS
+from tests.support.rawstore import delete as raw_delete
+from tests.support.rawstore import get as raw_get
+from tests.support.stores import Server
+from tests.test_cli import Cli, cli  # noqa: F401 (the fixture)
+from tests.test_races import STAGE, TASK, Spawn, fresh, payload, spawn  # noqa: F401 (the fixture)
 
 # -- routing (no store) ------------------------------------------------------------------
 

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ManualClock
 
 import objmanifest as om
 from objmanifest.cli import main
 from objmanifest.store import PROBE_PREFIX, permissions
 from objmanifest.store.probe import probe_store
+from tests.support.stores import ManualClock
 
 ROOT = Path(__file__).resolve().parent.parent
 S3_PY = ROOT / "objmanifest" / "store" / "s3.py"

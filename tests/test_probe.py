@@ -22,8 +22,6 @@ from email.utils import formatdate
 from typing import Any
 
 import pytest
-from conftest import BUCKET, Server
-from faults import FaultProxy, ignoring_conditions
 
 import objmanifest as om
 from objmanifest.cli import main
@@ -39,6 +37,8 @@ from objmanifest.store.probe import (
     probe_conditional_writes,
     probe_store,
 )
+from tests.support.faults import FaultProxy, ignoring_conditions
+from tests.support.stores import BUCKET, Server
 
 RACER_THREADS = "objmanifest-race-"
 """The probe's racers run in threads of these names (``Runtime.at_once``)."""

@@ -13,12 +13,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from breaking import BreakingFile
-from conftest import Server
-from test_races import WORKER, Worker
 
 import objmanifest as om
 from objmanifest.core import checksum
+from tests.support.breaking import BreakingFile
+from tests.support.stores import Server
+from tests.test_races import WORKER, Worker
 
 MiB = 1024 * 1024
 PART = 5 * MiB

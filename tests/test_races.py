@@ -1,7 +1,7 @@
 """Races and faults with real processes: producers racing, a fenced zombie, agents whose
 clocks are wrong, responses lost on the way back, and a store that ignores conditions.
 
-Agents in other processes run ``tests/worker.py`` and report in JSON lines. Every wait is
+Agents in other processes run ``tests/workers/agent.py`` and report in JSON lines. Every wait is
 bounded, and every child is killed when its test ends, whatever the outcome.
 """
 
@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Server
-from faults import FaultProxy, ignoring_conditions
 
 import objmanifest as om
 from objmanifest.core import checksum
 from objmanifest.store import make_client
+from tests.support.faults import FaultProxy, ignoring_conditions
+from tests.support.stores import Server
 
-WORKER = Path(__file__).with_name("worker.py")
+WORKER = Path(__file__).parent / "workers" / "agent.py"
 FAKETIME_GLOB = "/usr/lib/*/faketime/libfaketime.so.1"  # where Debian puts it, any arch
 TASK = "job"
 STAGE = "collect"
@@ -41,7 +41,7 @@ STAGE = "collect"
 
 
 class Worker:
-    """One ``tests/worker.py`` process; its stdout read as JSON lines by a thread."""
+    """One ``tests/workers/agent.py`` process; its stdout read as JSON lines by a thread."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], name: str) -> None:
         self.name = name
@@ -182,7 +182,7 @@ def data_key(file_id: str, epoch: int) -> str:
 
 
 def payload(file_id: str, name: str, epoch: int) -> bytes:
-    return f"{file_id}|{name}|{epoch}".encode()  # as tests/worker.py produces it
+    return f"{file_id}|{name}|{epoch}".encode()  # as tests/workers/agent.py produces it
 
 
 # -- four producer processes -------------------------------------------------------------

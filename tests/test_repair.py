@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
-from conftest import raw_delete, raw_get, raw_put
 
 import objmanifest as om
 from objmanifest.cas.loop import BLOCK
 from objmanifest.ops.repair import RECORDS_AT_RISK
+from tests.support.rawstore import delete as raw_delete
+from tests.support.rawstore import get as raw_get
+from tests.support.rawstore import put as raw_put
 
 pytestmark = pytest.mark.behaviour
 

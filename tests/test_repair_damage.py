@@ -12,11 +12,13 @@ import json
 from collections.abc import Callable
 
 import pytest
-from conftest import raw_delete, raw_get, raw_put
-from rawstore import keys
 
 import objmanifest as om
 from objmanifest.cas.loop import BLOCK
+from tests.support.rawstore import delete as raw_delete
+from tests.support.rawstore import get as raw_get
+from tests.support.rawstore import keys
+from tests.support.rawstore import put as raw_put
 
 pytestmark = pytest.mark.behaviour
 

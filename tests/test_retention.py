@@ -10,11 +10,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from conftest import raw_get, raw_put
 
 import objmanifest as om
 from objmanifest.core.model import RetentionMarker
 from objmanifest.journal.retention import MarkerCodec, TrimJournal
+from tests.support.rawstore import get as raw_get
+from tests.support.rawstore import put as raw_put
 
 pytestmark = pytest.mark.behaviour
 

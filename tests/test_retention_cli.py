@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import pytest
-import test_cli
-from test_cli import Cli
 
 import objmanifest as om
+from tests import test_cli
+from tests.test_cli import Cli
 
 cli = test_cli.cli  # the fixture
 

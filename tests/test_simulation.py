@@ -1,4 +1,4 @@
-"""The deterministic simulation (``tests/sim.py``): the CI seeds break no invariant, a seed
+"""The deterministic simulation (``tests/support/sim.py``): the CI seeds break no invariant, a seed
 replays exactly, each deliberately broken variant of the library is caught within the CI
 seeds, and the bugs the simulation found stay fixed.
 
@@ -14,14 +14,14 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from conftest import ManualClock
 
 from objmanifest.core.model import State
 from objmanifest.errors import LeaseLost, NotFound
 from objmanifest.store.errors import OutcomeUnknown
 from objmanifest.store.memory import MemoryStore
 from objmanifest.task import Task
-from tests import checker, sim
+from tests.support import checker, sim
+from tests.support.stores import ManualClock
 
 CI_SEEDS = sim.seeds_of(os.environ.get("OBJMANIFEST_SIM_SEEDS", "0-19"))
 

@@ -8,11 +8,11 @@ import threading
 from datetime import timedelta
 
 import pytest
-import test_cli
-from test_cli import Cli, E
 
 import objmanifest as om
 from objmanifest.core.model import HEADER_SCHEMA
+from tests import test_cli
+from tests.test_cli import Cli, E
 
 pytestmark = pytest.mark.behaviour
 

@@ -2,7 +2,7 @@
 
 ``tests/data/task-0.1.0/`` holds every object of a task 0.1.0 wrote and left mid-pipeline
 (made by ``tests/data/make_task_0_1_0.py``), and ``tests/data/objmanifest-0.1.0.tar.gz`` is
-0.1.0's own source, run in subprocesses (``tests/upgrade_worker.py``) so that both releases
+0.1.0's own source, run in subprocesses (``tests/workers/upgrade.py``) so that both releases
 work on one task at once, as they do while agents are upgraded machine by machine. Needs a
 real S3 server (the two releases are different processes), so never runs on memory.
 
@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BUCKET, Server
 
 import objmanifest as om
 from objmanifest.core import checksum
 from objmanifest.core.model import READERS
+from tests.support.stores import BUCKET, Server
 
 DATA = Path(__file__).with_name("data")
 DUMP = DATA / "task-0.1.0"
 RELEASE = DATA / "objmanifest-0.1.0.tar.gz"
-WORKER = Path(__file__).with_name("upgrade_worker.py")
+WORKER = Path(__file__).parent / "workers" / "upgrade.py"
 TASK_ID = "legacy"
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.s3_only]
@@ -69,7 +69,7 @@ def manifest_objects(snap: dict[str, tuple[str, bytes]]) -> dict[str, dict[str, 
 
 
 def old(server: Server, release: Path, *args: str) -> Any:
-    """Run tests/upgrade_worker.py under objmanifest 0.1.0; its JSON answer."""
+    """Run tests/workers/upgrade.py under objmanifest 0.1.0; its JSON answer."""
     env = {**os.environ, **server.env, "PYTHONPATH": str(release)}
     env.pop("AWS_ENDPOINT_URL", None)
     done = subprocess.run(

@@ -8,13 +8,13 @@ import random
 from collections.abc import Iterator
 
 import pytest
-from breaking import BreakingFile
 
 import objmanifest as om
 from objmanifest.cas.codecs import HeaderCodec
 from objmanifest.core import verbs
 from objmanifest.data.chunked import UploadCodec
 from objmanifest.ops import deletion
+from tests.support.breaking import BreakingFile
 
 pytestmark = pytest.mark.behaviour
 

@@ -12,9 +12,9 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import Server
 
 import objmanifest as om
+from tests.support.stores import Server
 
 pytestmark = pytest.mark.behaviour
 

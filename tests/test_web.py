@@ -13,8 +13,6 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-import rawstore
-from conftest import requests
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
@@ -31,6 +29,8 @@ from objmanifest.web.security import (
     shown_endpoint,
 )
 from objmanifest.web.views import Site
+from tests.support import rawstore
+from tests.support.rawstore import requests as requests
 
 LOCAL = "http://127.0.0.1"
 TOKEN = "a-web-token-of-some-length-0123"

@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import running
 from playwright.sync_api import Page, sync_playwright
 
 import objmanifest as om
 from objmanifest.web import pages, server
 from objmanifest.web.views import Site
+from tests.support.stores import running
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(120)]
 

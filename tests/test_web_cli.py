@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Server
-from test_cli import Cli, base_env, finish, make_cli, read_line
 
 from objmanifest.wire import exits
+from tests.support.stores import Server
+from tests.test_cli import Cli, base_env, finish, make_cli, read_line
 
 E = exits.ExitCode
 TOKEN = "cli-web-token-0123456789abcdef"

@@ -32,7 +32,7 @@ from typing import Any
 
 import objmanifest as om
 from objmanifest.core import checksum, leases
-from tests import sim
+from tests.support import sim
 
 STAGES = ("collect", "write", "check")
 
@@ -50,7 +50,7 @@ BROKEN: dict[str, Callable[[sim.Setattr], None]] = {
     "no-checksum": sim.no_checksum,
 }
 """Deliberately broken variants of the library an agent can run (``--broken``), the
-simulator's (``tests/sim.py``) with the local clock a real one: a run must find them."""
+simulator's (``tests/support/sim.py``) with the local clock a real one: a run must find them."""
 ROLES = {"collect": "collector", "write": "writer", "check": "checker"}
 """The consumer role of each stage's agents: raw records are consumed by ``writer``, drafts
 by ``checker`` (broadcast entries: every agent of the role may read them again)."""

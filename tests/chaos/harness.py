@@ -37,7 +37,7 @@ import objmanifest as om
 from objmanifest.local import servers
 from tests.chaos import judge
 from tests.chaos.agent import PUBLISHER, ROLES, STAGES, TRANSFER, settled
-from tests.faults import CHAOS_KINDS, Chaos, FaultProxy
+from tests.support.faults import CHAOS_KINDS, Chaos, FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "objmanifest-chaos"

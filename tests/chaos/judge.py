@@ -2,7 +2,7 @@
 
 ``judge`` reads the store directly (not through the proxy) and holds it to what the agents
 believe they did (their logs, ``tests/chaos/agent.py``): first the invariants of
-``tests/checker.py`` (the journal and shards against the operations), then the pipeline's
+``tests/support/checker.py`` (the journal and shards against the operations), then the pipeline's
 own (only documented errors, clean exits, the pipeline finishes, a finished entry's object
 holds its holder's bytes, drafts and verdicts name their inputs as they were made ready).
 Each invariant is named in the report; a violation says which entry broke it and how.
@@ -17,8 +17,8 @@ from typing import Any
 
 import objmanifest as om
 from objmanifest.core import checksum
-from tests import checker
 from tests.chaos.agent import big_payload, is_big, settled
+from tests.support import checker
 
 
 @dataclass

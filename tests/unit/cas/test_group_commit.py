@@ -28,7 +28,7 @@ from objmanifest.errors import ConflictRetriesExhausted, StoreError
 from objmanifest.store import MemoryStore
 from objmanifest.store.errors import OutcomeUnknown
 
-from .make import at
+from ..make import at
 from .test_cas import (
     CODEC,
     KEY,

@@ -9,7 +9,7 @@ from objmanifest.core import verbs
 from objmanifest.core.model import Archived, Shard, State
 from objmanifest.errors import NotFound, WrongState
 
-from .make import at, entry, exactly, shard
+from ..make import at, entry, exactly, shard
 
 DEAD = entry("d", state=State.dead, epoch=2, retry_count=3, error="boom")
 GONE = entry("c", state=State.consumed, epoch=1, consumed_by=("x",))

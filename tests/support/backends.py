@@ -11,8 +11,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from conftest import Server, memory_store
-from faults import FaultProxy
+from tests.support.faults import FaultProxy
+from tests.support.stores import Server, memory_store
 
 
 class Stall(Protocol):

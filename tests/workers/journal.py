@@ -1,7 +1,7 @@
 """An agent in its own process that commits as fast as it can, for the journal's kill test
 (``tests/test_journal_kill.py``).
 
-``python tests/journal_worker.py --endpoint URL --bucket B --prefix P --name NAME --count N``
+``python tests/workers/journal.py --endpoint URL --bucket B --prefix P --name NAME --count N``
 (the ``AWS_*`` variables of the server in the environment): declares, claims and produces
 ``N`` entries ``NAME-0`` ... of stage ``s`` of task ``job``, printing each id when it is
 ready, then waits for its journal blocks and prints ``done``.

@@ -1,14 +1,14 @@
 """Run by tests/test_upgrade.py under objmanifest 0.1.0 (PYTHONPATH = the extracted release):
 an agent of the previous release on the same task as the new code.
 
-    python upgrade_worker.py work URL ENDPOINT TASK_ID
+    python tests/workers/upgrade.py work URL ENDPOINT TASK_ID
         works on the task at schema 1: consumes page-3, takes text-3 and late to ready,
         declares extra; prints the task's status as JSON.
-    python upgrade_worker.py chunked URL ENDPOINT TASK_ID SOURCE
+    python tests/workers/upgrade.py chunked URL ENDPOINT TASK_ID SOURCE
         consumes big-new (a chunked entry the new code produced, with its whole-object
         checksum), then claims big-again (failed under the new code) and produces it again,
         chunked, from SOURCE; prints the xxh3 of what it consumed and the entry it made.
-    python upgrade_worker.py refuse URL ENDPOINT TASK_ID HEADER_FILE
+    python tests/workers/upgrade.py refuse URL ENDPOINT TASK_ID HEADER_FILE
         after migrate: opens the task, and (as an agent that opened it before the
         migration, from HEADER_FILE's schema-1 header) tries claim, put, declare, reap,
         status; prints, per attempt, the error's class and message as JSON.
@@ -24,9 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from objmanifest.model import TaskHeader
+
 import objmanifest as om
 from objmanifest import checksum
-from objmanifest.model import TaskHeader
 
 
 def work(task: om.Task) -> dict[str, Any]:

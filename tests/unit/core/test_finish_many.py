@@ -9,7 +9,7 @@ from objmanifest.core import changes
 from objmanifest.core.model import Claim, Entry, Stored
 from objmanifest.errors import InvalidInput, LeaseLost, NotFound
 
-from .make import at, claim_on, entry, exactly, held, ready, shard
+from ..make import at, claim_on, entry, exactly, held, ready, shard
 
 NOW = at(100)
 

@@ -15,7 +15,7 @@ from objmanifest.core.leases import Renewer
 from objmanifest.core.model import State
 from objmanifest.errors import LeaseLost, ObjManifestError, StoreError
 
-from .make import T0, at, entry, held
+from ..make import T0, at, entry, held
 
 WAIT = 5.0
 """Bound on waiting for the renewer thread; a passing test waits far less."""

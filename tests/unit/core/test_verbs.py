@@ -10,7 +10,7 @@ from objmanifest.core.model import State
 from objmanifest.core.states import TABLE, VERBS, Event, InvalidTransition, Verb, verb_state
 from objmanifest.errors import HasDependents, LeaseLost, NotFound, WrongState
 
-from .make import at, claim_on, entry, exactly, held, ready, shard
+from ..make import at, claim_on, entry, exactly, held, ready, shard
 
 
 def test_the_verbs_table_has_release_and_revive_and_agents_events_do_not() -> None:

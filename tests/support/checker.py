@@ -1,6 +1,6 @@
 """The invariants of a run, proved after it from the store and the agents' operation logs.
 
-Shared by the deterministic simulation (``tests/sim.py``, agents as scheduled threads on
+Shared by the deterministic simulation (``tests/support/sim.py``, agents as scheduled threads on
 ``MemoryStore``) and the chaos harness (agent processes against real servers). Each agent
 appends to an ``OpLog`` every operation it believes succeeded (``ok``), whose outcome it
 does not know (``unknown``: a lost answer, a store error after sending), and every refusal

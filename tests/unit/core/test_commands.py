@@ -11,7 +11,7 @@ from objmanifest.core import changes
 from objmanifest.core.model import Claim, Declaration, Shard, State, Stored
 from objmanifest.errors import LeaseLost
 
-from .make import RULES, at, claim_on, entry, exactly, held, lookup, ready, shard
+from ..make import RULES, at, claim_on, entry, exactly, held, lookup, ready, shard
 
 NOW = at(100)
 

@@ -31,7 +31,7 @@ from objmanifest.errors import (
     NotReady,
 )
 
-from .make import (
+from ..make import (
     RULES,
     STAGE,
     T0,

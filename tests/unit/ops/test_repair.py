@@ -14,6 +14,7 @@ from objmanifest.cas.codecs import ShardCodec
 from objmanifest.core import checksum
 from objmanifest.ops.repair import RECORDS_AT_RISK, RebuildShard, replay
 from objmanifest.store import CREATE
+from objmanifest.store.errors import PreconditionFailed
 
 
 def fresh_store() -> om.MemoryStore:
@@ -105,7 +106,7 @@ def test_a_deleted_shard_without_blocks_comes_back_from_the_index_fenced() -> No
     # The copy a repair makes of a corrupt object is create-only: it never overwrites.
     aside = task.layout.damaged(task.shard_key("collect"), store.now())
     store.put(aside, b"first", mode=CREATE)
-    with pytest.raises(om.errors.PreconditionFailed):
+    with pytest.raises(PreconditionFailed):
         store.put(aside, b"second", mode=CREATE)
 
 

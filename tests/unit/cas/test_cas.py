@@ -40,7 +40,7 @@ from objmanifest.errors import (
 from objmanifest.store import CREATE, OVERWRITE, MemoryStore, PutMode
 from objmanifest.store.errors import OutcomeUnknown, PreconditionFailed
 
-from .make import at
+from ..make import at
 
 KEY = "tallies/main.json"
 OTHER = "tallies/other.json"

@@ -13,7 +13,7 @@ from objmanifest.core import changes, leases, states
 from objmanifest.core.model import State
 from objmanifest.errors import NotClaimable
 
-from .make import RULES, T0, at, claim_on, entry, exactly, held, nothing, ready, shard
+from ..make import RULES, T0, at, claim_on, entry, exactly, held, nothing, ready, shard
 
 BACKOFF = replace(RULES, retry_backoff=10.0, retry_backoff_max=35.0)
 """Rules with a backoff of 10 s doubling up to 35 s (max_retries 2)."""

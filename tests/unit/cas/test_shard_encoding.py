@@ -16,7 +16,7 @@ from objmanifest.cas.codecs import REMOVED, Fragments, ShardCodec, _rebuild_fiel
 from objmanifest.core.events import Change
 from objmanifest.core.model import Archived, Entry, JournalRecord, Shard, State
 
-from .make import T0, at, entry
+from ..make import T0, at, entry
 
 IDS = st.text(alphabet=st.sampled_from('ab\u00e9"\\/\n\t\u2603~'), min_size=1, max_size=4)
 

@@ -18,7 +18,7 @@ from objmanifest.core.model import Claim, Entry, Shard, State
 from objmanifest.core.states import TABLE, Event, InvalidTransition, next_state
 from objmanifest.errors import LeaseLost, ObjManifestError
 
-from .make import RULES, STAGE, T0, at, claim_on, entry, exactly, lookup, shard
+from ..make import RULES, STAGE, T0, at, claim_on, entry, exactly, lookup, shard
 
 # -- next_state -----------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """An agent in its own process, for the race tests (``tests/test_races.py``).
 
-Run as ``python tests/worker.py --bucket B --prefix P --task job --name NAME MODE ...`` with
+Run as ``python tests/workers/agent.py --bucket B --prefix P --task job --name NAME MODE ...`` with
 the ``AWS_*`` variables of the server in the environment. It writes JSON lines to stdout,
 one object per line, each with an ``event``; the first is always ``start`` (with this
 process's ``time.time()``, so a test can see what clock the process runs on).

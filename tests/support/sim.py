@@ -61,8 +61,8 @@ from objmanifest.store import memory
 from objmanifest.store.errors import OutcomeUnknown
 from objmanifest.store.memory import MemoryStore
 from objmanifest.task import Task
-from tests import checker
-from tests.checker import OK, REFUSED, UNKNOWN, OpLog, Violation
+from tests.support import checker
+from tests.support.checker import OK, REFUSED, UNKNOWN, OpLog, Violation
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 MiB = 1024 * 1024

@@ -1,6 +1,6 @@
 """An agent in its own process for the chunked-entry tests (``tests/test_chunked.py``).
 
-Run as ``python tests/chunk_worker.py --bucket B --prefix P --task job --name NAME MODE ...``
+Run as ``python tests/workers/chunked.py --bucket B --prefix P --task job --name NAME MODE ...``
 with the ``AWS_*`` variables of the server in the environment. It writes JSON lines to
 stdout, each with an ``event``; the first is ``start``.
 

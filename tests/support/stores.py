@@ -1,0 +1,279 @@
+"""The servers and stores the suites run against: which backends (``backends``), starting
+each once per process (``running``) or sharing one between xdist workers (``SharedServers``),
+the MemoryStore on warped time (``memory_store``), the session's shard layout
+(``layout_options``) and what each backend does with a damaged body (``verifies_digests``).
+The fixtures built on them are in ``tests/conftest.py``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import objmanifest as om
+from objmanifest.core.model import check_name
+from objmanifest.core.runtime import DEFAULT as DEFAULT_RUNTIME
+from objmanifest.local import servers
+
+BUCKET = os.environ.get("OBJMANIFEST_TEST_BUCKET", "objmanifest-test")
+
+
+class Warp:
+    """Time for the memory backend, running ``factor`` times faster than the wall clock: the
+    store's clock and the runtime's monotonic clock, sleeps and background intervals all
+    agree, so leases expire (and are renewed) ``factor`` times sooner and the behaviour suite
+    spends its waits in fractions of the time. One per session: every MemoryStore of a test
+    shares it."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.start = time.monotonic()
+        self.epoch = datetime.now(timezone.utc)
+        self.runtime = om.Runtime(
+            monotonic=self.monotonic,
+            sleep=lambda seconds: time.sleep(seconds / factor),
+            every=lambda job, interval, name: DEFAULT_RUNTIME.every(job, interval / factor, name),
+        )
+
+    def monotonic(self) -> float:
+        return self.start + (time.monotonic() - self.start) * self.factor
+
+    def clock(self) -> datetime:
+        return self.epoch + timedelta(seconds=self.monotonic() - self.start)
+
+
+WARP = Warp(float(os.environ.get("OBJMANIFEST_TEST_MEMORY_WARP", "10")))
+
+
+class ManualClock:
+    """A store clock the test moves by hand (``MemoryStore(clock=...)``)."""
+
+    def __init__(self, now: datetime = datetime(2030, 1, 1, tzinfo=timezone.utc)) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def memory_store(prefix: str, skew: float | None = None) -> om.MemoryStore:
+    """A MemoryStore of the test bucket on the session's warped time; or, with ``skew``, on
+    this machine's wall clock shifted by ``skew`` seconds (a store whose clock is off)."""
+    if skew is None:
+        return om.MemoryStore(BUCKET, prefix, clock=WARP.clock, runtime=WARP.runtime)
+    offset = timedelta(seconds=skew)
+    return om.MemoryStore(BUCKET, prefix, clock=lambda: datetime.now(timezone.utc) + offset)
+
+
+LAYOUT = os.environ.get("OBJMANIFEST_TEST_LAYOUT", "stage")
+
+
+"""The shard layout of every task the tests create without choosing one: ``stage`` (one
+shard per stage, the default), ``partitioned`` (every stage split into three partitions)
+or ``task`` (one shard for the whole task)."""
+
+
+if LAYOUT not in ("stage", "partitioned", "task"):
+    raise pytest.UsageError(f"OBJMANIFEST_TEST_LAYOUT={LAYOUT!r}: use stage, partitioned or task")
+
+
+def layout_options(stages: Any) -> dict[str, Any]:
+    """What ``Task.create`` is given under the session's layout, for ``stages`` (nothing for
+    stage lists a create would refuse anyway, so its error is the one tested)."""
+    if LAYOUT == "stage" or isinstance(stages, (str, bytes, dict)):
+        return {}
+    names = list(stages)
+    try:
+        for name in names:
+            check_name("stage", name)
+    except ValueError:
+        return {}
+    if not names or len(set(names)) != len(names):
+        return {}
+    if LAYOUT == "task":
+        return {"layout": "task"}
+    return {"partitions": dict.fromkeys(names, 3)}
+
+
+def backend_names() -> list[str]:
+    if os.environ.get("OBJMANIFEST_TEST_ENDPOINT"):
+        return ["endpoint"]
+    names = os.environ.get("OBJMANIFEST_TEST_BACKENDS", "memory,moto,seaweedfs")
+    return [n.strip() for n in names.split(",") if n.strip()]
+
+
+DIGESTS = os.environ.get("OBJMANIFEST_TEST_DIGESTS", "verified")
+
+
+"""What ``OBJMANIFEST_TEST_ENDPOINT`` does with a body that does not match its digest:
+``verified`` (refused, nothing changed: AWS, MinIO), ``unverified`` (stored as it arrived),
+or ``refusal-breaks`` (refused, but the object it would have replaced reads as broken until
+the next write: LocalStack 2026.3.0, see README "Integrity in transit")."""
+
+
+if DIGESTS not in ("verified", "unverified", "refusal-breaks"):
+    raise pytest.UsageError(
+        f"OBJMANIFEST_TEST_DIGESTS={DIGESTS!r}: use verified, unverified or refusal-breaks"
+    )
+
+
+def verifies_digests(name: str) -> bool:
+    """Whether the backend refuses a body that does not match its ``Content-MD5`` (README,
+    "Integrity in transit"): MemoryStore and SeaweedFS do, the moto server stores whatever
+    arrives; another endpoint as ``OBJMANIFEST_TEST_DIGESTS`` says."""
+    if name == "endpoint":
+        return DIGESTS != "unverified"
+    return name != "moto"
+
+
+def refusal_breaks(name: str) -> bool:
+    """Whether a refused damaged write leaves the object it would replace unreadable."""
+    return name == "endpoint" and DIGESTS == "refusal-breaks"
+
+
+def backends() -> list[str]:
+    """The names of the S3 servers the suites run against."""
+    return [n for n in backend_names() if n != "memory"]
+
+
+@dataclass
+class Server:
+    """A running S3 endpoint the tests can reach, with the environment to reach it."""
+
+    name: str
+    endpoint_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    local: servers.LocalS3 | None = None
+
+    def client(self):  # type: ignore[no-untyped-def]
+        assert self.name != "memory", "an in-process store has no S3 client"
+        return om.store.make_client(self.endpoint_url, region=self.env.get("AWS_DEFAULT_REGION"))
+
+    def connect(self, prefix: str, endpoint_url: str | None = None) -> Any:
+        if self.name == "memory":
+            return memory_store(prefix)
+        return om.connect(f"s3://{BUCKET}/{prefix}", endpoint_url=endpoint_url or self.endpoint_url)
+
+
+_running: dict[str, Server] = {}
+
+
+SHARED = ("seaweedfs",)
+
+
+"""Servers the xdist workers of one run share (see the module's docstring)."""
+
+
+SHARED_DIR = "OBJMANIFEST_TEST_SHARED"
+
+
+_SHARED_WAIT = 180.0
+
+
+class SharedServers:
+    """The controller's side: a thread that starts a shared server once a worker asks for
+    it (``NAME.want`` appears in the directory) and publishes ``NAME.json`` (its endpoint
+    and environment) or ``NAME.error``; ``stop`` ends the thread and the servers."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="objmanifest-tests-"))
+        self.started: list[servers.LocalS3] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="shared-servers", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        waiting = list(SHARED)
+        while waiting and not self._done.wait(0.05):
+            for name in [n for n in waiting if (self.dir / f"{n}.want").exists()]:
+                waiting.remove(name)
+                try:
+                    local = servers.start(name)
+                except Exception as e:
+                    (self.dir / f"{name}.error").write_text(f"{type(e).__name__}: {e}")
+                    continue
+                self.started.append(local)
+                ready = {"endpoint_url": local.endpoint_url, "env": local.env()}
+                (self.dir / f"{name}.tmp").write_text(json.dumps(ready))
+                (self.dir / f"{name}.tmp").rename(self.dir / f"{name}.json")
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+        for local in self.started:
+            local.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _shared(name: str, directory: Path) -> Server:
+    """A worker's side: ask the controller for ``name`` and wait until it runs."""
+    with contextlib.suppress(FileExistsError):
+        (directory / f"{name}.want").touch(exist_ok=False)
+    deadline = time.monotonic() + _SHARED_WAIT
+    while not (directory / f"{name}.json").exists():
+        error = directory / f"{name}.error"
+        if error.exists():
+            raise servers.LocalServerError(f"the shared {name} did not start: {error.read_text()}")
+        if time.monotonic() > deadline:
+            raise servers.LocalServerError(f"the shared {name} did not start in {_SHARED_WAIT}s")
+        time.sleep(0.05)
+    ready = json.loads((directory / f"{name}.json").read_text())
+    return Server(name, ready["endpoint_url"], ready["env"])
+
+
+def _start(name: str) -> Server:
+    if name == "memory":
+        return Server(name, "")
+    shared_dir = os.environ.get(SHARED_DIR)
+    if name in SHARED and shared_dir:
+        server = _shared(name, Path(shared_dir))
+    elif name == "endpoint":
+        endpoint = os.environ["OBJMANIFEST_TEST_ENDPOINT"]
+        env = {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", servers.LOCAL_ACCESS_KEY),
+            "AWS_SECRET_ACCESS_KEY": os.environ.get(
+                "AWS_SECRET_ACCESS_KEY", servers.LOCAL_SECRET_KEY
+            ),
+            "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", servers.LOCAL_REGION),
+        }
+        server = Server(name, endpoint, env)
+    else:
+        local = servers.start(name)
+        server = Server(name, local.endpoint_url, local.env(), local)
+    os.environ.update({k: v for k, v in server.env.items() if k != "AWS_ENDPOINT_URL"})
+    client = server.client()
+    try:
+        client.create_bucket(Bucket=BUCKET)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    except client.exceptions.BucketAlreadyExists:
+        pass
+    return server
+
+
+def running(name: str) -> Server:
+    """The server called ``name``, started on first use and stopped when the session ends."""
+    if name not in _running:
+        _running[name] = _start(name)
+    return _running[name]
+
+
+def stop_all() -> None:
+    """Stop the servers this process started (the session's end)."""
+    for server in _running.values():
+        if server.local is not None:
+            server.local.stop()
+    _running.clear()
