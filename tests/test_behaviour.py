@@ -61,12 +61,14 @@ def test_every_public_error_derives_from_objmanifest_error() -> None:
     assert len(errors) >= 16, sorted(errors)
     assert [n for n, cls in errors.items() if not issubclass(cls, om.ObjManifestError)] == []
 
-    # The README's list of errors: each one is exported, and derives from the base.
-    readme = (ROOT / "README.md").read_text()
-    listed = documented_names(readme, "Every error derives from `om.ObjManifestError`:")
-    assert len(listed) >= 15, listed
-    assert [n for n in listed if n not in errors] == []
-    assert set(errors) == {*listed, "ObjManifestError"}, "README and om.__all__ disagree"
+    # The lists of errors in the README and on the API page: each one is exported, and
+    # derives from the base.
+    for page in ("README.md", "docs/api.md"):
+        text = (ROOT / page).read_text()
+        listed = documented_names(text, "Every error derives from `om.ObjManifestError`:")
+        assert len(listed) >= 15, (page, listed)
+        assert [n for n in listed if n not in errors] == [], page
+        assert set(errors) == {*listed, "ObjManifestError"}, f"{page} and om.__all__ disagree"
     assert issubclass(om.DependencyCycle, om.DeclarationConflict)
     assert issubclass(om.InvalidFileId, ValueError)
 

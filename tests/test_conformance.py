@@ -436,7 +436,7 @@ def test_a_whole_object_damaged_on_its_way_is_refused_and_sent_again(
 ) -> None:
     """Every whole-object write carries its Content-MD5: a store that verifies it refuses
     the damaged body (nothing stored), and the store layer sends it again, with the same
-    condition. The moto server does not verify: it stores what arrived (README)."""
+    condition. The moto server does not verify: it stores what arrived (docs/chunked.md)."""
     key = f"damaged-{kind}-{how}"
     mode = {"overwrite": OVERWRITE, "create": CREATE}.get(kind)
     if mode is None:

@@ -467,7 +467,7 @@ def test_a_put_stopped_by_sigterm_leaves_only_a_recorded_upload(
         rawstore.abort_uploads(store, "job/")
 
 
-# -- the README ----------------------------------------------------------------------------
+# -- the README and the docs ---------------------------------------------------------------
 
 
 def readme_quick_start() -> str:
@@ -572,10 +572,10 @@ def test_serve_detach_reports_a_server_that_cannot_start(tmp_path: Path) -> None
     assert again.returncode == 0 and "already stopped" in again.stdout
 
 
-def test_the_readme_layout_names_every_kind_of_key() -> None:
-    """The bucket layout in the README has a line for every kind of key a task writes."""
-    text = (ROOT / "README.md").read_text()
-    layout = text[text.index("## Layout in the bucket") :]
+def test_the_documented_layout_names_every_kind_of_key() -> None:
+    """The bucket layout (docs/layout.md) has a line for every kind of key a task writes."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    layout = text[text.index("# Layout in the bucket") :]
     layout = layout[: layout.index("```", layout.index("```") + 3)]
     for key in (
         "task.json",

@@ -5,7 +5,7 @@ Three ways: the actions each call of the storage seam needs are derived from the
 ``store/s3.py`` sends (its source, read as a syntax tree); every call agents and operators
 make while they work (recorded on a ``MemoryStore``) is judged against the policies by a
 small IAM evaluator (wildcards, ``StringLike`` conditions, an explicit deny overriding an
-allow); and the CLI prints the same documents the README shows.
+allow); and the CLI prints the same documents docs/stores.md shows.
 """
 
 from __future__ import annotations
@@ -347,7 +347,7 @@ def test_a_url_without_a_prefix_lists_the_bucket_and_wildcards_are_taken_literal
     assert not allowed(odd, "s3:PutObject", "arn:aws:s3:::work/aXb/cXd/$x/job/task.json", {})
 
 
-def test_the_cli_prints_each_policy_and_the_readme_shows_the_agents(capsys: Any) -> None:
+def test_the_cli_prints_each_policy_and_the_docs_show_the_agents(capsys: Any) -> None:
     for role in ("agent", "admin"):
         assert main(["iam-policy", "--for", role, "--url", "s3://work/jobs"]) == 0
         assert json.loads(capsys.readouterr().out) == permissions.policy("work", "jobs", role)
@@ -355,6 +355,6 @@ def test_the_cli_prints_each_policy_and_the_readme_shows_the_agents(capsys: Any)
         assert json.loads(capsys.readouterr().out) == permissions.policy("work", "jobs", role)
     assert main(["iam-policy", "--url", "memory://m/x"]) == 2
     assert "an IAM policy is for an s3:// URL" in capsys.readouterr().err
-    readme = (ROOT / "README.md").read_text()
-    shown = readme.split("objmanifest iam-policy --url s3://work/jobs\n```\n\n```json\n")[1]
+    page = (ROOT / "docs" / "stores.md").read_text()
+    shown = page.split("objmanifest iam-policy --url s3://work/jobs\n```\n\n```json\n")[1]
     assert json.loads(shown.split("\n```")[0]) == permissions.policy("work", "jobs", "agent")

@@ -120,7 +120,7 @@ DIGESTS = os.environ.get("OBJMANIFEST_TEST_DIGESTS", "verified")
 """What ``OBJMANIFEST_TEST_ENDPOINT`` does with a body that does not match its digest:
 ``verified`` (refused, nothing changed: AWS, MinIO), ``unverified`` (stored as it arrived),
 or ``refusal-breaks`` (refused, but the object it would have replaced reads as broken until
-the next write: LocalStack 2026.3.0, see README "Integrity in transit")."""
+the next write: LocalStack 2026.3.0, see docs/chunked.md, "Integrity in transit")."""
 
 
 if DIGESTS not in ("verified", "unverified", "refusal-breaks"):
@@ -130,8 +130,8 @@ if DIGESTS not in ("verified", "unverified", "refusal-breaks"):
 
 
 def verifies_digests(name: str) -> bool:
-    """Whether the backend refuses a body that does not match its ``Content-MD5`` (README,
-    "Integrity in transit"): MemoryStore and SeaweedFS do, the moto server stores whatever
+    """Whether the backend refuses a body that does not match its ``Content-MD5``
+    (docs/chunked.md, "Integrity in transit"): MemoryStore and SeaweedFS do, the moto server stores whatever
     arrives; another endpoint as ``OBJMANIFEST_TEST_DIGESTS`` says."""
     if name == "endpoint":
         return DIGESTS != "unverified"
