@@ -37,7 +37,7 @@ export OBJMANIFEST_TEST_ENDPOINT="$endpoint"
 export OBJMANIFEST_TEST_BUCKET="objmanifest-test"
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1
 # LocalStack refuses a body whose Content-MD5 does not match, but the object the refused
-# write would have replaced then reads as broken until the next write (README).
+# write would have replaced then reads as broken until the next write (docs/chunked.md).
 export OBJMANIFEST_TEST_DIGESTS=refusal-breaks
 unset AWS_ENDPOINT_URL AWS_ENDPOINT_URL_S3 AWS_PROFILE AWS_SESSION_TOKEN
 

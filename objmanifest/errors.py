@@ -1,12 +1,13 @@
-"""Every error objmanifest raises, public and internal, in one place.
+"""The public errors: one tree, under ``ObjManifestError``, that users catch.
 
-Public errors derive from ``ObjManifestError``; each message says what happened and, where
-there is one, what to do about it. A user's bad argument is an ``InvalidInput`` (also a
-``ValueError``), never a bare ``ValueError`` from deep inside.
+Each message says what happened and, where there is one, what to do about it. A user's bad
+argument is an ``InvalidInput`` (also a ``ValueError``), never a bare ``ValueError`` from
+deep inside.
 
-The internal outcomes at the end are how the layers talk to each other (the store tells the
-CAS loop it lost a race, the upload engine that an upload vanished). They never reach a
-user: the layer above turns each into a decision or into one of the public errors.
+How the layers talk to each other lives with them: store outcomes in ``store/errors.py``
+(the store tells the CAS loop it lost a race), the data path's in ``data/errors.py``, the
+faces' in ``wire/errors.py`` and ``local/errors.py``. None of those reaches a user as it
+is: the layer above turns each into a decision or into one of these.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ class ReadBrokeOff(StoreError):
     """A read of an object's bytes stopped before its end (the connection broke)."""
 
 
-# -- the command line and the demo -------------------------------------------------------
+# -- waiting ---------------------------------------------------------------------------------
 
 
 class WaitTimeout(ObjManifestError):
@@ -222,7 +223,7 @@ class DeadWaitedFor(ObjManifestError):
         self.file_ids = file_ids
 
 
-# -- internal outcomes: decided on by the layer above, never shown to a user ------------------
+# -- a transfer stopped: the data changed under a consumer, or a sibling part failed ------
 
 
 class DataChanged(ObjManifestError):

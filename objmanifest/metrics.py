@@ -3,7 +3,7 @@
 ``register(task)`` subscribes a ``TaskMetrics`` to the task's commit events and adds it to
 a registry (a new one by default; ``prometheus_client.REGISTRY`` for a process that already
 runs an exporter). ``asgi_app(registry)`` serves a registry at ``/metrics`` (the web status
-page mounts it). Every name starts with ``objmanifest_``; the README lists them.
+page mounts it). Every name starts with ``objmanifest_``; ``docs/operations.md`` lists them.
 
 * Counters from commit events (only commits made through this process's ``Task`` object):
   commits by command, entry retries by command (``fail``, a takeover, a reaped lease, bad

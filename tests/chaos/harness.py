@@ -264,7 +264,7 @@ class Harness:
         return self.report
 
     def _serve(self, endpoint: Endpoint) -> None:
-        # The moto server stores a damaged body as it arrived (README, "Integrity in
+        # The moto server stores a damaged body as it arrived (docs/chunked.md, "Integrity in
         # transit"): there only data objects are damaged, which every read verifies.
         damage = ("/data/",) if self.s.backend == "moto" else ()
         with FaultProxy(endpoint.url) as proxy:

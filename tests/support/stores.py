@@ -131,8 +131,8 @@ if DIGESTS not in ("verified", "unverified", "refusal-breaks"):
 
 def verifies_digests(name: str) -> bool:
     """Whether the backend refuses a body that does not match its ``Content-MD5``
-    (docs/chunked.md, "Integrity in transit"): MemoryStore and SeaweedFS do, the moto server stores whatever
-    arrives; another endpoint as ``OBJMANIFEST_TEST_DIGESTS`` says."""
+    (docs/chunked.md, "Integrity in transit"): MemoryStore and SeaweedFS do, the moto server
+    stores whatever arrives; another endpoint as ``OBJMANIFEST_TEST_DIGESTS`` says."""
     if name == "endpoint":
         return DIGESTS != "unverified"
     return name != "moto"
