@@ -30,7 +30,7 @@ if __package__ in (None, ""):
 import objmanifest as om
 from bench.common import Bench, bench_context, new_prefix, say
 from objmanifest.store import make_client
-from objmanifest.store.s3 import CONTINUE_HANDLERS
+from objmanifest.store.s3_client import CONTINUE_HANDLERS
 
 BODY = b"x" * 30_000
 

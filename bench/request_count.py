@@ -28,7 +28,7 @@ if __package__ in (None, ""):
 
 import objmanifest as om
 from bench.common import Bench, bench_context, fmt, layout_support, new_prefix, say
-from objmanifest.cas import loop
+from objmanifest.cas.blocks import BLOCK
 from tests.support.faults import FaultProxy
 
 LIMIT = 3
@@ -109,7 +109,7 @@ def run(b: Bench, entries: int = 200, batch: int = 100) -> dict[str, Any]:
     first = phases[0]
     result = {
         "entries": entries,
-        "journal_block_size": loop.BLOCK,
+        "journal_block_size": BLOCK,
         "journal_blocks": blocks,
         "limit": LIMIT,
         "phases": phases,
@@ -158,7 +158,7 @@ def main() -> None:
     args = parser.parse_args()
     with bench_context(args.backend, args.endpoint_url) as b:
         result = run(b, args.entries)
-    print(f"backend={b.backend} entries={args.entries} journal block size={loop.BLOCK}")
+    print(f"backend={b.backend} entries={args.entries} journal block size={BLOCK}")
     print("excluded: task creation, declaring the entries; included: everything after")
     print(table(result))
 

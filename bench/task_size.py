@@ -18,7 +18,7 @@ from typing import Any
 
 import objmanifest as om
 from bench.common import Bench, create_task, fmt, layout_support, ms, new_prefix, pct, say
-from objmanifest.cas import loop
+from objmanifest.cas.blocks import BLOCK
 from objmanifest.core.model import Shard
 from tests.support.faults import FaultProxy
 
@@ -79,7 +79,7 @@ def setup(b: Bench, layout: str, n: int) -> _Setup:
     assert claim is not None
     s = _Setup(layout, n, task, agent, claim, declared)
     s.first_s = s.commit()
-    for _ in range(loop.BLOCK + 2):
+    for _ in range(BLOCK + 2):
         s.commit()
     task.flush_journal()
     return s

@@ -6,7 +6,7 @@ and dependencies; it is split into per-stage shards changed only by conditional 
 
 from . import metrics
 from .agent import Agent
-from .cas.loop import CasPolicy
+from .cas.policy import CasPolicy
 from .core.events import Change, CommitEvent
 from .core.model import ArchiveReport, Claim, Declaration, Entry, JournalRecord, State, TaskStatus
 from .core.runtime import Runtime
@@ -43,7 +43,7 @@ from .errors import (
 )
 from .journal.history import Dropped, Lineage, LineageNode, Transition
 from .ops.gc import GcItem, GcKept, GcReport
-from .ops.repair import ObjectRepair, RepairReport, RestoredEntry
+from .ops.reports import ObjectRepair, RepairReport, RestoredEntry
 from .store import MemoryStore, ObjectStore, S3Store, connect
 from .task import Task
 

@@ -17,9 +17,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import overload
 
-from .core import changes, verbs
+from .core import changes, commands, verbs
 from .core.leases import Renewer, held_by_another
-from .core.model import Claim, Entry, State, Stored, check_agent, error_text
+from .core.model import Claim, Entry, State, Stored
+from .core.names import check_agent, error_text
 from .data import chunked, sources, transfer
 from .engine.manifest import Manifest
 from .errors import (
@@ -90,7 +91,7 @@ class Agent:
         result = task.docs.commit(
             task.layout.shard(shard),
             task.codec(shard),
-            changes.ClaimEntry(file_id, self.name, task.rules, task.lookup_for(shard, wanted)),
+            commands.ClaimEntry(file_id, self.name, task.rules, task.lookup_for(shard, wanted)),
         )
         if isinstance(result, NotClaimable):
             raise result
@@ -125,7 +126,7 @@ class Agent:
             found = task.docs.commit(
                 key,
                 task.codec(shard),
-                changes.ClaimAny(self.name, limit - len(claims), task.rules, lookups, only),
+                commands.ClaimAny(self.name, limit - len(claims), task.rules, lookups, only),
             )
             claims += found
             if found and len(shards) > 1:
@@ -195,7 +196,7 @@ class Agent:
         return task.docs.commit(
             task.layout.shard(claim.shard),
             task.codec(claim.shard),
-            changes.Renew(claim, task.rules),
+            commands.Renew(claim, task.rules),
         )
 
     def put(
@@ -448,7 +449,7 @@ class Agent:
                     task.docs.commit(
                         task.layout.shard(shard),
                         task.codec(shard),
-                        changes.FinishMany(finished, self.name),
+                        commands.FinishMany(finished, self.name),
                     )
                 )
             except ObjManifestError as e:  # the shard's commit failed: each of its claims
@@ -537,18 +538,18 @@ class Agent:
     def _finish(self, claim: Claim, stored: Stored) -> Entry:
         task = self.task
         return task.docs.commit(
-            task.layout.shard(claim.shard), task.codec(claim.shard), changes.Finish(claim, stored)
+            task.layout.shard(claim.shard), task.codec(claim.shard), commands.Finish(claim, stored)
         )
 
     def fail(self, claim: Claim, reason: str) -> Entry:
         """Give the entry up: it becomes failed (claimable again) or dead. ``reason`` is
-        stored in the entry, cut to ``model.MAX_ERROR_CHARS`` (1024) characters."""
+        stored in the entry, cut to ``names.MAX_ERROR_CHARS`` (1024) characters."""
         claim = self._check_holder(claim)
         task = self.task
         return task.docs.commit(
             task.layout.shard(claim.shard),
             task.codec(claim.shard),
-            changes.Fail(claim, error_text(reason), task.rules),
+            commands.Fail(claim, error_text(reason), task.rules),
         )
 
     # -- lifecycle verbs (issue 10: release) ---------------------------------------------
@@ -681,7 +682,7 @@ class Agent:
             return task.docs.commit(
                 task.layout.shard(shard),
                 task.codec(shard),
-                changes.Consume(entry.file_id, consumer, key, digest, actor=self.name),
+                commands.Consume(entry.file_id, consumer, key, digest, actor=self.name),
             )
         except NotFound:
             # Archived (before this read, or since): terminal, so there is nothing to mark;
@@ -744,7 +745,7 @@ class Agent:
         failed = task.docs.commit(
             task.layout.shard(shard),
             task.codec(shard),
-            changes.Mismatch(
+            commands.Mismatch(
                 entry.file_id, key, digest, error_text(str(error)), task.rules, actor=self.name
             ),
         )

@@ -72,7 +72,7 @@ from .errors import Interrupted, InvalidInput, ObjManifestError
 from .journal.history import Dropped, Lineage, Transition
 from .ops import deletion
 from .ops.gc import GcReport
-from .ops.repair import RepairReport
+from .ops.reports import RepairReport
 from .store import ObjectStore
 from .task import Task
 

@@ -65,6 +65,8 @@ framework and the MCP SDK (optional extras)."""
 
 BOTO_ALLOWED = {
     "objmanifest/store/s3.py",
+    "objmanifest/store/s3_client.py",
+    "objmanifest/store/s3_answers.py",
     "objmanifest/local/servers.py",
     "objmanifest/demo/target.py",
 }
@@ -365,14 +367,8 @@ LONG_MODULES = {
     "objmanifest/engine/manifest.py",
     "objmanifest/cli/parser.py",
     "objmanifest/cli/commands.py",
-    "objmanifest/ops/repair.py",
-    "objmanifest/cas/loop.py",
     "objmanifest/agent.py",
-    "objmanifest/core/changes.py",
-    "objmanifest/store/s3.py",
-    "objmanifest/core/model.py",
     "objmanifest/aio.py",
-    "objmanifest/web/views.py",
 }
 """Modules still over the 600-line limit, each to be split by concern; the list only shrinks
 (a module that fits again must leave it)."""

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 import objmanifest as om
-from objmanifest.core import changes
+from objmanifest.core import commands
 from tests.support.rawstore import delete as raw_delete
 from tests.support.rawstore import put as raw_put
 
@@ -148,7 +148,7 @@ def test_archiver_dying_between_its_writes_loses_nothing(task: om.Task) -> None:
         produce(task, fid)
         task.agent("c").consume(fid)
 
-    def dies(shard: str, command: changes.Archive) -> list[str]:
+    def dies(shard: str, command: commands.Archive) -> list[str]:
         raise Died
 
     with pytest.raises(Died):
@@ -190,7 +190,7 @@ def test_an_entry_changed_after_the_archive_object_stays_live(task: om.Task) -> 
     stale["a"] = stale["a"].model_copy(update={"error": "an older copy"})
     archive_id = task.archives.write("collect", stale, task.store.now())
     moved = task.docs.commit(
-        task.shard_key("collect"), task.codec("collect"), changes.Archive(archive_id, stale)
+        task.shard_key("collect"), task.codec("collect"), commands.Archive(archive_id, stale)
     )
     assert moved == ["d"]
     assert set(task.shard("collect").entries) == {"a"}

@@ -40,20 +40,17 @@ from objmanifest.cas.codecs import (
 from objmanifest.core.layout import Parsed, TaskLayout
 from objmanifest.core.model import (
     HEADER_SCHEMA,
-    MAX_FILE_ID_BYTES,
     SCHEMA_VERSION,
     Declaration,
     Entry,
     Shard,
     State,
     TaskHeader,
-    check_agent,
-    check_file_id,
-    check_name,
 )
+from objmanifest.core.names import MAX_FILE_ID_BYTES, check_agent, check_file_id, check_name
 from objmanifest.data.chunked.state import UploadCodec
 from objmanifest.store import parse_url
-from objmanifest.store.s3 import check_endpoint
+from objmanifest.store.s3_client import check_endpoint
 from tests.support import rawstore
 from tests.support.breaking import BreakingFile
 

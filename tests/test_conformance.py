@@ -44,7 +44,7 @@ from objmanifest.store import (
     make_client,
 )
 from objmanifest.store.errors import OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
-from objmanifest.store.s3 import CONTINUE_THRESHOLD
+from objmanifest.store.s3_client import CONTINUE_THRESHOLD
 from tests.support.faults import FaultProxy
 from tests.support.stores import BUCKET, Server, backends, refusal_breaks, running, verifies_digests
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import objmanifest as om
-from objmanifest.core.model import MAX_AGENT_BYTES, MAX_ERROR_CHARS
+from objmanifest.core.names import MAX_AGENT_BYTES, MAX_ERROR_CHARS
 from tests.support import rawstore
 
 MiB = 1024 * 1024

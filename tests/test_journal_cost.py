@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import objmanifest as om
-from objmanifest.cas import loop
+from objmanifest.cas.blocks import BLOCK
 from tests.support.rawstore import requests as requests
 
 pytestmark = pytest.mark.behaviour
@@ -30,7 +30,7 @@ def test_a_produced_entry_costs_three_requests_and_its_share_of_a_block(
         while (claim := agent.claim(stage="collect")) is not None:
             agent.put(claim, claim.file_id.encode())
         task.flush_journal()
-    blocks = (1 + 2 * entries) // loop.BLOCK
+    blocks = (1 + 2 * entries) // BLOCK
     # No claim reads the shard its last commit wrote, but the one that found nothing left:
     # a no-op decided on a cached version is checked by a read (a 304).
     assert seen["GetObject"] == 1
@@ -62,11 +62,11 @@ def test_one_commit_per_process_keeps_the_journal_bounded_and_trimmable(
     droppable = 0
     for key, codec in task.journaled_objects():
         journal = codec.journal(task.docs.read(key, codec))
-        assert journal is not None and len(journal[1]) < 2 * loop.BLOCK, key
+        assert journal is not None and len(journal[1]) < 2 * BLOCK, key
         newest = max((r.version for r in journal[1]), default=0)
-        droppable += loop.BLOCK if newest - loop.BLOCK >= 40 else 0
-    assert droppable >= loop.BLOCK
-    assert sum(puts) / processes <= 2 + 4 / loop.BLOCK + 0.01
+        droppable += BLOCK if newest - BLOCK >= 40 else 0
+    assert droppable >= BLOCK
+    assert sum(puts) / processes <= 2 + 4 / BLOCK + 0.01
     assert max(puts) <= 6
     dropped = task.trim_journal()
     assert sum(d.records for d in dropped) >= droppable

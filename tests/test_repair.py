@@ -12,8 +12,8 @@ from datetime import timedelta
 import pytest
 
 import objmanifest as om
-from objmanifest.cas.loop import BLOCK
-from objmanifest.ops.repair import RECORDS_AT_RISK
+from objmanifest.cas.blocks import BLOCK
+from objmanifest.ops.replay import RECORDS_AT_RISK
 from tests.support.rawstore import delete as raw_delete
 from tests.support.rawstore import get as raw_get
 from tests.support.rawstore import put as raw_put

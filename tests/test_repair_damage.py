@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 import objmanifest as om
-from objmanifest.cas.loop import BLOCK
+from objmanifest.cas.blocks import BLOCK
 from tests.support.rawstore import delete as raw_delete
 from tests.support.rawstore import get as raw_get
 from tests.support.rawstore import keys

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 import objmanifest as om
-from objmanifest.cas import loop
+from objmanifest.cas.blocks import BLOCK
 from objmanifest.web import pages
 from objmanifest.web.app import create_app
 from objmanifest.web.graph import layered
@@ -349,15 +349,15 @@ def test_an_idle_board_costs_one_conditional_get_per_shard_the_index_and_the_hea
 @pytest.mark.stage_layout
 def test_a_busy_shard_costs_only_its_new_journal_blocks(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "busy", stages=["collect"])
-    for i in range(2 * loop.BLOCK):  # two blocks' worth before the first look
+    for i in range(2 * BLOCK):  # two blocks' worth before the first look
         task.declare(f"f{i:03d}", stage="collect")
     task.flush_journal()
     client = client_for(Site(store, "busy", interval=0))
     client.get("/api/tasks/busy")
     before = blocks(store)
     assert len(before) >= 1
-    for i in range(2 * loop.BLOCK, 4 * loop.BLOCK):  # more records than the shard carries
-        claim = task.agent("a").claim(f"f{i - 2 * loop.BLOCK:03d}")
+    for i in range(2 * BLOCK, 4 * BLOCK):  # more records than the shard carries
+        claim = task.agent("a").claim(f"f{i - 2 * BLOCK:03d}")
         assert claim is not None
     task.flush_journal()
     new = [k for k in blocks(store) if k not in before]
@@ -369,7 +369,7 @@ def test_a_busy_shard_costs_only_its_new_journal_blocks(store: om.ObjectStore) -
     assert seen["ListObjectsV2"] == 1
     assert seen["GetObject"] == 2 + 1 + len(new) + 1  # and the header (still this task?)
     flow = board["stages"][0]["throughput"]
-    assert sum(flow["ready"]) == 0 and board["totals"]["writing"] == 2 * loop.BLOCK
+    assert sum(flow["ready"]) == 0 and board["totals"]["writing"] == 2 * BLOCK
 
 
 def blocks(store: om.ObjectStore) -> list[str]:

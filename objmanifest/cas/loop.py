@@ -34,168 +34,31 @@ write and stamp one kind of object, and what a change did to it.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import contextlib
 import logging
 import math
 import threading
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..core.events import Change, CommitEvent, Observers
-from ..core.model import JournalBlock, JournalRecord
+from ..core.model import JournalRecord
 from ..errors import (
     ConflictRetriesExhausted,
     CorruptShard,
-    InvalidInput,
     NotFound,
-    ObjManifestError,
     UnsupportedSchema,
 )
 from ..store import CREATE, ObjectStore, PutMode
 from ..store.errors import OutcomeUnknown, PreconditionFailed
+from .blocks import BlockKey, BlockWriter
+from .policy import CasPolicy, Codec, Command, Stats
 
 log = logging.getLogger(__name__)
 
-BLOCK = 32
-"""Journal records per block: one block PUT per this many commits of an object, so the
-journal costs about 1/32 of a request per commit, and an object carries at most about
-twice this many records."""
-
-BlockKey = Callable[[str, str, int, int], str]
-"""(object key, journal id, first version, last version) -> the block's key."""
 
 T = TypeVar("T")
 R = TypeVar("R")
-T_co = TypeVar("T_co", covariant=True)
-R_co = TypeVar("R_co", covariant=True)
-
-
-class Codec(Protocol[T]):
-    """How one kind of manifest object is read, written and stamped."""
-
-    @property
-    def repair(self) -> str:
-        """What a user can do about a corrupt object of this kind, for ``CorruptShard``."""
-        ...
-
-    def decode(self, key: str, body: bytes) -> T: ...
-    def encode(self, doc: T) -> bytes: ...
-    def empty(self) -> T: ...
-    def stamp(self, doc: T, commit_id: str) -> T:
-        """``doc`` as the next version, written by ``commit_id``. The members of a group
-        commit are stamped one after the other with the one id of their write: a doc that
-        ends with ``commit_id`` already remembers it once."""
-        ...
-
-    def commit_ids(self, doc: T) -> Sequence[str]: ...
-    def version(self, doc: T) -> int | None: ...
-    def transitions(self, before: T, after: T) -> Sequence[Change]: ...
-    def journal(self, doc: T) -> tuple[str | None, tuple[JournalRecord, ...]] | None:
-        """The journal id and records ``doc`` carries; None if its schema has no journal."""
-        ...
-
-    def with_journal(self, doc: T, journal_id: str, records: Sequence[JournalRecord]) -> T: ...
-
-
-class Command(Protocol[T, R_co]):
-    """A named change: ``apply(doc, store_time) -> (new doc | None, result)``.
-
-    ``apply`` must be pure: the loop may call it several times, on fresher versions, until
-    its write wins. A new doc of None means "nothing to write"; a refusal is raised as an
-    ``ObjManifestError``.
-    """
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def actor(self) -> str: ...
-    def apply(self, doc: T, now: datetime) -> tuple[T | None, R_co]: ...
-
-
-GROUP_MAX = 256
-"""The most commands one write carries by default (``CasPolicy.max_group``), so that one PUT
-stays of reasonable size; ``repair`` counts on it (each member is a version an object may
-carry unflushed)."""
-
-
-@dataclass(frozen=True)
-class CasPolicy:
-    """How hard a commit tries before giving up with ``ConflictRetriesExhausted``, and how
-    many queued commands of one object one write may carry (at most ``GROUP_MAX``)."""
-
-    max_attempts: int = 100
-    base_delay: float = 0.01
-    max_delay: float = 1.0
-    max_group: int = GROUP_MAX
-    fresh_seconds: float = 1.0
-    """How long a cached version confirmed current (read, or written here) counts as likely
-    still current (``Documents.likely_current``); 0: never."""
-    contended_seconds: float = 0.1
-    """How long it counts instead while a write of the object lost a race less than
-    ``fresh_seconds`` ago: an object others write too is read first, unless this process
-    confirmed it this recently (a write of its own that just landed is as fresh as a read
-    would be, and saves the read's round trip)."""
-
-    def __post_init__(self) -> None:
-        """Refuse a policy that would loop forever, never try, or pause for a negative or
-        unbounded time: a bad number here is the caller's, so it is ``InvalidInput``."""
-        for name in ("max_attempts", "max_group"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInput(f"CasPolicy.{name} must be a whole number >= 1, not {value!r}")
-        if self.max_group > GROUP_MAX:  # repair's RECORDS_AT_RISK counts on this bound
-            raise InvalidInput(
-                f"CasPolicy.max_group must be at most {GROUP_MAX}, not {self.max_group}"
-            )
-        for name in ("base_delay", "max_delay", "fresh_seconds", "contended_seconds"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                raise InvalidInput(
-                    f"CasPolicy.{name} must be a finite number of seconds >= 0, not {value!r}"
-                )
-
-    def backoff(self, attempt: int, rand: float) -> float:
-        """The pause after lost race number ``attempt``; ``rand`` is uniform in [0, 1)."""
-        return rand * min(self.max_delay, self.base_delay * float(2 ** min(attempt, 16)))
-
-
-_COUNTING = threading.Lock()
-
-
-@dataclass
-class Stats:
-    """Counts for metrics and the demo's summary: commits that landed (whether their answer
-    came back or the re-read recognised them), lost races, reads, 304s, lost answers."""
-
-    commits: int = 0
-    grouped: int = 0
-    """Commits that landed in another commit's write (a group commit's members after its
-    first): the writes that landed are ``commits - grouped``."""
-    conflicts: int = 0
-    reads: int = 0
-    not_modified: int = 0
-    lost_responses: int = 0
-    journal_blocks: int = 0
-    """Journal blocks this process wrote (or found written by another)."""
-
-    @property
-    def writes(self) -> int:
-        """Writes of manifest objects that landed: one per PUT, whatever it carried."""
-        return self.commits - self.grouped
-
-    def count(self, name: str, n: int = 1) -> None:
-        """Add ``n`` to ``name``; safe from any thread (commits of different objects run in
-        parallel and share these counts)."""
-        with _COUNTING:
-            setattr(self, name, getattr(self, name) + n)
 
 
 @dataclass
@@ -313,133 +176,6 @@ class _Lane:
         """Take ``member`` out of the queue if no write has taken it yet."""
         with self.changed:
             self.queue = [m for m in self.queue if m is not member]
-
-
-def block_end(version: int) -> int:
-    """The last version of the block ``version`` belongs to: blocks end at multiples of
-    ``BLOCK``."""
-    return -(-version // BLOCK) * BLOCK
-
-
-class BlockWriter:
-    """Writes whole blocks of journal records in the background, one at a time, and
-    remembers which blocks are stored, so a commit drops only records a block holds.
-
-    A block is the records of one object incarnation that end at a multiple of ``BLOCK``;
-    it is whole once the object carries the record of its last version (it starts at the
-    oldest record the object carries in its range: after a migration, the first block
-    starts at the first journaled version).
-    """
-
-    def __init__(self, store: ObjectStore, stats: Stats, block_key: BlockKey | None) -> None:
-        self.store = store
-        self.stats = stats
-        self.block_key = block_key
-        self._stored: dict[tuple[str, str], set[int]] = {}
-        """Per (key, journal id), the ends of the blocks known to be stored."""
-        self._started: dict[tuple[str, str, int], cf.Future[None]] = {}
-        self._failed: set[tuple[str, str, int]] = set()
-        """Blocks whose write here failed: sent again by the next commit of the object."""
-        self._guard = threading.RLock()  # held while a job is submitted; a job takes it too
-        self._pool: cf.Executor | None = None
-
-    def unstored(
-        self, key: str, journal_id: str, records: Sequence[JournalRecord]
-    ) -> list[JournalRecord]:
-        if not records:
-            return []
-        low, high = block_end(records[0].version), block_end(records[-1].version)
-        with self._guard:
-            stored = self._stored.get((key, journal_id), set())
-            if not any(end in stored for end in range(low, high + 1, BLOCK)):
-                return list(records)  # the usual case: no block carried is stored
-            return [r for r in records if block_end(r.version) not in stored]
-
-    def write_due(
-        self, key: str, journal_id: str, records: Sequence[JournalRecord], since: int
-    ) -> None:
-        """Start writing, in the background, the whole blocks of ``records`` that the write
-        whose first version was ``since`` made whole (and any block a write of this process
-        failed to store). A block made whole by another process is that process's to write;
-        if it did not live to, ``store_old`` writes it before the object carries two more
-        blocks' worth, so every writer, however short-lived, keeps the object bounded."""
-        if self.block_key is None or not records:
-            return
-        with self._guard:
-            done = [j for j, f in self._started.items() if f.done()]
-            for job in done:  # stored, or failed and due to be sent again
-                if job[2] not in self._stored.get(job[:2], ()):
-                    self._failed.add(job)
-                del self._started[job]
-        low, last = block_end(records[0].version), records[-1].version
-        for end in range(low, last + 1, BLOCK):  # the blocks that may be whole
-            job = (key, journal_id, end)
-            with self._guard:
-                # A stored block is not sent again, though the doc still carries it.
-                if job in self._started or end in self._stored.get((key, journal_id), ()):
-                    continue
-                if end < since and job not in self._failed:
-                    continue  # made whole by an earlier write: not this one's to send
-                block = [r for r in records if block_end(r.version) == end]
-                # A block is whole once it holds its last version (records are contiguous:
-                # each version adds the next; only whole blocks leave).
-                if not block or block[-1].version != end:
-                    continue
-                if self._pool is None:
-                    self._pool = self.store.runtime.pool(1, "objmanifest-journal")
-                self._failed.discard(job)
-                self._started[job] = self._pool.submit(self._write, key, journal_id, block)
-
-    def store_old(
-        self, key: str, journal_id: str | None, records: Sequence[JournalRecord], version: int
-    ) -> None:
-        """Before a write of version ``version + 1``, store every whole block of ``records``
-        that ends a whole block or more before it and is not known to be stored (waiting for
-        this process's own write of it, else writing it now), so the next version drops
-        them: an object carries fewer than ``2 * BLOCK`` records, also when each commit
-        comes from a new process that knows of no block stored. Writes here only what
-        nobody stored in time (a 412: somebody did; it counts as stored)."""
-        if self.block_key is None or journal_id is None or not records:
-            return
-        for end in range(block_end(records[0].version), version + 1 - BLOCK + 1, BLOCK):
-            job = (key, journal_id, end)
-            with self._guard:
-                if end in self._stored.get((key, journal_id), ()):
-                    continue
-                running = self._started.get(job)
-            if running is not None:
-                running.result()  # a failure is logged by the job itself
-                with self._guard:
-                    if end in self._stored.get((key, journal_id), ()):
-                        continue
-            block = [r for r in records if block_end(r.version) == end]
-            if block and block[-1].version == end:
-                self._write(key, journal_id, block)
-
-    def _write(self, key: str, journal_id: str, records: list[JournalRecord]) -> None:
-        first, last = records[0].version, records[-1].version
-        assert self.block_key is not None
-        block_key = self.block_key(key, journal_id, first, last)
-        block = JournalBlock(
-            object_key=key, journal_id=journal_id, first=first, last=last, records=tuple(records)
-        )
-        try:
-            # A 412: written already, by another agent or an earlier attempt of ours.
-            with contextlib.suppress(PreconditionFailed):
-                body = block.model_dump_json(exclude_none=True).encode()
-                self.store.put(block_key, body, mode=CREATE)
-            self.stats.count("journal_blocks")
-            with self._guard:
-                self._stored.setdefault((key, journal_id), set()).add(last)
-        except (ObjManifestError, OutcomeUnknown) as e:
-            # The records stay in the object; whoever commits to it next tries again.
-            log.warning("could not write journal block %s: %s", block_key, e)
-
-    def flush(self) -> None:
-        """Wait until every block started so far is written (or failed)."""
-        with self._guard:
-            started = list(self._started.values())
-        cf.wait(started)
 
 
 @dataclass

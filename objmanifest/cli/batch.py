@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import objmanifest as om
-from objmanifest.core.model import check_file_id
 
+from ..core.names import check_file_id
 from ..wire.errors import NotAllReady, UsageError
 from ..wire.exits import ExitCode, classify
 from ..wire.shapes import entry_json

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import objmanifest as om
-from objmanifest.cas.loop import Codec
-from objmanifest.core.model import DamageNote, TaskHeader
 from objmanifest.engine.manifest import check_retention, check_settings, check_timing
 from objmanifest.journal.history import record_dict, transitions_of
 
+from ..cas.policy import Codec
+from ..core.model import DamageNote, TaskHeader
 from ..wire.errors import NothingClaimable, UsageError
 from ..wire.polling import poll
 from ..wire.shapes import claim_json, entry_json, jsonable, status_json

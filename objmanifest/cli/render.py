@@ -16,10 +16,10 @@ from rich.text import Text
 from rich.tree import Tree
 
 import objmanifest as om
-from objmanifest.core.model import EntryNote, JournalRecord, State
 from objmanifest.journal.history import Lineage, LineageNode, Transition
 from objmanifest.local.styles import ATTENTION_STYLES, STATE_STYLES
 
+from ..core.model import EntryNote, JournalRecord, State
 from ..wire.shapes import iso
 
 

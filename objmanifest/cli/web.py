@@ -7,9 +7,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from objmanifest.web.security import check_binding
-from objmanifest.web.views import Site
 
 from ..local.errors import Stopped
+from ..web.views import Site
 from .commands import Context
 from .extras import extra_needed
 

@@ -38,7 +38,8 @@ from typing import Literal
 
 import xxhash
 
-from .model import TASK_SHARD, TaskHeader, check_file_id, check_name
+from .model import TASK_SHARD, TaskHeader
+from .names import check_file_id, check_name
 
 HEADER = "task.json"
 INDEX = "index.json"

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,8 +23,9 @@ from pydantic import (
     field_validator,
 )
 
-from ..errors import InvalidFileId, InvalidInput
+from ..errors import InvalidInput
 from .events import Change
+from .names import check_agent, check_file_id, check_name
 
 SCHEMA_VERSION = 2
 """The newest format this objmanifest writes: 2 journals every version of every manifest
@@ -54,16 +53,6 @@ COMMITS_KEPT = 64
 """How many commit ids a shard remembers: enough to tell a lost response from a lost race
 even after dozens of others committed on top."""
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-"""A task id or stage name, matched whole (``$`` would let a final newline in)."""
-
-MAX_FILE_ID_BYTES = 512
-MAX_AGENT_BYTES = 256
-"""The longest agent name or consumer role, in bytes of UTF-8: each is stored in every
-entry it holds or consumed, and every commit rewrites the shard."""
-MAX_ERROR_CHARS = 1024
-"""Stored error text (a ``fail`` reason, a mismatch) is cut to this many characters."""
-
 
 class State(str, Enum):
     """Where an entry is in its lifecycle; see ``core.states`` for the allowed moves."""
@@ -77,112 +66,6 @@ class State(str, Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-def check_name(kind: str, value: str) -> str:
-    """Task ids and stage names become parts of object keys, so they are kept plain."""
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
-        shown = repr(value)
-        if len(shown) > 300:  # a name of megabytes is not quoted whole
-            shown = f"{shown[:300]}... ({len(shown)} characters)"
-        raise InvalidInput(
-            f"invalid {kind} {shown}: use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return value
-
-
-def _has_control(text: str) -> bool:
-    """C0 and C1 control characters and DEL (tab and newline included)."""
-    return any(unicodedata.category(c) == "Cc" for c in text)
-
-
-BIDI_CONTROLS = frozenset(
-    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
-)
-"""Characters that reorder the text shown around them (``x\u202egpj.exe`` shows as
-"xexe.jpg"): a name is shown in the terminal and on the web page as it is spelt."""
-
-
-def _has_bidi(text: str) -> bool:
-    return not BIDI_CONTROLS.isdisjoint(text)
-
-
-def _is_utf8(text: str) -> bool:
-    """False for a lone surrogate (bytes that were not UTF-8, smuggled in by the OS)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def check_file_id(file_id: str) -> str:
-    """File ids are relative object keys: refuse what could escape or confuse a prefix."""
-    problem = None
-    if not isinstance(file_id, str) or not file_id:
-        problem = "it is empty" if file_id == "" else "it is not a string"
-    elif not _is_utf8(file_id):
-        problem = "it is not valid UTF-8 text"
-    elif file_id.startswith("/"):
-        problem = "it is absolute (starts with '/')"
-    elif len(file_id.encode()) > MAX_FILE_ID_BYTES:
-        problem = f"it is longer than {MAX_FILE_ID_BYTES} bytes"
-    elif _has_control(file_id):
-        problem = "it contains a control character"
-    elif _has_bidi(file_id):
-        problem = "it contains a bidirectional control character (it would be shown reordered)"
-    elif "\\" in file_id:
-        problem = "it contains a backslash; use '/' between parts"
-    else:
-        parts = file_id.split("/")
-        if any(p in ("", ".", "..") for p in parts):
-            problem = "it has an empty, '.' or '..' path segment"
-    if problem:
-        shown = repr(file_id)
-        if len(shown) > 300:  # a line of megabytes is not quoted whole
-            shown = f"{shown[:300]}... ({len(shown)} characters)"
-        raise InvalidFileId(
-            f"invalid file id {shown}: {problem}. Use a relative key such as 'raw/a.json'."
-        )
-    return file_id
-
-
-def check_agent(kind: str, value: object) -> str:
-    """An agent name or a consumer role: any text a person would type, within limits."""
-    problem = None
-    if not isinstance(value, str):
-        problem = f"it is a {type(value).__name__}, not a string"
-    elif not value.strip():
-        problem = "it is empty"
-    elif not _is_utf8(value):
-        problem = "it is not valid UTF-8 text"
-    elif len(value.encode()) > MAX_AGENT_BYTES:
-        problem = f"it is longer than {MAX_AGENT_BYTES} bytes"
-    elif _has_control(value):
-        problem = "it contains a control character (a newline, a tab, an escape ...)"
-    elif _has_bidi(value):
-        problem = "it contains a bidirectional control character (it would be shown reordered)"
-    if problem:
-        shown = value if not isinstance(value, str) or len(value) <= 80 else value[:80] + "..."
-        raise InvalidInput(
-            f"invalid {kind} {shown!r}: {problem}. Use up to {MAX_AGENT_BYTES} bytes of "
-            "printable text, such as 'collector-1'."
-        )
-    assert isinstance(value, str)
-    return value
-
-
-def error_text(text: object) -> str:
-    """Error text as it is stored in an entry: a string of at most ``MAX_ERROR_CHARS``
-    characters (a longer one is cut, saying how long it was), valid UTF-8."""
-    if not isinstance(text, str):
-        raise InvalidInput(f"a reason must be a string, not {type(text).__name__}")
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    if len(text) <= MAX_ERROR_CHARS:
-        return text
-    tail = f" ... [cut to {MAX_ERROR_CHARS} of {len(text)} characters]"
-    return text[: MAX_ERROR_CHARS - len(tail)] + tail
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -17,8 +17,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from objmanifest.core.model import State
 from objmanifest.local.styles import STATE_STYLES
+
+from ..core.model import State
 
 PLAIN_EVERY = 2.0
 

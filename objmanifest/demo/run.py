@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import objmanifest as om
-from objmanifest.core.model import State
 
+from ..core.model import State
 from ..local.errors import SetupError, Stopped
 from . import display as d
 from . import plan as p

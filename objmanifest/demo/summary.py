@@ -6,8 +6,8 @@ import dataclasses
 from typing import Any, Protocol, TextIO
 
 import objmanifest as om
-from objmanifest.core.model import State
 
+from ..core.model import State
 from . import display as d
 from . import plan as p
 from . import verify as v

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import objmanifest as om
-from objmanifest.core.model import Entry, State
 
+from ..core.model import Entry, State
 from . import plan as p
 
 FINISHED = (State.ready, State.consumed)

@@ -25,8 +25,8 @@ from typing import Any, NoReturn
 
 import objmanifest as om
 from objmanifest.core.leases import Renewer
-from objmanifest.core.model import State
 
+from ..core.model import State
 from . import plan as p
 
 POLL_SECONDS = 0.25

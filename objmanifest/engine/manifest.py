@@ -30,8 +30,9 @@ from ..cas.codecs import (
     load_json,
     schema_problems,
 )
-from ..cas.loop import CasPolicy, Codec, Documents
-from ..core import changes, leases, states, verbs
+from ..cas.loop import Documents
+from ..cas.policy import CasPolicy, Codec
+from ..core import changes, commands, leases, states, verbs
 from ..core.events import Observer, Observers
 from ..core.layout import TaskLayout
 from ..core.model import (
@@ -50,9 +51,9 @@ from ..core.model import (
     State,
     TaskHeader,
     TaskStatus,
-    check_file_id,
     validated,
 )
+from ..core.names import check_file_id
 from ..data import transfer
 from ..data.chunked import Scope, sweep
 from ..data.chunked.rebuild import needs_parts
@@ -77,7 +78,8 @@ from ..journal.retention import Trimmer
 from ..ops import deletion
 from ..ops.archive import Archives, check_age
 from ..ops.gc import Collector, GcReport
-from ..ops.repair import Repairer, RepairReport
+from ..ops.repair import Repairer
+from ..ops.reports import RepairReport
 from ..store import CREATE, PROBE_PREFIX, ObjectStore, list_keys, probe_conditional_writes
 from ..store.errors import OutcomeUnknown, PreconditionFailed
 
@@ -717,7 +719,7 @@ class Manifest:
         declared: dict[str, Entry] = {}
         for shard, group in by_shard.items():
             entries = self.docs.commit(
-                self.layout.shard(shard), self.codec(shard), changes.Declare(group)
+                self.layout.shard(shard), self.codec(shard), commands.Declare(group)
             )
             declared.update((e.file_id, e) for e in entries)
             fresh = self.docs.cached(self.layout.shard(shard), self.codec(shard))
@@ -1107,7 +1109,7 @@ class Manifest:
         released: list[Entry] = []
         for shard in self.layout.all_shards(self.stages):
             released += self.docs.commit(
-                self.layout.shard(shard), self.codec(shard), changes.Reap(self.rules)
+                self.layout.shard(shard), self.codec(shard), commands.Reap(self.rules)
             )
         return released
 
@@ -1417,7 +1419,7 @@ class Manifest:
         written: list[str] = []
         adopted: list[str] = []
 
-        def commit(shard: str, command: changes.Archive) -> list[str]:
+        def commit(shard: str, command: commands.Archive) -> list[str]:
             return self.docs.commit(self.layout.shard(shard), self.codec(shard), command)
 
         for shard in self.layout.all_shards(self.stages):

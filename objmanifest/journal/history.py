@@ -21,7 +21,8 @@ from pydantic import ValidationError
 import shard_index
 
 from ..cas.codecs import REMOVED, load_json, schema_problems
-from ..cas.loop import Codec, Documents
+from ..cas.loop import Documents
+from ..cas.policy import Codec
 from ..core.layout import BlockRef, TaskLayout
 from ..core.model import (
     DroppedRange,

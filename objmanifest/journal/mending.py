@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar, Literal
 
-from ..cas.loop import BLOCK, Documents, block_end
+from ..cas.blocks import BLOCK, block_end
+from ..cas.loop import Documents
 from ..core.layout import BlockRef, TaskLayout
 from ..core.model import JournalBlock, JournalRecord, LostRange, RetentionMarker
 from ..errors import CorruptShard, NotFound, UnsupportedSchema

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from ..cas.loop import Codec, Documents
+from ..cas.loop import Documents
+from ..cas.policy import Codec
 from ..core.events import Change
 from ..core.layout import BlockRef, TaskLayout
 from ..core.model import DroppedRange, JournalBlock, JournalRecord, RetentionMarker

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import objmanifest as om
-from objmanifest.core.model import check_file_id
 from objmanifest.core.runtime import Repeating
 from objmanifest.journal.history import record_dict
 from objmanifest.wire.polling import poll
 
+from ..core.names import check_file_id
 from ..wire.errors import NothingClaimable
 from ..wire.exits import ExitCode, classify
 from ..wire.shapes import claim_json, entry_json, error_json, status_json

@@ -2,7 +2,7 @@
 
 One archive commit of a shard is two writes, in this order: the archive object
 (``archive/SHARD/ARCHIVE_ID.json``, create-only) with the entries chosen, then the shard
-commit (``changes.Archive``) that removes those entries still exactly as written and records
+commit (``commands.Archive``) that removes those entries still exactly as written and records
 each as ``file id -> (state, ARCHIVE_ID, declaration digest)`` in the shard's ``archived``
 map. Readers find an archived entry only through that map, so:
 
@@ -23,7 +23,8 @@ from datetime import datetime, timedelta
 from pydantic import ValidationError
 
 from ..cas.codecs import load_json, schema_problems
-from ..core.changes import TERMINAL, Archive
+from ..core.changes import TERMINAL
+from ..core.commands import Archive
 from ..core.layout import TaskLayout
 from ..core.model import ArchiveObject, Entry, Shard
 from ..errors import CorruptShard, InvalidInput, NotFound, StoreError

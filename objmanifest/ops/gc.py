@@ -20,7 +20,7 @@ from typing import Literal
 
 from ..cas.codecs import ShardCodec
 from ..cas.loop import Documents
-from ..core.changes import DropArchivedData, DropData
+from ..core.commands import DropArchivedData, DropData
 from ..core.layout import TaskLayout
 from ..core.model import Entry, State
 from ..data.chunked import Scope, adoptable, sweep_plan

@@ -35,18 +35,15 @@ the data object where it can be, and named in the report where it cannot.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, ClassVar, Literal
-
-from pydantic import ValidationError
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import shard_index
 
-from ..cas.codecs import REMOVED, IndexCodec, ShardCodec, index_error
-from ..cas.loop import BLOCK, GROUP_MAX, Codec, Documents
+from ..cas.codecs import IndexCodec, ShardCodec, index_error
+from ..cas.loop import Documents
+from ..cas.policy import Codec
 from ..core.layout import TaskLayout
 from ..core.model import Archived, Entry, JournalRecord, Shard, State, declaration_digest
 from ..data import transfer
@@ -57,142 +54,19 @@ from ..journal import mending
 from ..journal.history import History
 from ..store import CREATE, ObjectStore
 from .archive import Archives
-
-RECORDS_AT_RISK = 2 * BLOCK + GROUP_MAX
-"""How many versions an object carries unflushed while its block writes succeed (two blocks,
-and a group commit's members, each a version, landed in one write): the epoch margin given
-to an entry rebuilt without the object's own records."""
-
-Damage = Literal["deleted", "corrupt", "newer"]
-Action = Literal[
-    "rebuilt", "would rebuild", "left alone", "recorded as lost", "would record as lost"
-]
-Kind = Literal["shard", "index", "journal block", "upload state"]
-
-
-@dataclass(frozen=True)
-class RestoredEntry:
-    """One entry of a rebuilt shard: what the journal last saw, what it was rebuilt as, and
-    which of its fields could not be restored."""
-
-    file_id: str
-    state: str
-    epoch: int
-    seen_state: str | None
-    """The last state its records gave it; None if only the index knew it."""
-    seen_epoch: int | None
-    rule: str
-    """Why it has this state and epoch."""
-    lost: tuple[str, ...] = ()
-    """Fields that could not be restored (left at their defaults)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "file_id": self.file_id,
-            "state": self.state,
-            "epoch": self.epoch,
-            "seen_state": self.seen_state,
-            "seen_epoch": self.seen_epoch,
-            "rule": self.rule,
-            "lost": list(self.lost),
-        }
-
-
-@dataclass(frozen=True)
-class ObjectRepair:
-    """One manifest object found damaged, and what repair did about it."""
-
-    key: str
-    kind: Kind
-    damage: Damage
-    problem: str
-    action: Action
-    moved_to: str | None = None
-    """Where its bytes were copied before it was replaced (corrupt objects)."""
-    records: int = 0
-    """Journal records replayed (a shard); the versions a journal block held."""
-    journal_complete: bool = False
-    """The object's own records were read too: nothing after them can be missing."""
-    entries: tuple[RestoredEntry, ...] = ()
-    """A shard: every entry it was rebuilt with."""
-    indexed: tuple[str, ...] = ()
-    """The index: every file id it was rebuilt with."""
-    not_restored: tuple[str, ...] = ()
-    """What could not be put back, each saying why."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "kind": self.kind,
-            "damage": self.damage,
-            "problem": self.problem,
-            "action": self.action,
-            "moved_to": self.moved_to,
-            "records": self.records,
-            "journal_complete": self.journal_complete,
-            "entries": [e.to_dict() for e in self.entries],
-            "indexed": list(self.indexed),
-            "not_restored": list(self.not_restored),
-        }
-
-
-@dataclass(frozen=True)
-class RepairReport:
-    """What ``Task.repair`` found and did: each damaged object, and the file ids put back
-    into the index (``added``: those a sound index lacked, or every id of a rebuilt one)."""
-
-    task_id: str
-    dry_run: bool
-    objects: tuple[ObjectRepair, ...] = ()
-    added: tuple[str, ...] = ()
-
-    @property
-    def clean(self) -> bool:
-        """Nothing was damaged."""
-        return not self.objects and not self.added
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "dry_run": self.dry_run,
-            "objects": [o.to_dict() for o in self.objects],
-            "added": list(self.added),
-        }
-
+from .replay import (
+    RECORDS_AT_RISK,
+    RebuildIndex,
+    RebuildShard,
+    Seen,
+    ShardPlan,
+    merged,
+    replay,
+    salvage,
+)
+from .reports import Action, Damage, ObjectRepair, RepairReport, RestoredEntry
 
 # -- the commands -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RebuildShard:
-    """A rebuilt shard in place of a deleted or corrupt one; nothing to write if a valid
-    shard is there by now (someone re-created it meanwhile)."""
-
-    rebuilt: Shard
-    name: ClassVar[str] = "repair"
-    actor: ClassVar[str] = ""
-
-    def apply(self, doc: Shard, now: datetime) -> tuple[Shard | None, bool]:
-        if doc.entries or doc.version:
-            return None, False
-        return self.rebuilt, True
-
-
-@dataclass(frozen=True)
-class RebuildIndex:
-    """A rebuilt index in place of a deleted or corrupt one; nothing to write if a valid
-    index is there by now."""
-
-    rebuilt: shard_index.ShardIndex
-    name: ClassVar[str] = "repair"
-    actor: ClassVar[str] = ""
-
-    def apply(
-        self, doc: shard_index.ShardIndex, now: datetime
-    ) -> tuple[shard_index.ShardIndex | None, bool]:
-        if len(doc) or doc.version:
-            return None, False
-        return self.rebuilt, True
 
 
 # -- reading what is left ----------------------------------------------------------------
@@ -226,101 +100,7 @@ def inspect(store: ObjectStore, key: str, decode: Callable[[str, bytes], object]
     return Found(key, None)
 
 
-def salvage(body: bytes) -> tuple[list[JournalRecord], bool]:
-    """The journal records a damaged object still carries, and whether they could all be
-    read (then the journal is complete up to the object's own version)."""
-    try:
-        data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):  # not JSON, or nested too deep
-        return [], False
-    raw = data.get("journal") if isinstance(data, dict) else None
-    if not isinstance(raw, list):
-        return [], False
-    try:
-        return [JournalRecord.model_validate(r) for r in raw], True
-    except ValidationError:
-        return [], False
-
-
-def merged(records: Iterable[JournalRecord]) -> list[JournalRecord]:
-    """One record per version (blocks and the object may hold the same one), oldest first."""
-    found: dict[tuple[str, int], JournalRecord] = {}
-    for record in records:
-        found.setdefault((record.commit_id, record.version), record)
-    return sorted(found.values(), key=lambda r: r.version)
-
-
 # -- rebuilding a shard ------------------------------------------------------------------
-
-
-@dataclass
-class _Seen:
-    """An entry as its records leave it."""
-
-    file_id: str
-    state: str | None = None
-    epoch: int = 0
-    max_epoch: int = 0
-    retry_count: int = 0
-    error: str | None = None
-    checksum: str | None = None
-    key: str | None = None
-    size: int | None = None
-    part_size: int | None = None
-    parts_key: str | None = None
-    whole_checksum: str | None = None
-    consumed_by: tuple[str, ...] = ()
-    depends_on: tuple[str, ...] | None = None
-    consumers: tuple[str, ...] | None = None
-    producer: str | None = None
-    declared_at: datetime | None = None
-    updated_at: datetime | None = None
-    claimed_at: datetime | None = None
-    ready_at: datetime | None = None
-    retry_at: datetime | None = None
-    removed: bool = False
-
-
-def replay(records: Iterable[JournalRecord]) -> dict[str, _Seen]:
-    """Every entry's last known fields, from the transitions of ``records`` in order."""
-    seen: dict[str, _Seen] = {}
-    for record in records:
-        for change in record.transitions:
-            entry = seen.setdefault(change.item, _Seen(change.item))
-            if change.after == REMOVED:
-                entry.removed = True
-                continue
-            if change.before is None:  # declared (again, after it was removed)
-                entry.removed = False
-                entry.declared_at = record.at
-                entry.depends_on, entry.consumers = change.depends_on, change.consumers
-            if change.after == State.ready.value and change.before != State.ready.value:
-                entry.producer = record.actor
-            entry.state = change.after
-            entry.updated_at = record.at
-            if change.epoch is not None:
-                entry.epoch = change.epoch
-                entry.max_epoch = max(entry.max_epoch, change.epoch)
-            entry.retry_count = change.retry_count or 0
-            entry.error = change.error
-            entry.checksum = change.checksum
-            entry.key, entry.size = change.key, change.size
-            entry.part_size, entry.parts_key = change.part_size, change.parts_key
-            entry.whole_checksum = change.whole_checksum
-            entry.consumed_by = change.consumed_by or ()
-            # Recorded when they change (``retry_at`` whenever the entry has one).
-            entry.claimed_at = change.claimed_at or entry.claimed_at
-            entry.ready_at = change.ready_at or entry.ready_at
-            entry.retry_at = change.retry_at
-    return seen
-
-
-@dataclass
-class ShardPlan:
-    """A shard to rebuild: its entries and the report of each."""
-
-    shard: Shard
-    restored: list[RestoredEntry] = field(default_factory=list)
 
 
 class Repairer:
@@ -543,7 +323,7 @@ class Repairer:
         archived = self._archived(shard, seen)
         for fid in indexed:
             if fid not in archived:
-                seen.setdefault(fid, _Seen(fid))
+                seen.setdefault(fid, Seen(fid))
         data_epochs: dict[tuple[str, str], int] = {}
         for data_stage in self._stages_of(shard):
             for row in self.store.list(self.layout.data_of(data_stage)):
@@ -591,7 +371,7 @@ class Repairer:
         own = self.layout.stage_of_shard(shard)
         return [own] if own is not None else list(self.stages)
 
-    def _archived(self, shard: str, live: Mapping[str, _Seen]) -> dict[str, Archived]:
+    def _archived(self, shard: str, live: Mapping[str, Seen]) -> dict[str, Archived]:
         """The shard's ``archived`` map, from its archive objects (written once, never
         inside the shard): every entry an archive object holds that the journal does not
         show live. An entry the journal shows live stays live (its archive object is one an
@@ -619,7 +399,7 @@ class Repairer:
         return archived
 
     def _entry(
-        self, stage: str, s: _Seen, floor: int, index: shard_index.ShardIndex | None
+        self, stage: str, s: Seen, floor: int, index: shard_index.ShardIndex | None
     ) -> tuple[Entry, RestoredEntry]:
         lost: list[str] = []
         declared = s.declared_at is not None
@@ -708,7 +488,7 @@ class Repairer:
         return entry, self._note(entry, s, rule, lost)
 
     @staticmethod
-    def _note(entry: Entry, s: _Seen, rule: str, lost: list[str]) -> RestoredEntry:
+    def _note(entry: Entry, s: Seen, rule: str, lost: list[str]) -> RestoredEntry:
         return RestoredEntry(
             file_id=entry.file_id,
             state=entry.state.value,
@@ -719,7 +499,7 @@ class Repairer:
             lost=tuple(dict.fromkeys(lost)),
         )
 
-    def _verified(self, stage: str, s: _Seen) -> tuple[tuple[str, int] | None, str]:
+    def _verified(self, stage: str, s: Seen) -> tuple[tuple[str, int] | None, str]:
         """The data key and size of a ready entry if its bytes exist and verify."""
         if s.checksum is None:
             return None, "no checksum was recorded"
@@ -810,12 +590,4 @@ class Repairer:
         return aside, bool(self.docs.commit(found.key, codec, command, over=found.etag))
 
 
-__all__ = [
-    "RECORDS_AT_RISK",
-    "ObjectRepair",
-    "RebuildIndex",
-    "RebuildShard",
-    "RepairReport",
-    "Repairer",
-    "RestoredEntry",
-]
+__all__ = ["Repairer"]

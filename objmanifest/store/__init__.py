@@ -27,7 +27,8 @@ from .base import (
 )
 from .memory import Fault, Faults, MemoryStore
 from .probe import PROBE_PREFIX, probe_conditional_writes
-from .s3 import S3Store, make_client, without_credentials
+from .s3 import S3Store
+from .s3_client import make_client, without_credentials
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -12,21 +12,13 @@ unknown outcome, a body refused as damaged (``BadDigest`` and its kin) is sent a
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from functools import partial
 from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
-from urllib.parse import urlparse
 
-import boto3
 import botocore.exceptions
-import urllib3.exceptions
-from botocore.awsrequest import AWSRequest
-from botocore.config import Config
-from botocore.utils import determine_content_length
 
 from ..core import checksum
 from ..core.runtime import DEFAULT, Runtime
@@ -44,190 +36,20 @@ from .base import (
     send_whole,
 )
 from .errors import BodyDamaged, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
+from .s3_answers import (
+    COMPLETE_DAMAGED_CODES,
+    CONNECTION_ERRORS,
+    DAMAGED_CODES,
+    PART_DAMAGED_CODES,
+    RACE_CODES,
+    S3Stream,
+    connection_problem,
+    error_code,
+)
+from .s3_client import without_credentials
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-_CONNECTION_ERRORS = (
-    botocore.exceptions.ConnectionError,
-    botocore.exceptions.HTTPClientError,
-    botocore.exceptions.ReadTimeoutError,
-)
-_READ_ERRORS = (botocore.exceptions.BotoCoreError, urllib3.exceptions.HTTPError, OSError)
-_RACE_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
-_DAMAGED_CODES = frozenset(
-    {
-        "BadDigest",  # Content-MD5 or x-amz-checksum-* does not match (AWS, SeaweedFS, LocalStack)
-        "InvalidDigest",
-        "XAmzContentChecksumMismatch",
-        "XAmzContentSHA256Mismatch",  # the signed payload hash (AWS over http)
-        "IncompleteBody",  # fewer bytes than Content-Length said
-    }
-)
-"""Refusals of a body that arrived other than it was sent: nothing was stored."""
-_PART_DAMAGED_CODES = _DAMAGED_CODES | {"SignatureDoesNotMatch"}
-"""A part carries no digest, but its signature covers its Content-Length: a part cut short
-on its way (with a length to match) is refused as SignatureDoesNotMatch (SeaweedFS), by a
-store that had just taken the same credentials for the upload itself."""
-_COMPLETE_DAMAGED_CODES = _DAMAGED_CODES | {"MalformedXML"}
-"""The part list of a completion is XML we wrote: refused as malformed, it was damaged on
-its way (a byte flipped, the body cut short), and nothing was done."""
-
-
-def _client_config(**overrides: Any) -> Config:
-    settings: dict[str, Any] = {
-        "s3": {"addressing_style": "path"},
-        "request_checksum_calculation": "when_required",
-        "response_checksum_validation": "when_required",
-        "retries": {"max_attempts": 5, "mode": "standard"},
-        "parameter_validation": False,  # S3Store builds every request itself: a sixth of
-        # the client's CPU per request, spent checking what the types already say
-        "max_pool_connections": 32,
-        "connect_timeout": 10,
-        "read_timeout": 60,
-    }
-    settings.update(overrides)
-    return Config(**settings)
-
-
-CONTINUE_THRESHOLD = 2 * 1024 * 1024
-"""A PUT body of at least this many bytes (or of unknown size) asks ``Expect: 100-continue``
-first; a smaller one is sent at once. The threshold of AWS's own Go SDK (v2)."""
-CONTINUE_HANDLERS = {op: f"objmanifest-continue-{op}" for op in ("PutObject", "UploadPart")}
-"""The operations whose ``Expect`` ``make_client`` decides, each with its handler's
-``unique_id`` (to unregister it, as ``bench/continue_cost.py`` does for botocore's way)."""
-
-
-def _continue_only_for_large_bodies(request: AWSRequest, **_: Any) -> None:
-    """Drop the ``Expect: 100-continue`` botocore puts on every ``PutObject`` and
-    ``UploadPart`` (it turns a bytes body into a file) when the body is small.
-
-    With it the client waits for the server's ``100 Continue`` before sending the body: one
-    more round trip for every shard commit and small data object. The header spares the
-    bytes of a body the store refuses; for a small body those cost less than a round trip
-    on every PUT, so only large bodies keep it. ``Expect`` is not signed: dropping it
-    leaves the signature as it is."""
-    if "Expect" not in request.headers:
-        return
-    size = determine_content_length(request.body)
-    if size is not None and size < CONTINUE_THRESHOLD:
-        del request.headers["Expect"]
-
-
-def make_client(
-    endpoint_url: str | None = None, region: str | None = None, **config: Any
-) -> S3Client:
-    """A boto3 S3 client with the settings S3-compatible stores need.
-
-    Path-style addressing and ``when_required`` checksums: some stores reject virtual-host
-    addressing on loopback and the aws-chunked bodies botocore >= 1.36 sends by default.
-    A body below ``CONTINUE_THRESHOLD`` goes without ``Expect: 100-continue`` (one round
-    trip per PUT, not two).
-    """
-    endpoint_url = (
-        endpoint_url
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or None
-    )
-    if endpoint_url is not None:
-        check_endpoint(endpoint_url)
-    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    session = boto3.session.Session()
-    client: S3Client = session.client(
-        "s3",
-        endpoint_url=endpoint_url,
-        region_name=region or "us-east-1",
-        config=_client_config(**config),
-    )
-    for operation, unique_id in CONTINUE_HANDLERS.items():
-        client.meta.events.register(
-            f"before-sign.s3.{operation}", _continue_only_for_large_bodies, unique_id=unique_id
-        )
-    return client
-
-
-def without_credentials(url: str) -> str:
-    """``url`` as it may be shown: any user info (``user:password@``), query and fragment
-    replaced by ``***``, whatever else is wrong with it."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    shown = f"{scheme}{sep}{authority}{slash}{path}"
-    for mark in ("?", "#"):
-        if mark in shown:
-            shown = shown.partition(mark)[0] + mark + "***"
-    return shown
-
-
-def check_endpoint(endpoint_url: str) -> str:
-    """An endpoint is ``http(s)://HOST[:PORT]``; anything else is refused in one line, and
-    one that carries credentials (user info, a query) is refused without showing them."""
-    shown = without_credentials(endpoint_url)
-    where = "from --endpoint-url, AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL"
-    authority = endpoint_url.partition("://")[2].partition("/")[0]
-    if "@" in authority:
-        raise InvalidInput(
-            f"invalid S3 endpoint URL {shown!r} ({where}): it carries user info (before '@'); an "
-            "endpoint is http(s)://HOST[:PORT] only; credentials go in AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY (or an AWS profile: AWS_PROFILE), never in a URL"
-        )
-    try:
-        parsed = urlparse(endpoint_url)
-        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError:
-        parsed = None
-    if (
-        parsed is None
-        or parsed.scheme not in ("http", "https")
-        or not parsed.hostname
-        or parsed.query
-        or parsed.fragment
-    ):
-        raise InvalidInput(
-            f"invalid S3 endpoint URL {shown!r} ({where}): use http(s)://HOST[:PORT], such "
-            "as http://127.0.0.1:9000"
-        )
-    return endpoint_url
-
-
-def _connection_problem(e: Exception) -> str:
-    """What went wrong with the connection, in words (no SDK class names)."""
-    if isinstance(e, botocore.exceptions.ReadTimeoutError):
-        return "it stopped answering: read timed out"
-    if isinstance(e, botocore.exceptions.ConnectTimeoutError):
-        return "connecting timed out"
-    if isinstance(e, botocore.exceptions.EndpointConnectionError):
-        return "the connection was refused, or the host is unknown"
-    return "the connection broke"
-
-
-def _error_code(e: botocore.exceptions.ClientError) -> tuple[str, int]:
-    err = e.response.get("Error", {})
-    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    return str(err.get("Code", "")), status
-
-
-class _S3Stream:
-    """A response body as our ``ByteStream``: a read that breaks off is ``ReadBrokeOff``."""
-
-    def __init__(self, body: Any, where: str) -> None:
-        self._body = body
-        self._where = where
-
-    def read(self, size: int = -1) -> bytes:
-        try:
-            data: bytes = self._body.read(None if size < 0 else size)
-        except _READ_ERRORS as e:
-            raise ReadBrokeOff(f"reading {self._where} broke off ({type(e).__name__}: {e})") from e
-        return data
-
-    def close(self) -> None:
-        with contextlib.suppress(*_READ_ERRORS):  # the connection is gone either way
-            self._body.close()
 
 
 class S3Store:
@@ -293,7 +115,7 @@ class S3Store:
             return InvalidInput(f"cannot {action} {self.describe(key)}: {detail[:300]}")
         if isinstance(e, botocore.exceptions.ClientError):
             self._observe(e.response)
-            code, status = _error_code(e)
+            code, status = error_code(e)
             if status == 404 and code in ("404", "") and action != "inspect":
                 # S3 explains every 404 but a HEAD's (NoSuchKey, NoSuchBucket ...)
                 return self._not_s3("404 without an S3 error code", action, key)
@@ -326,12 +148,12 @@ class S3Store:
                 "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                 "a profile, or pass a configured boto3 client"
             )
-        if isinstance(e, _CONNECTION_ERRORS):
+        if isinstance(e, CONNECTION_ERRORS):
             endpoint = getattr(self.client.meta, "endpoint_url", None)
             shown = without_credentials(endpoint) if endpoint else "the S3 endpoint"
             return StoreError(
                 f"could not {action} {self.describe(key)}: no answer from {shown} "
-                f"({_connection_problem(e)}); check that the store runs and the endpoint "
+                f"({connection_problem(e)}); check that the store runs and the endpoint "
                 "(--endpoint-url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL) is right"
             )
         return StoreError(f"could not {action} {self.describe(key)}: {type(e).__name__}: {e}")
@@ -346,7 +168,7 @@ class S3Store:
         upload: bool = False,
         write: bool = False,
         resent: bool = False,
-        damaged: frozenset[str] = _DAMAGED_CODES,
+        damaged: frozenset[str] = DAMAGED_CODES,
     ) -> Any:
         """Run one request and map its outcome.
 
@@ -360,19 +182,19 @@ class S3Store:
             response = call()
         except botocore.exceptions.ClientError as e:
             self._observe(e.response)
-            code, status = _error_code(e)
+            code, status = error_code(e)
             if resent and code in damaged:
                 raise BodyDamaged(f"{self.describe(key)}: {code}") from e
             if upload and code == "NoSuchUpload":
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
             if upload and code in ("InvalidPart", "InvalidPartOrder"):
                 raise PartsRejected(f"{self.describe(key)}: {code}") from e
-            if conditional and (status in (409, 412) or code in _RACE_CODES):
+            if conditional and (status in (409, 412) or code in RACE_CODES):
                 raise PreconditionFailed(
                     f"{self.describe(key)}: {code or status}", answer=f"{status} {code}".strip()
                 ) from e
             raise self._fail(e, action, key) from e
-        except _CONNECTION_ERRORS as e:
+        except CONNECTION_ERRORS as e:
             if write:
                 raise OutcomeUnknown(f"{self.describe(key)}: {type(e).__name__}") from e
             raise self._fail(e, action, key) from e
@@ -389,9 +211,9 @@ class S3Store:
             kwargs["IfNoneMatch"] = if_none_match
         try:
             response = self.client.get_object(**kwargs)
-            body = _S3Stream(response["Body"], self.describe(key)).read()
+            body = S3Stream(response["Body"], self.describe(key)).read()
         except botocore.exceptions.ClientError as e:
-            code, status = _error_code(e)
+            code, status = error_code(e)
             if status == 304 or code in ("304", "NotModified"):
                 self._observe(e.response)
                 return None
@@ -404,7 +226,7 @@ class S3Store:
         etag = self._field(response, "ETag", "read", key)
         return Blob(body=body, etag=etag, metadata=response.get("Metadata", {}))
 
-    def open(self, key: str, byte_range: tuple[int, int] | None = None) -> _S3Stream:
+    def open(self, key: str, byte_range: tuple[int, int] | None = None) -> S3Stream:
         """The object's bytes, or ``[start, end)`` of them (an ``end`` past the object's
         end is its end).
 
@@ -425,10 +247,10 @@ class S3Store:
                         f"could not read {self.describe(key)}: range {start}-{end} is outside "
                         f"its {size} bytes"
                     )
-                return _S3Stream(io.BytesIO(b""), self.describe(key))
+                return S3Stream(io.BytesIO(b""), self.describe(key))
             kwargs["Range"] = f"bytes={start}-{end - 1}"
         response = self._call("read", key, lambda: self.client.get_object(**kwargs))
-        return _S3Stream(response["Body"], self.describe(key))
+        return S3Stream(response["Body"], self.describe(key))
 
     def head(self, key: str) -> Head:
         response = self._call(
@@ -489,7 +311,7 @@ class S3Store:
             if mode.kind == "update":
                 cause = e.__cause__
                 answer = (
-                    " ".join(str(part) for part in reversed(_error_code(cause)))
+                    " ".join(str(part) for part in reversed(error_code(cause)))
                     if isinstance(cause, botocore.exceptions.ClientError)
                     else "404"
                 )
@@ -508,7 +330,7 @@ class S3Store:
             )
         except botocore.exceptions.ClientError as e:
             self._observe(e.response)
-            code, status = _error_code(e)
+            code, status = error_code(e)
             if code in ("BadDigest", "InvalidDigest"):
                 return False, f"{status} {code}"
             raise self._fail(e, "write", key) from e
@@ -592,7 +414,7 @@ class S3Store:
                 ),
                 upload=True,
                 resent=True,
-                damaged=_PART_DAMAGED_CODES,
+                damaged=PART_DAMAGED_CODES,
             )
 
         try:
@@ -610,7 +432,7 @@ class S3Store:
         cause = e.__cause__
         if not isinstance(cause, botocore.exceptions.ClientError):
             return False
-        status = _error_code(cause)[1]
+        status = error_code(cause)[1]
         return (status >= 500 or status == 404) and self._upload_gone(key, upload_id)
 
     def _upload_gone(self, key: str, upload_id: str) -> bool:
@@ -673,7 +495,7 @@ class S3Store:
                 upload=True,
                 write=True,
                 resent=True,
-                damaged=_COMPLETE_DAMAGED_CODES,
+                damaged=COMPLETE_DAMAGED_CODES,
             )
 
         try:

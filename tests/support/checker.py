@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from objmanifest.cas.loop import Codec
+from objmanifest.cas.policy import Codec
 from objmanifest.core.events import Change
 from objmanifest.core.model import Entry, JournalRecord, State
 from objmanifest.core.states import TABLE, VERBS, Event, Verb

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import objmanifest as om
-from objmanifest.core.model import check_name
+from objmanifest.core.names import check_name
 from objmanifest.core.runtime import DEFAULT as DEFAULT_RUNTIME
 from objmanifest.local import servers
 

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...cas.loop import Command
+from ...cas.policy import Command
 from ...core import checksum
 from ...core.model import Claim, Stored
 from ...errors import LeaseLost, NotFound, ObjManifestError, SourceChanged, StoreError

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ...cas.loop import Command
+from ...cas.policy import Command
 from ...core import checksum
 from ...core.model import Claim
 from ...core.runtime import Runtime

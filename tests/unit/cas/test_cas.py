@@ -25,7 +25,8 @@ from typing import Any, BinaryIO
 
 import pytest
 
-from objmanifest.cas.loop import GROUP_MAX, CasPolicy, Documents, Stats
+from objmanifest.cas.loop import Documents
+from objmanifest.cas.policy import GROUP_MAX, CasPolicy, Stats
 from objmanifest.core.events import Change, CommitEvent
 from objmanifest.core.runtime import Runtime
 from objmanifest.errors import (

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 import objmanifest as om
-from objmanifest.cas.loop import CasPolicy
+from objmanifest.cas.policy import CasPolicy
 from objmanifest.core.model import State
 from objmanifest.core.runtime import Runtime
 from objmanifest.errors import NotClaimable

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from objmanifest.cas.loop import GROUP_MAX, CasPolicy, Documents, Stats, _Lane, _Member
+from objmanifest.cas.loop import Documents, _Lane, _Member
+from objmanifest.cas.policy import GROUP_MAX, CasPolicy, Stats
 from objmanifest.core.events import CommitEvent
 from objmanifest.errors import ConflictRetriesExhausted, StoreError
 from objmanifest.store import MemoryStore

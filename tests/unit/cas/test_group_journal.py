@@ -20,7 +20,7 @@ import objmanifest as om
 from objmanifest.cas.codecs import IndexCodec, ShardCodec
 from objmanifest.core.events import CommitEvent
 from objmanifest.core.model import COMMITS_KEPT
-from objmanifest.ops.repair import RECORDS_AT_RISK
+from objmanifest.ops.replay import RECORDS_AT_RISK
 
 from .test_group_commit import until
 from .test_journal import INLINE

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 import objmanifest as om
-from objmanifest.cas.loop import BLOCK, BlockWriter, Stats
-from objmanifest.core.changes import Declare
+from objmanifest.cas.blocks import BLOCK, BlockWriter
+from objmanifest.cas.policy import Stats
+from objmanifest.core.commands import Declare
 from objmanifest.core.model import Declaration, JournalBlock, JournalRecord, TaskHeader
 from objmanifest.core.runtime import DEFAULT, Runtime
 from objmanifest.errors import UnsupportedSchema

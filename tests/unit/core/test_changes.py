@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from objmanifest.core import changes
+from objmanifest.core import changes, commands
 from objmanifest.core.changes import DataChanged, Rules
 from objmanifest.core.model import (
     Archived,
@@ -912,7 +912,7 @@ def test_drop_archived_data_marks_archived_consumed_entries_once() -> None:
     }
     assert changes.drop_archived_data(before, ["dead", "gone"], NOW) == (None, [])
     assert changes.drop_archived_data(shard(consumed("live")), ["live"], NOW) == (None, [])
-    command = changes.DropArchivedData(("done",))
+    command = commands.DropArchivedData(("done",))
     assert (command.name, command.actor) == ("drop-data", "gc")
     assert command.apply(before, NOW) == (new, ["done"])
 

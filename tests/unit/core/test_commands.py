@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from objmanifest.core import changes
+from objmanifest.core import changes, commands
 from objmanifest.core.model import Claim, Declaration, Shard, State, Stored
 from objmanifest.errors import LeaseLost
 
@@ -24,16 +24,16 @@ def same(got: tuple[Any, Any], want: tuple[Any, Any]) -> None:
 
 def test_declare() -> None:
     decls = [Declaration(file_id="a", stage="s"), Declaration(file_id="b", stage="s")]
-    command = changes.Declare(decls)
+    command = commands.Declare(decls)
     assert (command.name, command.actor) == ("declare", "")
     same(command.apply(shard(), NOW), changes.declare(shard(), NOW, decls))
-    assert changes.Declare(decls, actor="cli").actor == "cli"
+    assert commands.Declare(decls, actor="cli").actor == "cli"
 
 
 def test_claim_entry() -> None:
     before = shard(entry("a"), held("b", lease=10))
     deps = lookup()
-    command = changes.ClaimEntry("a", "ann", RULES, lambda doc: deps)
+    command = commands.ClaimEntry("a", "ann", RULES, lambda doc: deps)
     assert (command.name, command.actor) == ("claim", "ann")
     new, result = command.apply(before, NOW)
     same((new, result), changes.claim(before, "a", "ann", NOW, RULES, deps))
@@ -48,14 +48,14 @@ def test_claim_entry_hands_its_lookups_the_version_it_changes() -> None:
         seen.append(doc)
         return doc.entries.get
 
-    changes.ClaimEntry("a", "ann", RULES, lookups).apply(before, NOW)
-    changes.ClaimAny("ann", 1, RULES, lookups).apply(before, NOW)
+    commands.ClaimEntry("a", "ann", RULES, lookups).apply(before, NOW)
+    commands.ClaimAny("ann", 1, RULES, lookups).apply(before, NOW)
     assert seen == [before, before]
 
 
 def test_claim_any() -> None:
     before = shard(entry("a"), entry("b"), entry("c"))
-    command = changes.ClaimAny("ann", 2, RULES, lambda doc: doc.entries.get)
+    command = commands.ClaimAny("ann", 2, RULES, lambda doc: doc.entries.get)
     assert (command.name, command.actor) == ("claim_many", "ann")
     new, claims = command.apply(before, NOW)
     same((new, claims), changes.claim_any(before, "ann", 2, NOW, RULES, before.entries.get))
@@ -63,10 +63,10 @@ def test_claim_any() -> None:
     mixed = shard(
         entry("a", state=State.ready), entry("c"), entry("w", stage="write", depends_on=("a",))
     )
-    only = changes.ClaimAny("ann", 2, RULES, lambda doc: doc.entries.get, "write")
+    only = commands.ClaimAny("ann", 2, RULES, lambda doc: doc.entries.get, "write")
     assert [c.file_id for c in only.apply(mixed, NOW)[1]] == ["w"]  # its dependency, looked up
     waiting = shard(ready("r"), entry("d", depends_on=("r",)), entry("e", depends_on=("x",)))
-    checked = changes.ClaimAny("ann", 5, RULES, lambda doc: doc.entries.get)
+    checked = commands.ClaimAny("ann", 5, RULES, lambda doc: doc.entries.get)
     assert [c.file_id for c in checked.apply(waiting, NOW)[1]] == ["d"]  # its lookup decides
     both = shard(entry("p"), entry("w", stage="write"))
     assert [c.file_id for c in only.apply(both, NOW)[1]] == ["w"]  # the other stage's left
@@ -75,7 +75,7 @@ def test_claim_any() -> None:
 def test_renew() -> None:
     e = held("a", owner="bob", epoch=3, lease=10)
     claim = claim_on(e)
-    command = changes.Renew(claim, RULES)
+    command = commands.Renew(claim, RULES)
     assert (command.name, command.actor) == ("renew", "bob")
     new, renewed = command.apply(shard(e), NOW)
     same((new, renewed), changes.renew(shard(e), claim, NOW, RULES))
@@ -94,7 +94,7 @@ def test_finish(chunked: bool) -> None:
         "p" if chunked else None,
         "xxh3-128:11" if chunked else None,
     )
-    command = changes.Finish(claim, stored)
+    command = commands.Finish(claim, stored)
     assert (command.name, command.actor) == ("finish", "bob")
     new, done = command.apply(shard(e), NOW)
     want = changes.finish(
@@ -122,7 +122,7 @@ def test_finish(chunked: bool) -> None:
 def test_fail() -> None:
     e = held("a", owner="bob", epoch=3)
     claim = claim_on(e)
-    command = changes.Fail(claim, "no disk", RULES)
+    command = commands.Fail(claim, "no disk", RULES)
     assert (command.name, command.actor) == ("fail", "bob")
     new, failed = command.apply(shard(e), NOW)
     same((new, failed), changes.fail(shard(e), claim, "no disk", NOW, RULES))
@@ -138,12 +138,12 @@ def test_fail_of_a_stale_claim_is_refused() -> None:
             "held by bob. Stop working on it; claim it again if it is still wanted."
         ),
     ):
-        changes.Fail(claim_on(e, epoch=2), "late", RULES).apply(shard(e), NOW)
+        commands.Fail(claim_on(e, epoch=2), "late", RULES).apply(shard(e), NOW)
 
 
 def test_consume() -> None:
     e = ready("a", key="k", checksum="c")
-    command = changes.Consume("a", "reader", "k", "c", actor="reader-1")
+    command = commands.Consume("a", "reader", "k", "c", actor="reader-1")
     assert (command.name, command.actor) == ("consume", "reader-1")
     new, marked = command.apply(shard(e), NOW)
     same((new, marked), changes.consume(shard(e), "a", "reader", "k", "c", NOW))
@@ -152,7 +152,7 @@ def test_consume() -> None:
 
 def test_mismatch() -> None:
     e = ready("a", key="k", checksum="c", retry_count=0)
-    command = changes.Mismatch("a", "k", "c", "part 1 differs", RULES, actor="reader")
+    command = commands.Mismatch("a", "k", "c", "part 1 differs", RULES, actor="reader")
     assert (command.name, command.actor) == ("mismatch", "reader")
     new, failed = command.apply(shard(e), NOW)
     same((new, failed), changes.mismatch(shard(e), "a", "k", "c", "part 1 differs", NOW, RULES))
@@ -166,12 +166,12 @@ def test_mismatch() -> None:
 
 def test_reap() -> None:
     before = shard(held("a", lease=10), held("b", lease=500))
-    command = changes.Reap(RULES)
+    command = commands.Reap(RULES)
     assert (command.name, command.actor) == ("reap", "")
     new, released = command.apply(before, NOW)
     same((new, released), changes.reap(before, NOW, RULES))
     assert [(r.file_id, r.state, r.updated_at) for r in released] == [("a", State.failed, NOW)]
-    assert changes.Reap(RULES, actor="janitor").actor == "janitor"
+    assert commands.Reap(RULES, actor="janitor").actor == "janitor"
 
 
 def test_a_claim_names_the_shard_its_entry_lives_in() -> None:
@@ -190,21 +190,21 @@ def test_a_claim_names_the_shard_its_entry_lives_in() -> None:
 def test_drop_data() -> None:
     gone = ready("a", key="k").model_copy(update={"state": State.consumed})
     before = shard(gone, entry("b"))
-    command = changes.DropData({"a": "k"}, at(10))
+    command = commands.DropData({"a": "k"}, at(10))
     assert (command.name, command.actor) == ("drop-data", "gc")
     new, marked = command.apply(before, NOW)
     same((new, marked), changes.drop_data(before, {"a": "k"}, at(10), NOW))
     assert [e.data_removed_at for e in marked] == [NOW]
-    assert changes.DropData({}, at(10), actor="cli").actor == "cli"
+    assert commands.DropData({}, at(10), actor="cli").actor == "cli"
 
 
 def test_archive() -> None:
     gone = ready("a", key="k").model_copy(update={"state": State.consumed})
     before = shard(gone, entry("b"))
-    command = changes.Archive("A1", {"a": gone})
+    command = commands.Archive("A1", {"a": gone})
     assert (command.name, command.actor) == ("archive", "")
     new, moved = command.apply(before, NOW)
     same((new, moved), changes.archive(before, "A1", {"a": gone}))
     assert moved == ["a"] and new is not None and new.archived is not None
     assert new.archived["a"].archive == "A1"
-    assert changes.Archive("A1", {}, actor="cli").actor == "cli"
+    assert commands.Archive("A1", {}, actor="cli").actor == "cli"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from objmanifest.core import changes
+from objmanifest.core import changes, commands
 from objmanifest.core.model import Claim, Entry, Stored
 from objmanifest.errors import InvalidInput, LeaseLost, NotFound
 
@@ -184,11 +184,11 @@ def test_an_entry_named_twice_is_refused_for_the_whole_batch(first_refused: bool
 def test_the_command_carries_its_name_actor_and_change() -> None:
     a, b = held("a", owner="bob", epoch=3), held("b", owner="bob", epoch=4)
     finished = ((claim_on(a), data("a")), (claim_on(b, epoch=3), data("b")))
-    command = changes.FinishMany(finished, "bob")
+    command = commands.FinishMany(finished, "bob")
     assert (command.name, command.actor) == ("finish_many", "bob")
     got = command.apply(shard(a, b), NOW)
     want = changes.finish_many(shard(a, b), finished, NOW)
     assert got[0] == want[0] and got[0] is not None
     assert got[1][0] == want[1][0] == made_ready(a, data("a"))
     assert isinstance(got[1][1], LeaseLost) and str(got[1][1]) == str(want[1][1])
-    assert changes.FinishMany((), "ann").actor == "ann"
+    assert commands.FinishMany((), "ann").actor == "ann"

@@ -12,7 +12,7 @@ import pytest
 import objmanifest as om
 from objmanifest.cas.codecs import ShardCodec
 from objmanifest.core import checksum
-from objmanifest.ops.repair import RECORDS_AT_RISK, RebuildShard, replay
+from objmanifest.ops.replay import RECORDS_AT_RISK, RebuildShard, replay
 from objmanifest.store import CREATE
 from objmanifest.store.errors import PreconditionFailed
 

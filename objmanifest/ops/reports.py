@@ -1,0 +1,106 @@
+"""What a repair found and did, object by object: the report Task.repair returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Damage = Literal["deleted", "corrupt", "newer"]
+
+
+Action = Literal[
+    "rebuilt", "would rebuild", "left alone", "recorded as lost", "would record as lost"
+]
+
+
+Kind = Literal["shard", "index", "journal block", "upload state"]
+
+
+@dataclass(frozen=True)
+class RestoredEntry:
+    """One entry of a rebuilt shard: what the journal last saw, what it was rebuilt as, and
+    which of its fields could not be restored."""
+
+    file_id: str
+    state: str
+    epoch: int
+    seen_state: str | None
+    """The last state its records gave it; None if only the index knew it."""
+    seen_epoch: int | None
+    rule: str
+    """Why it has this state and epoch."""
+    lost: tuple[str, ...] = ()
+    """Fields that could not be restored (left at their defaults)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file_id": self.file_id,
+            "state": self.state,
+            "epoch": self.epoch,
+            "seen_state": self.seen_state,
+            "seen_epoch": self.seen_epoch,
+            "rule": self.rule,
+            "lost": list(self.lost),
+        }
+
+
+@dataclass(frozen=True)
+class ObjectRepair:
+    """One manifest object found damaged, and what repair did about it."""
+
+    key: str
+    kind: Kind
+    damage: Damage
+    problem: str
+    action: Action
+    moved_to: str | None = None
+    """Where its bytes were copied before it was replaced (corrupt objects)."""
+    records: int = 0
+    """Journal records replayed (a shard); the versions a journal block held."""
+    journal_complete: bool = False
+    """The object's own records were read too: nothing after them can be missing."""
+    entries: tuple[RestoredEntry, ...] = ()
+    """A shard: every entry it was rebuilt with."""
+    indexed: tuple[str, ...] = ()
+    """The index: every file id it was rebuilt with."""
+    not_restored: tuple[str, ...] = ()
+    """What could not be put back, each saying why."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "damage": self.damage,
+            "problem": self.problem,
+            "action": self.action,
+            "moved_to": self.moved_to,
+            "records": self.records,
+            "journal_complete": self.journal_complete,
+            "entries": [e.to_dict() for e in self.entries],
+            "indexed": list(self.indexed),
+            "not_restored": list(self.not_restored),
+        }
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    """What ``Task.repair`` found and did: each damaged object, and the file ids put back
+    into the index (``added``: those a sound index lacked, or every id of a rebuilt one)."""
+
+    task_id: str
+    dry_run: bool
+    objects: tuple[ObjectRepair, ...] = ()
+    added: tuple[str, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        """Nothing was damaged."""
+        return not self.objects and not self.added
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "dry_run": self.dry_run,
+            "objects": [o.to_dict() for o in self.objects],
+            "added": list(self.added),
+        }
