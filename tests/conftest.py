@@ -37,6 +37,7 @@ from tests.support.stores import (
     Server,
     SharedServers,
     backend_names,
+    backends,
     layout_options,
     running,
     stop_all,
@@ -89,17 +90,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run a test on ``memory`` only if it is a behaviour or conformance test that does not
-    need S3 itself (see the module's docstring); under a shard layout other than the
-    default, leave out the tests that name a stage's own shard."""
+    need S3 itself (see the module's docstring); a test of a face whose backend does not
+    matter (``one_server``: the CLI, the MCP server, the web page's CLI) on the first S3
+    server only; under a shard layout other than the default, leave out the tests that name
+    a stage's own shard."""
+    first_s3 = next(iter(backends()), None)
     kept, dropped = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
-        on_memory = callspec is not None and callspec.params.get("server") == "memory"
+        on = callspec.params.get("server") if callspec is not None else None
         applies = (
             item.get_closest_marker("behaviour") or item.get_closest_marker("conformance")
         ) and not item.get_closest_marker("s3_only")
+        once = item.get_closest_marker("one_server") and on not in (None, first_s3)
         other_layout = LAYOUT != "stage" and item.get_closest_marker("stage_layout")
-        (dropped if (on_memory and not applies) or other_layout else kept).append(item)
+        skip = (on == "memory" and not applies) or (once and not applies) or other_layout
+        (dropped if skip else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

@@ -43,6 +43,8 @@ from tests.support.rawstore import get as raw_get
 from tests.support.rawstore import put as raw_put
 from tests.support.stores import BUCKET, LAYOUT, Server, layout_options
 
+pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
+
 ENTRY_KEYS = set(om.Entry.model_fields)
 CLAIM_KEYS = {"task_id", "file_id", "stage", "agent", "epoch", "lease_expires_at"}
 ERROR_KEYS = {"error", "message", "exit_code"}

@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import objmanifest as om
 from objmanifest.cli import batch
 from tests import test_cli
 from tests.test_cli import Cli, E
+
+pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
 
 cli = test_cli.cli  # the fixture: the CLI for one test's prefix
 

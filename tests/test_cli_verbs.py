@@ -3,9 +3,13 @@ delete; each with --json and the exit codes of cli/exits.py, hostile input inclu
 
 from __future__ import annotations
 
+import pytest
+
 import objmanifest as om
 from tests import test_cli
 from tests.test_cli import Cli, E
+
+pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
 
 cli = test_cli.cli  # the fixture: the CLI for one test's prefix
 

@@ -29,6 +29,8 @@ from tests.support.faults import FaultProxy
 from tests.support.stores import BUCKET, Server
 from tests.test_hardening import not_s3
 
+pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
+
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1024 * 1024
 USAGE, NOT_FOUND, CLAIM, STORE, UNSUPPORTED, IO, INTERRUPTED = 2, 8, 3, 13, 12, 1, 130

@@ -43,6 +43,8 @@ from tests.test_cli import (
     read_line,
 )
 
+pytestmark = pytest.mark.one_server  # the MCP server, not the backend, is under test
+
 E = exits.ExitCode
 TOOLS = {
     "status",

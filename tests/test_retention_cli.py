@@ -9,6 +9,8 @@ import objmanifest as om
 from tests import test_cli
 from tests.test_cli import Cli
 
+pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
+
 cli = test_cli.cli  # the fixture
 
 

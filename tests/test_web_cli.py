@@ -22,6 +22,8 @@ from objmanifest.wire import exits
 from tests.support.stores import Server
 from tests.test_cli import Cli, base_env, finish, make_cli, read_line
 
+pytestmark = pytest.mark.one_server  # the web page's CLI, not the backend, is under test
+
 E = exits.ExitCode
 TOKEN = "cli-web-token-0123456789abcdef"
 
