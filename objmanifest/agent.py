@@ -552,7 +552,7 @@ class Agent:
             commands.Fail(claim, error_text(reason), task.rules),
         )
 
-    # -- lifecycle verbs (issue 10: release) ---------------------------------------------
+    # -- lifecycle verbs: release ---------------------------------------------
 
     def release(self, claim: Claim) -> Entry:
         """Give the claim back without spending a retry: the entry becomes pending again

@@ -67,7 +67,7 @@ from .core.model import (
     TaskStatus,
 )
 from .data import sources, transfer
-from .engine.manifest import WAIT_FIRST_DELAY, WAIT_GROWTH, WAIT_MAX_DELAY
+from .engine.status import WAIT_FIRST_DELAY, WAIT_GROWTH, WAIT_MAX_DELAY
 from .errors import Interrupted, InvalidInput, ObjManifestError
 from .journal.history import Dropped, Lineage, Transition
 from .ops import deletion

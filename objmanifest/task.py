@@ -9,7 +9,8 @@ from __future__ import annotations
 from .agent import Agent
 from .cas.codecs import HeaderCodec
 from .core.layout import TaskLayout
-from .engine.manifest import Manifest, attention
+from .engine.attention import attention
+from .engine.manifest import Manifest
 from .errors import ObjManifestError
 from .ops.deletion import task_ids
 from .store import ObjectStore
@@ -22,7 +23,7 @@ class Task(Manifest):
         """An agent working on this task; ``role`` (for consumers) defaults to the name."""
         return Agent(self, name, role)
 
-    # -- lifecycle verbs (issue 10: list) -------------------------------------------------
+    # -- lifecycle verbs: list -------------------------------------------------
 
     @staticmethod
     def list(store: ObjectStore) -> list[str]:

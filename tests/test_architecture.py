@@ -364,9 +364,6 @@ ROOT_MODULES = {"__init__", "__main__", "task", "agent", "aio", "errors", "metri
 """The public face: everything else lives in a package named for its concern."""
 
 LONG_MODULES = {
-    "objmanifest/engine/manifest.py",
-    "objmanifest/cli/parser.py",
-    "objmanifest/cli/commands.py",
     "objmanifest/agent.py",
     "objmanifest/aio.py",
 }

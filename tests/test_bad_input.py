@@ -1,4 +1,4 @@
-"""Bad input, as properties (issue 12, "Bad input"): any text is a file id, a name, a
+"""Bad input, as properties: any text is a file id, a name, a
 store URL or an endpoint, or is refused as one with ``InvalidInput``; the keys a valid file
 id names parse back to it; models round-trip through their codecs; and a shard, index,
 header or upload state that is malformed, truncated, oversized, of the wrong types or of

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import objmanifest as om
-from objmanifest.engine.manifest import DeclareInIndex
+from objmanifest.engine.commands import DeclareInIndex
 from objmanifest.errors import ReadBrokeOff
 from objmanifest.store import make_client
 from tests.support.rawstore import delete as raw_delete

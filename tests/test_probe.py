@@ -1,5 +1,5 @@
 """Knowing the store: the probe ``Task.create`` runs (with its races) and ``objmanifest
-doctor`` (issue 12, "Know the store").
+doctor``.
 
 Stores that get conditional writes wrong in the ways seen in the field are ``MemoryStore``s
 that break one promise each: checking a condition and writing with nothing between (racing

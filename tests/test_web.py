@@ -254,6 +254,7 @@ def test_bad_filters_and_unknown_names_are_clear_errors(job: om.Task) -> None:
     bad = client.get("/api/tasks/job/stages/collect", params={"state": "done"})
     assert bad.status_code == 400
     assert bad.json()["error"] == "InvalidInput" and "pending" in bad.json()["message"]
+    assert bad.json()["exit_code"] == 2  # as the command line and the MCP server name it
     assert client.get("/api/tasks/job/stages/collect", params={"limit": "x"}).status_code == 400
     assert client.get("/api/tasks/job/stages/collect", params={"limit": 0}).status_code == 400
     nostage = client.get("/api/tasks/job/stages/nope")

@@ -15,14 +15,15 @@ from .. import demo
 from ..local.errors import Stopped
 from ..wire.errors import UsageError
 from ..wire.exits import ExitCode
-from . import batch, commands, mcp, serve, storecheck, web
+from . import batch, commands, history, init, mcp, serve, storecheck, web
+from .context import Context
 from .output import Output
 from .parser import parse
 
-Handler = Callable[[commands.Context], int]
+Handler = Callable[[Context], int]
 
 HANDLERS: dict[str, Handler] = {
-    "init": commands.cmd_init,
+    "init": init.cmd_init,
     "declare": commands.cmd_declare,
     "claim": commands.cmd_claim,
     "put": commands.cmd_put,
@@ -35,10 +36,10 @@ HANDLERS: dict[str, Handler] = {
     "wait": commands.cmd_wait,
     "reap": commands.cmd_reap,
     "repair": commands.cmd_repair,
-    "log": commands.cmd_log,
-    "lineage": commands.cmd_lineage,
-    "migrate": commands.cmd_migrate,
-    "trim": commands.cmd_trim,
+    "log": history.cmd_log,
+    "lineage": history.cmd_lineage,
+    "migrate": history.cmd_migrate,
+    "trim": history.cmd_trim,
     "gc": commands.cmd_gc,
     "archive": commands.cmd_archive,
     "release": commands.cmd_release,
@@ -77,7 +78,7 @@ def dispatch(args: argparse.Namespace, out: Output) -> int:
     if args.command == "demo":
         return demo.main(args)
     with stopped_by_sigterm():
-        return HANDLERS[args.command](commands.Context(args, out))
+        return HANDLERS[args.command](Context(args, out))
 
 
 def _stdout_closed(out: Output) -> int:

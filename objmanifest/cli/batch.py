@@ -20,7 +20,8 @@ from ..core.names import check_file_id
 from ..wire.errors import NotAllReady, UsageError
 from ..wire.exits import ExitCode, classify
 from ..wire.shapes import entry_json
-from .commands import Context, local_source
+from .commands import local_source
+from .context import Context
 from .inputs import load_json, read_whole, shown
 from .output import PROG
 

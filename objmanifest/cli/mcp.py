@@ -10,7 +10,7 @@ from types import ModuleType
 from objmanifest.mcp import tools  # the module: it imports cli's modules in turn
 
 from ..local.errors import Stopped
-from .commands import Context
+from .context import Context
 from .extras import extra_needed
 
 EXTRA_MODULES = (

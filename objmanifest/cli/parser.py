@@ -8,23 +8,25 @@ instead of exiting, so it is reported like every other error (as JSON with ``--j
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import re
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from objmanifest import __version__, demo
-from objmanifest.local import servers
+from objmanifest import __version__
 
 from ..wire.errors import UsageError
+from .options import add_agent, add_globals, add_holder, add_wait
+from .parser_tools import _demo, _mcp, _serve, _store_checks, _web
+from .values import (
+    number,
+    partition_count,
+    positive_int,
+    positive_seconds,
+    seconds,
+    size,
+    stage_seconds,
+    whole,
+)
 
-ENV_URL = "OBJMANIFEST_URL"
-ENV_TASK = "OBJMANIFEST_TASK"
-ENV_AGENT = "OBJMANIFEST_AGENT"
-ENV_WEB_TOKEN = "OBJMANIFEST_WEB_TOKEN"
-
-GLOBAL_DESTS = ("url", "endpoint_url", "task", "json", "debug", "no_progress", "cas_attempts")
 _VALUE_OPTIONS = {"--url", "--endpoint-url", "--task", "--cas-attempts"}
 
 EPILOG = """\
@@ -54,198 +56,7 @@ class Parser(argparse.ArgumentParser):
 # -- value types -------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-
-
-def port(text: str) -> int:
-    value = _int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is from 1 to 65535, not {value}")
-    return value
-
-
-def number(text: str) -> float:
-    """Any number; the command checks its range (``init --lease``, with the API's rule)."""
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-
-
-def partition_count(text: str) -> tuple[str, int]:
-    """``STAGE=N`` of ``init --partitions``; the API checks the stage and the range."""
-    stage, eq, count = text.partition("=")
-    if not eq or not stage:
-        raise argparse.ArgumentTypeError(f"write STAGE=N (like collect=16), not {text!r}")
-    return stage, _int(count)
-
-
-def stage_seconds(text: str) -> tuple[str, float]:
-    """``STAGE=SECONDS`` of ``init --deadline``; the API checks the stage and the range."""
-    stage, eq, seconds = text.partition("=")
-    if not eq or not stage:
-        raise argparse.ArgumentTypeError(f"write STAGE=SECONDS (like collect=600), not {text!r}")
-    return stage, number(seconds)
-
-
-def whole(text: str) -> int:
-    """Any whole number; the command checks its range (``init --retries``)."""
-    return _int(text)
-
-
-def positive_seconds(text: str) -> float:
-    """A polling interval: from 0.05 to 3600 seconds (the one message for any other)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.05 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be from 0.05 to 3600 seconds, not {text!r}")
-    return value
-
-
-def seconds(text: str) -> float:
-    """A finite number of seconds, 0 or more (``--wait``, ``--older-than`` ...)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number of seconds, 0 or more, not {text!r}"
-        )
-    return value
-
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-
-
-def size(text: str) -> int:
-    """Bytes, with an optional binary unit: ``8388608``, ``8MiB``, ``8M``, ``512k``."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 8MiB or 8388608)")
-    unit = (match.group(2) or "").lower()[:1]
-    value = int(match.group(1)) * _UNITS[unit]
-    if value < 1:
-        raise argparse.ArgumentTypeError("a size must be at least 1 byte")
-    return value
-
-
 # -- options -----------------------------------------------------------------------------
-
-
-def add_globals(parser: argparse.ArgumentParser, suppress: bool) -> None:
-    """The options every command takes. On subcommands their defaults are suppressed, so a
-    value given before the subcommand is not overwritten by a default after it."""
-
-    def default(value: Any) -> Any:
-        return argparse.SUPPRESS if suppress else value
-
-    group = parser.add_argument_group("global options")
-    group.add_argument(
-        "--url",
-        default=default(os.environ.get(ENV_URL)),
-        metavar="s3://BUCKET/PREFIX",
-        help=f"where the tasks live (default: ${ENV_URL})",
-    )
-    group.add_argument(
-        "--endpoint-url",
-        default=default(None),
-        metavar="URL",
-        help="S3 endpoint of a non-AWS store (default: $AWS_ENDPOINT_URL_S3, then "
-        "$AWS_ENDPOINT_URL)",
-    )
-    group.add_argument(
-        "--task",
-        default=default(os.environ.get(ENV_TASK)),
-        metavar="ID",
-        help=f"the task to work on (default: ${ENV_TASK})",
-    )
-    group.add_argument(
-        "--json",
-        action="store_true",
-        default=default(False),
-        help="write one JSON object (result or error) instead of text",
-    )
-    group.add_argument(
-        "--debug",
-        action="store_true",
-        default=default(False),
-        help="print the traceback of an error",
-    )
-    group.add_argument(
-        "--no-progress",
-        action="store_true",
-        default=default(False),
-        help="no progress bars, even on a terminal",
-    )
-    group.add_argument(
-        "--cas-attempts",
-        type=positive_int,
-        default=default(None),
-        metavar="N",
-        help="lost races a manifest change tolerates before giving up (default: 100)",
-    )
-
-
-def add_agent(parser: argparse.ArgumentParser, role: bool = False) -> None:
-    agent = os.environ.get(ENV_AGENT)
-    parser.add_argument(
-        "--agent",
-        default=agent,
-        required=agent is None,
-        metavar="NAME",
-        help=f"this agent's name (default: ${ENV_AGENT})",
-    )
-    if role:
-        parser.add_argument(
-            "--role",
-            metavar="ROLE",
-            help="consumer role, for entries declared with --consumer (default: agent name)",
-        )
-
-
-def add_holder(parser: argparse.ArgumentParser) -> None:
-    """``FILE_ID --agent NAME --epoch N``: the claim an earlier process printed."""
-    parser.add_argument("file_id", metavar="FILE_ID")
-    add_agent(parser)
-    parser.add_argument(
-        "--epoch",
-        type=non_negative_int,
-        required=True,
-        metavar="N",
-        help="the epoch `claim` printed (the fencing token)",
-    )
-
-
-def add_wait(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument(
-        "--wait",
-        type=seconds,
-        default=0.0,
-        metavar="SECONDS",
-        help=f"poll up to SECONDS for {what} instead of failing at once",
-    )
 
 
 # -- subcommands -------------------------------------------------------------------------
@@ -556,7 +367,7 @@ def _history(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def _verbs(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    """Lifecycle verbs operators need (issue 10)."""
+    """Lifecycle verbs operators need."""
     p = sub.add_parser(
         "release",
         parents=parents,
@@ -587,158 +398,8 @@ def _verbs(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--yes", action="store_true", help="yes, delete the task and its data")
 
 
-def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "serve",
-        parents=parents,
-        help="run a local S3 server on loopback",
-        description="Starts a local S3 server on 127.0.0.1, prints the environment to use it "
-        "(its own local test credentials), and runs until Ctrl-C or SIGTERM. With --detach it "
-        'runs in the background and the command returns: eval "$(objmanifest serve --detach)" '
-        "sets up the shell, `objmanifest serve --stop` stops it.",
-    )
-    p.add_argument(
-        "--backend",
-        choices=servers.BACKENDS,
-        default="moto",
-        help="moto (in memory, starts fast) or seaweedfs (a real store on disk)",
-    )
-    p.add_argument("--port", type=port, metavar="N", help="S3 port (default: a free one)")
-    p.add_argument(
-        "--data",
-        metavar="DIR",
-        help="seaweedfs: keep data in DIR across restarts (default: temporary)",
-    )
-    p.add_argument("--bucket", metavar="NAME", help="create this bucket once it runs")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--detach",
-        action="store_true",
-        help="run the server in the background: print the export lines (with "
-        "OBJMANIFEST_SERVE_PID) once it is ready, and return",
-    )
-    mode.add_argument(
-        "--stop",
-        action="store_true",
-        help="stop the server a --detach started (the one $OBJMANIFEST_SERVE_PID names)",
-    )
-
-
-def web_port(text: str) -> int:
-    """``web --port``: a TCP port, or 0 for any free one."""
-    value = _int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is from 0 (any free) to 65535, not {value}")
-    return value
-
-
-def _web(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    """The status page (issue 13)."""
-    p = sub.add_parser(
-        "web",
-        parents=parents,
-        help="a live, read-only status page of the tasks (needs objmanifest[web])",
-        description="Serves a status page: with --task, that task's board at /; without, "
-        "the tasks under --url. Boards, a stage's entries, an entry's history and lineage, "
-        "updated live; a JSON API under /api for each view. Read-only. It binds to "
-        f"127.0.0.1 unless told otherwise; any other address needs a token (${ENV_WEB_TOKEN} "
-        "or --token), checked on every request.",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument(
-        "--port", type=web_port, default=8321, metavar="N", help="port (default 8321; 0: any free)"
-    )
-    p.add_argument(
-        "--token",
-        default=os.environ.get(ENV_WEB_TOKEN),
-        metavar="TOKEN",
-        help=f"require this token on every request (default: ${ENV_WEB_TOKEN}; needed for a "
-        "non-loopback --host; prefer the variable: `ps` shows arguments)",
-    )
-    p.add_argument(
-        "--interval",
-        type=positive_seconds,
-        default=2.0,
-        metavar="SECONDS",
-        help="how often pages refresh; the store is read at most this often per view (default 2)",
-    )
-
-
-def _mcp(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    """The MCP server for LLM agents (issue 14)."""
-    p = sub.add_parser(
-        "mcp",
-        parents=parents,
-        help="serve the task as MCP tools for an LLM agent (needs objmanifest[mcp])",
-        description="A Model Context Protocol server on stdio (or streamable HTTP on "
-        "127.0.0.1 with --http): status, show, declare, claim, put, renew, fail, release, "
-        "consume, log and lineage as tools, for one agent. The server keeps its claims' "
-        "epochs and renews their leases, for at most --max-hold seconds each, then releases "
-        "them (no retry spent) and tells the model; local paths stay inside --root, inline "
-        "content within 1 MiB of UTF-8. Claims still held when it stops are released.",
-    )
-    add_agent(p, role=True)
-    p.add_argument(
-        "--root",
-        default=".",
-        metavar="DIR",
-        help="the directory the tools may read and write files in (default: the working "
-        "directory); paths outside it, '..' and symlinks leading out are refused",
-    )
-    p.add_argument(
-        "--max-hold",
-        type=hold_seconds,
-        default=900.0,
-        metavar="SECONDS",
-        help="release a claim held this long, without spending a retry (default 900)",
-    )
-    p.add_argument(
-        "--http",
-        type=web_port,
-        metavar="PORT",
-        help="serve streamable HTTP at http://127.0.0.1:PORT/mcp instead of stdio (0: any "
-        "free port, printed once it listens)",
-    )
-
-
-def hold_seconds(text: str) -> float:
-    """``mcp --max-hold``: above 0, at most a day (one message for every value outside)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 86400 seconds, not {text}")
-    return value
-
-
-def _demo(sub: Any) -> None:
-    """``demo`` takes its options from ``objmanifest.demo``.
-
-    Of the global options only ``--debug`` applies to it here; ``--json`` and
-    ``--endpoint-url`` are the demo's own, and given before ``demo`` they still count.
-    """
-    p = sub.add_parser(
-        "demo",
-        help="run a multi-agent pipeline against an embedded S3 server",
-        description="The whole idea at work: agent processes, three stages, a large chunked "
-        "file and an agent killed mid-work, then every checksum verified.",
-        conflict_handler="resolve",
-    )
-    p.add_argument(
-        "--debug",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="print the traceback of an error",
-    )
-    demo.add_arguments(p)
-    for action in p._actions:  # the demo's copies of global options must not reset them
-        if action.dest in GLOBAL_DESTS and action.default in (None, False):
-            action.default = argparse.SUPPRESS
-
-
 def _retention(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    """Journal retention (issue 10): ``trim``."""
+    """Journal retention: ``trim``."""
     p = sub.add_parser(
         "trim",
         parents=parents,
@@ -787,51 +448,6 @@ def _gc(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         type=seconds,
         metavar="SECONDS",
         help="also remove the data of consumed entries unchanged for this many seconds",
-    )
-
-
-def racers(text: str) -> int:
-    value = _int(text)
-    if not 2 <= value <= 64:
-        raise argparse.ArgumentTypeError(f"a race has 2 to 64 writers, not {value}")
-    return value
-
-
-def _store_checks(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
-    """What the store enforces (``doctor``) and the permissions objmanifest needs."""
-    p = sub.add_parser(
-        "doctor",
-        parents=parents,
-        help="check what the store enforces: conditional writes, races, multipart, Date ...",
-        description="Writes, races and reads a few probe objects under --url's prefix (all "
-        "removed after) and prints what the store enforces and how it answers. Exit 0: safe "
-        "(create-only and If-Match writes enforced, also by concurrent writers, conditional "
-        "multipart completion, a usable Date, ranged reads, listing); 12: a required check "
-        "failed; 13: a required check could not be asked (a refused call names the "
-        "permission it lacked). Digest verification, 409 vs 412 and clock skew are reported.",
-    )
-    p.add_argument(
-        "--racers",
-        type=racers,
-        default=8,
-        metavar="N",
-        help="concurrent writers in each race (default: 8)",
-    )
-    p = sub.add_parser(
-        "iam-policy",
-        parents=parents,
-        help="print the least-privilege AWS IAM policy for --url's bucket and prefix",
-        description="Prints the IAM policy document a role needs for --url's bucket and "
-        "prefix; sends no request. 'agent' (the default): every command but gc, repair, "
-        "delete, archive and trim; lists only under the prefix, deletes only data and probe "
-        "objects. 'admin': those five too.",
-    )
-    p.add_argument(
-        "--for",
-        dest="role",
-        choices=["agent", "admin"],
-        default="agent",
-        help="whose policy (default: agent)",
     )
 
 

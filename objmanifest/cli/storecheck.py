@@ -23,7 +23,7 @@ from objmanifest.store.probe import Check, ProbeReport, probe_store
 
 from ..wire.errors import UsageError
 from ..wire.exits import ExitCode
-from .commands import Context
+from .context import Context
 
 SKEW_LIMIT = 15 * 60.0
 """Beyond this much skew AWS (and SeaweedFS) refuse signed requests (RequestTimeTooSkewed)."""

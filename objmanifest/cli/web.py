@@ -10,7 +10,7 @@ from objmanifest.web.security import check_binding
 
 from ..local.errors import Stopped
 from ..web.views import Site
-from .commands import Context
+from .context import Context
 from .extras import extra_needed
 
 EXTRA_MODULES = ("starlette", "uvicorn", "anyio", "h11", "click")

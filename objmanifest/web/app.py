@@ -19,7 +19,8 @@ Routes (all GET or HEAD; anything else is refused with 405, the page is read-onl
 
 Every API answer has an ETag (of everything but ``store_time``) and ``Cache-Control:
 no-cache``; a request with a matching ``If-None-Match`` gets a 304 without a body, which is
-how the page polls. Errors are JSON: ``{"error": TYPE, "message": ...}`` with 400 (invalid
+how the page polls. Errors are JSON: ``{"error": TYPE, "message": ..., "exit_code": N}`` (the
+code the command line gives the same error) with 400 (invalid
 input), 404 (no such task, stage or entry), 502 (the store failed) or 500.
 
 ``create_app(site, token=..., routes=[...])`` takes extra routes, which sit behind the same
@@ -44,6 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import objmanifest as om
 
+from ..wire.exits import classify
 from . import pages
 from .security import COOKIE, LOOPBACK_NAMES, cookie_value, host_name, same
 from .views import Site, View
@@ -154,9 +156,12 @@ def error_status(error: BaseException) -> int:
     return 500
 
 
-def error_body(error: BaseException) -> dict[str, str]:
+def error_body(error: BaseException) -> dict[str, Any]:
+    """An error as the API answers it: its name and message, and the exit code the command
+    line and the MCP server give it (one table, ``wire.exits``)."""
     if isinstance(error, om.ObjManifestError):
-        return {"error": type(error).__name__, "message": str(error)}
+        code = int(classify(error).code)
+        return {"error": type(error).__name__, "message": str(error), "exit_code": code}
     return {"error": "InternalError", "message": "unexpected error; see the server's log"}
 
 
