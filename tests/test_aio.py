@@ -9,7 +9,9 @@ where the test says."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import re
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
@@ -23,6 +25,37 @@ import objmanifest as om
 from objmanifest.aio import AsyncAgent, AsyncTask
 from tests.support.backends import Stall, stalling
 from tests.support.stores import Server
+
+REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
+
+
+def presented(name: str) -> list[str]:
+    """The members the API reference presents for ``objmanifest.NAME``."""
+    found = re.search(
+        rf"::: objmanifest\.{name}\n    options:\n      members:\n((?:        - \w+\n)+)",
+        REFERENCE.read_text(),
+    )
+    assert found, f"docs/reference.md lists no members of {name}"
+    return re.findall(r"- (\w+)", found.group(1))
+
+
+@pytest.mark.parametrize(("sync", "twin"), [(om.Task, AsyncTask), (om.Agent, AsyncAgent)])
+def test_every_call_the_reference_presents_has_its_coroutine_twin(sync: type, twin: type) -> None:
+    """Each call of ``Task`` and ``Agent`` the docs present exists on its async twin, and is
+    a coroutine there when it does I/O (everything but properties and the two factories
+    that only build objects: ``agent`` and ``subscribe``)."""
+    names = presented(sync.__name__)
+    assert len(names) >= 10
+    missing = [n for n in names if not hasattr(twin, n)]
+    assert missing == [], f"no coroutine twin in objmanifest.aio: {missing}"
+    for name in names:
+        if isinstance(inspect.getattr_static(sync, name), property):
+            assert isinstance(inspect.getattr_static(twin, name), property), name
+        elif name not in ("agent", "subscribe"):
+            assert inspect.iscoroutinefunction(getattr(twin, name)), f"{twin.__name__}.{name}"
+    hidden = [n for n in names if n.startswith("_")]
+    assert hidden == []
+
 
 pytestmark = pytest.mark.behaviour
 
