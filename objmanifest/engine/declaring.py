@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
 
 def resumed(self: Manifest, agent: str, held: list[tuple[str, int]]) -> list[Claim]:
-    """The claims ``agent`` got at each (file id, epoch), rebuilt from the index and the
-    entries (each shard read once); see ``Agent.resume``."""
     index = self.index()
     shards: dict[str, Shard] = {}
     claims = []
@@ -65,7 +63,6 @@ def resumed(self: Manifest, agent: str, held: list[tuple[str, int]]) -> list[Cla
 
 
 def held(self: Manifest, claim: Claim) -> Entry:
-    """The entry, read fresh, if ``claim`` still holds it; else ``LeaseLost``."""
     claim = self.routed(claim)
     entry = self.read_shard(claim.shard).entries.get(claim.file_id)
     if entry is None or (entry.state, entry.epoch, entry.owner) != (
@@ -88,7 +85,6 @@ def declare(
     depends_on: Iterable[str] = (),
     consumers: Iterable[str] = (),
 ) -> Entry:
-    """Declare one file. The same declaration again is a no-op."""
     decl = {
         "file_id": file_id,
         "stage": stage,
@@ -101,14 +97,6 @@ def declare(
 def declare_many(
     self: Manifest, decls: Iterable[Declaration | dict[str, Any] | tuple[Any, ...]]
 ) -> list[Entry]:
-    """Declare many files: one commit to the index, then one per shard touched.
-
-    A conflict anywhere in the batch (stage, dependencies, consumers, a cycle, the same
-    id twice with different declarations) is found before anything is written. The index
-    goes first, so an entry is never in a shard without being in the index; rerunning
-    after a crash finishes the batch. An id that a shard holds but the index lacks means
-    the index was damaged: it is refused (``CorruptShard``) until ``repair_index``.
-    """
     if isinstance(decls, (str, bytes, dict, Declaration)):
         raise InvalidInput(
             f"declare_many() takes a list of declarations, not a {type(decls).__name__}: "
@@ -145,8 +133,6 @@ def declare_many(
 
 
 def _refuse_unindexed(self: Manifest, batch: list[Declaration], shards: dict[str, Shard]) -> None:
-    """Refuse to declare an id that a shard holds but the index lacks (the index was
-    deleted or replaced by hand): declaring it again could put it in a second stage."""
     index = self.index()
     new = {d.file_id for d in batch if d.file_id not in index}
     if not new:
@@ -168,12 +154,6 @@ def _refuse_unindexed(self: Manifest, batch: list[Declaration], shards: dict[str
 
 
 def repair_index(self: Manifest) -> list[str]:
-    """Put back into the index every entry a shard holds and the index lacks (after the
-    index was deleted or replaced by hand); returns their file ids.
-
-    An id held by two shards, or by a shard other than the stage the index gives it,
-    cannot be placed: the others are added, then ``CorruptShard`` names those.
-    """
     shards = self._all_shards()
     index = self.index()
     held: dict[str, list[Entry]] = {}
@@ -206,16 +186,6 @@ def repair_index(self: Manifest) -> list[str]:
 
 
 def lookup_for(self: Manifest, shard: str, candidates: Iterable[Entry]) -> changes.Lookups:
-    """Build dependency look-ups for entries of ``shard``: the shard's own entries are
-    taken from the version the CAS loop hands over, foreign ones from fresh reads of
-    the index and their shards, never from a cache.
-
-    ``candidates`` come from ``claim_base`` (the cached version, or a fresh read), and
-    the foreign dependencies they name are read here. Entries the CAS loop's version
-    has that the base lacked (declared since; the loop re-read after a 412) have theirs
-    read when that version is handed over, so no entry finds a dependency "not
-    declared" for want of a read.
-    """
     key, codec = self.layout.shard(shard), self.codec(shard)
     here = self.docs.cached(key, codec)
     known_here = {*here.entries, *(here.archived or {})}

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 
 def journaled_objects(self: Manifest) -> list[tuple[str, Migratable[Any]]]:
-    """Every manifest object of the task that keeps a journal, with its codec."""
     objects: list[tuple[str, Migratable[Any]]] = [
         (self.layout.shard(shard), codec) for shard, codec in self._codecs.items()
     ]
@@ -46,8 +45,6 @@ def journaled_objects(self: Manifest) -> list[tuple[str, Migratable[Any]]]:
 
 
 def history(self: Manifest, file_id: str) -> list[Transition]:
-    """The transitions of one entry, oldest first, across takeovers: every committed
-    version of its shard that changed it (from the journal)."""
     stage = self.stage_of(file_id)
     shard = self.layout.shard_of(stage, file_id)
     return self.journal.history(file_id, self.layout.shard(shard), self.codec(shard))
@@ -59,18 +56,12 @@ def log(
     stage: str | None = None,
     agent: str | None = None,
 ) -> list[JournalRecord]:
-    """The task's journal records (every object: shards, index, upload states), in the
-    order they were decided; only those at or after ``since`` (store time), of
-    ``stage``'s objects, or committed by ``agent`` if given."""
     if stage is not None:
         self._check_stage(stage)
     return self.journal.log(since=since, stage=stage, agent=agent, stage_of=self.stage_namer())
 
 
 def stage_namer(self: Manifest) -> Callable[[str], str | None] | None:
-    """What names an entry's stage for the journal's readers: the index, on a task that
-    keeps every stage in one shard (read again for an id it does not know yet: one
-    declared since); None otherwise (each shard is of one stage)."""
     if not self.layout.single:
         return None
     index = self.index()
@@ -87,8 +78,6 @@ def stage_namer(self: Manifest) -> Callable[[str], str | None] | None:
 
 
 def lineage(self: Manifest, file_id: str) -> Lineage:
-    """The upstream graph of ``file_id`` through ``depends_on``, across shards: each
-    node with its producer, epoch, checksum, size and times."""
     check_file_id(file_id)
     index = self.index()
     if file_id not in index:
@@ -129,11 +118,6 @@ def trim_journal(
     *,
     dry_run: bool = False,
 ) -> list[Dropped]:
-    """Delete the journal blocks beyond the task's retention (``journal_keep_seconds``,
-    ``journal_keep_versions`` of its header; the arguments, if given, instead): whole
-    blocks only, never a record still inside a live object or not yet in a block.
-    Returns what was dropped (what would be, with ``dry_run``); readers say it too
-    (``dropped``)."""
     if keep_seconds is None and keep_versions is None:
         keep_seconds = self.header.journal_keep_seconds
         keep_versions = self.header.journal_keep_versions
@@ -143,8 +127,6 @@ def trim_journal(
 
 
 def dropped(self: Manifest, file_id: str | None = None) -> list[Dropped]:
-    """What journal retention dropped: of every journaled object, or of the shard that
-    holds ``file_id`` (whose ``history`` then starts after it)."""
     if file_id is not None:
         stage = self.stage_of(file_id)
         keys = [self.layout.shard(self.layout.shard_of(stage, file_id))]
@@ -154,12 +136,6 @@ def dropped(self: Manifest, file_id: str | None = None) -> list[Dropped]:
 
 
 def migrate(self: Manifest) -> list[str]:
-    """Move the task to this release's schema (``SCHEMA_VERSION``): the header first, so
-    agents that open the task from now on use it, then every shard, the index and every
-    upload state, each by a commit (journaled from that version on). Run it once every
-    agent runs this release: an older release then refuses the task
-    (``UnsupportedSchema``) and changes nothing. Returns the keys it moved; running it
-    again moves nothing."""
     target = SCHEMA_VERSION
     moved: list[str] = []
     header_codec = HeaderCodec(self.task_id)

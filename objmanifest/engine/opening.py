@@ -66,21 +66,6 @@ def create(
     retry_backoff_max: float | None = None,
     deadlines: Mapping[str, float] | None = None,
 ) -> M:
-    """Create a task (``AlreadyExists`` if it is there) after checking the store is safe.
-
-    ``journal_keep_seconds``/``journal_keep_versions`` bound its journal (see
-    ``trim_journal``); by default every record is kept. ``partitions`` splits hot stages
-    into hash partitions, each a shard of its own (``{"collect": 16}``), so agents of
-    one stage do not all commit to one object; ``layout="task"`` keeps every entry in
-    one shard (only as a baseline to compare against). Both are fixed for the life of
-    the task.
-
-    ``retry_backoff`` (seconds, default 0: none) makes a failed entry claimable again
-    only that long after its failure, doubling per retry up to ``retry_backoff_max``
-    (default 64 times ``retry_backoff``), on the store's clock. ``deadlines`` gives
-    stages the seconds an entry may stay writing (from its claim) or ready without
-    being consumed (from ``ready_at``) before ``status`` lists it as ``late``.
-    """
     keys = TaskLayout(task_id)
     lease, retries = check_settings(lease_seconds, max_retries)
     keep_seconds, keep_versions = check_retention(journal_keep_seconds, journal_keep_versions)
@@ -163,7 +148,6 @@ def open(
     policy: CasPolicy | None = None,
     transfer: TransferConfig | None = None,
 ) -> M:
-    """Open an existing task (``NotFound`` if there is none)."""
     key = TaskLayout(task_id).header
     try:
         blob = store.get(key)
@@ -196,10 +180,6 @@ def open(
 
 
 def is_current(self: Manifest) -> bool:
-    """Whether the task this object was opened on is still the one under its id: not
-    deleted, not being deleted, not created anew (with other settings, say), and its
-    header unchanged. One conditional GET of the header (a 304 while it is). A reader
-    that keeps a ``Task`` for long (the web page) opens it again once this is False."""
     key = self.layout.header
     try:
         blob = self.store.get(key, if_none_match=self._header_etag)
@@ -215,18 +195,6 @@ def is_current(self: Manifest) -> bool:
 
 
 def delete(self: Manifest, force: bool = False) -> deletion.Deleted:
-    """Remove the task: its shards, index, data, journal, upload states (multipart
-    uploads aborted) and, last, its header.
-
-    Refused (``LeasesLive``, naming the holders) while an entry is written under an
-    unexpired lease on the store's clock, unless ``force``. It first marks the header
-    (a ``delete`` commit): from then on ``Task.open`` refuses the task and ``Task.list``
-    omits it, and a crashed delete is finished by running it again
-    (``Task.delete_by_id``). The rest is not journaled: the journal is deleted too. An
-    agent that still has the task open sees ``NotFound`` or ``LeaseLost`` on its next
-    change, except a ``declare``, which would create a shard and the index again: stop
-    declarers first (``delete`` again removes what they wrote).
-    """
     codec = HeaderCodec(self.task_id)
     try:
         header = self.docs.read(self.layout.header, codec)
@@ -250,8 +218,6 @@ def delete(self: Manifest, force: bool = False) -> deletion.Deleted:
 def delete_by_id(
     cls: type[Manifest], store: ObjectStore, task_id: str, *, force: bool = False
 ) -> deletion.Deleted:
-    """``delete`` a task by its id, also one a crashed delete left half-deleted (whose
-    ``open`` is refused); ``NotFound`` if nothing of it is left."""
     layout = TaskLayout(task_id)
     codec = HeaderCodec(task_id)
     try:
@@ -267,7 +233,6 @@ def delete_by_id(
 
 
 def _configure(self: Manifest, header: TaskHeader) -> None:
-    """The codecs and the upload scope for the task's schema version."""
     self.header = header
     self.index_codec = IndexCodec(header.objects_schema)
     self._codecs = {

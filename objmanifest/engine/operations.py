@@ -19,9 +19,6 @@ if TYPE_CHECKING:
 
 
 def revive(self: Manifest, file_id: str) -> Entry:
-    """A dead entry back to ``failed`` with ``retry_count`` 0, so it is claimable again
-    (once its cause is fixed); ``WrongState`` if it is not dead. An archived dead entry
-    comes back into its live shard."""
     stage = self.stage_of(file_id)
     shard = self.layout.shard_of(stage, file_id)
     doc = self.read_shard(shard)
@@ -31,10 +28,6 @@ def revive(self: Manifest, file_id: str) -> Entry:
 
 
 def undeclare(self: Manifest, file_id: str) -> Entry | None:
-    """Remove a pending entry nobody depends on: from its shard, then from the index
-    (an interrupted undeclare is finished by running it again). ``WrongState`` if it is
-    not pending, ``HasDependents`` naming the entries that depend on it. Returns the
-    removed entry (None if only the index still had it)."""
     stage = self.stage_of(file_id)
     waiting = sorted(self.index().dependents(file_id))
     if waiting:
@@ -48,12 +41,6 @@ def undeclare(self: Manifest, file_id: str) -> Entry | None:
 
 
 def repair(self: Manifest, dry_run: bool = False) -> RepairReport:
-    """Rebuild every stage shard and the index that was deleted or is corrupt: a shard
-    from its journal (and the index), the index from the shards; a corrupt object is
-    copied to ``TASK/damaged/`` first. An index that is sound but lacks ids the shards
-    hold gets them (``repair_index``). Returns what was restored and what could not
-    be; with ``dry_run``, what would be, writing nothing. See ``ops.repair`` for the
-    rules each rebuilt entry follows."""
     repairer = Repairer(
         self.store,
         self.docs,
@@ -69,10 +56,6 @@ def repair(self: Manifest, dry_run: bool = False) -> RepairReport:
 
 
 def archive(self: Manifest, older_than: float = 86400.0, actor: str = "") -> ArchiveReport:
-    """Move every terminal entry (consumed, dead) last updated ``older_than`` seconds
-    ago or more (the store's clock) out of the live shards into write-once archive
-    objects, one commit per shard. Safe while agents work; ``entry``, ``history``,
-    ``lineage``, ``status``, dependency checks and declarations still find them."""
     age = check_age(older_than)
     archived: dict[str, list[str]] = {}
     written: list[str] = []

@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 
 def shard_key(self: Manifest, stage: str, file_id: str | None = None) -> str:
-    """The key of ``stage``'s shard; of a split stage, the key of the partition that
-    holds ``file_id``."""
     self._check_stage(stage)
     shards = self.layout.shards_of(stage)
     if file_id is not None:
@@ -41,7 +39,6 @@ def shard_key(self: Manifest, stage: str, file_id: str | None = None) -> str:
 
 
 def read_shards(self: Manifest, shards: Iterable[str]) -> dict[str, Shard]:
-    """Fresh reads of several shards, in parallel (304s when nothing changed)."""
     names = list(dict.fromkeys(shards))
     if len(names) <= 1:
         return {name: self.read_shard(name) for name in names}
@@ -50,9 +47,6 @@ def read_shards(self: Manifest, shards: Iterable[str]) -> dict[str, Shard]:
 
 
 def shard(self: Manifest, stage: str) -> Shard:
-    """A fresh read of one stage's entries: its shard, or a view of all its partitions
-    (or of its entries in the task's one shard). A view is no stored object: its
-    version is 0; commit to a shard by name (``claim.shard``) instead."""
     self._check_stage(stage)
     names = self.layout.shards_of(stage)
     if names == [stage]:
@@ -66,9 +60,6 @@ def _view(
     docs: Mapping[str, Shard],
     index: Callable[[], shard_index.ShardIndex | None],
 ) -> Shard:
-    """``stage``'s entries from the shards ``docs`` holds (read already); ``index`` is
-    asked only to place the archived ids of a task's one shard (None: they are left
-    out)."""
     names = self.layout.shards_of(stage)
     if names == [stage]:
         return docs[stage]
@@ -90,7 +81,6 @@ def _view(
 
 
 def entry(self: Manifest, file_id: str) -> Entry:
-    """The entry as the store has it now."""
     stage = self.stage_of(file_id)
     shard = self.read_shard(self.layout.shard_of(stage, file_id))
     entry = shard.entries.get(file_id) or self.archives.entry(shard, file_id)
@@ -103,16 +93,12 @@ def entry(self: Manifest, file_id: str) -> Entry:
 
 
 def routed(self: Manifest, claim: Claim) -> Claim:
-    """``claim`` naming the shard its entry lives in, as the layout routes it: a claim
-    rebuilt from its printed fields (task, file, stage, agent, epoch) names only its
-    stage, which is not its shard on a split stage or a one-shard task."""
     self._check_stage(claim.stage)
     shard = self.layout.shard_of(claim.stage, claim.file_id)
     return claim if claim.shard == shard else dataclasses.replace(claim, shard=shard)
 
 
 def _all_shards(self: Manifest, read: dict[str, Shard] | None = None) -> dict[str, Shard]:
-    """Every shard of the task, read fresh (those in ``read`` are taken as they are)."""
     shards = dict(read or {})
     for shard in self.layout.all_shards(self.stages):
         if shard not in shards:
@@ -121,10 +107,6 @@ def _all_shards(self: Manifest, read: dict[str, Shard] | None = None) -> dict[st
 
 
 def claim_base(self: Manifest, shard: str) -> Shard:
-    """The version of ``shard`` a claim chooses from: the cached one while it is likely
-    current (``Documents.likely_current``: the claim's write is conditional on it, so a
-    stale one costs a 412 and the claim chooses again on the version read then), else a
-    fresh read (a 304 when nothing changed)."""
     if self.docs.likely_current(self.layout.shard(shard)):
         return self.docs.cached(self.layout.shard(shard), self.codec(shard))
     return self.read_shard(shard)

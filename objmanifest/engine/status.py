@@ -42,8 +42,6 @@ command line's ``--wait``)."""
 
 
 def _sound_shards(self: Manifest, damaged: list[DamageNote]) -> dict[str, Shard]:
-    """Every shard of the task read fresh; a corrupt one is noted in ``damaged`` and
-    reads as empty (a newer schema is still refused: ``UnsupportedSchema``)."""
 
     def read(name: str) -> Shard | CorruptShard:
         try:
@@ -64,10 +62,6 @@ def _sound_shards(self: Manifest, damaged: list[DamageNote]) -> dict[str, Shard]
 
 
 def _parts_damage(self: Manifest, entries: Iterable[Entry]) -> list[DamageNote]:
-    """The upload states that ready (and consumed) chunked entries need and that are
-    missing or do not decode. One listing finds those missing; a state is read (once
-    for each entry and checksum: a ready entry's part list never changes) to find it
-    sound."""
     wanted = [e for e in entries if needs_parts(e)]
     if not wanted:
         return []
@@ -104,9 +98,6 @@ def _parts_damage(self: Manifest, entries: Iterable[Entry]) -> list[DamageNote]:
 
 
 def unclaimable(self: Manifest, stage: str) -> str:
-    """Why no entry of ``stage`` is claimable now, in words (what a refusal says): no
-    entries at all, failed entries waiting out a retry backoff (and until when), and
-    that the others are taken, done or waiting for dependencies."""
     entries = list(self.shard(stage).entries.values())
     if not entries:
         return "it has no entries: declare some first"
@@ -128,9 +119,6 @@ def unclaimable(self: Manifest, stage: str) -> str:
 
 
 def status(self: Manifest) -> TaskStatus:
-    """Counts per stage and state; blocked, overdue and dead entries named, file ids
-    the index and the shards disagree about, and manifest objects that are damaged
-    (``damaged``: what they hold is left out of the counts)."""
     damaged: list[DamageNote] = []
     docs = self._sound_shards(damaged)
     index: shard_index.ShardIndex | None
@@ -216,16 +204,6 @@ def wait(
     *,
     on_wait: Callable[[list[str]], None] | None = None,
 ) -> dict[str, State]:
-    """Return once every entry of ``stages`` (default: all) is at least ``until``:
-    ``"ready"`` (ready or consumed) or ``"consumed"``, counting entries declared while
-    waiting; the state of each as it was then (file id -> state).
-
-    Raises ``DeadWaitedFor`` at once when an entry waited for is dead, naming it, and
-    ``WaitTimeout`` (naming those not there yet) after ``timeout`` seconds (None: wait
-    for ever). Polls the stages' shards with conditional GETs (a 304 while nothing
-    changed), 0.2 s apart at first, growing to 2 s. ``on_wait`` is called with the ids
-    still outstanding before the first sleep.
-    """
     wanted = self._wait_plan(stages, until, timeout)
     runtime = self.store.runtime
     start = runtime.monotonic()
@@ -247,7 +225,6 @@ def wait(
 def _wait_plan(
     self: Manifest, stages: Iterable[str] | None, until: str, timeout: float | None
 ) -> list[str]:
-    """The stages waited for, once the arguments are known to be good (no I/O)."""
     if isinstance(stages, str):
         raise InvalidInput(f"stages must be a list of stage names, not the string {stages!r}")
     wanted = list(self.stages if stages is None else dict.fromkeys(stages))
@@ -271,8 +248,6 @@ def _wait_plan(
 def _wait_round(
     self: Manifest, wanted: list[str], until: str
 ) -> tuple[dict[str, State], list[str]]:
-    """One look at the stages: every entry's state, and the ids not there yet;
-    ``DeadWaitedFor`` if one of them is dead."""
     found: dict[str, State] = {}
     for stage in wanted:
         shard = self.shard(stage)
@@ -290,11 +265,6 @@ def _wait_round(
 
 
 def reap(self: Manifest) -> list[Entry]:
-    """Release every expired lease of the task; returns the entries released.
-
-    Any agent may call it at any time: the CAS makes each release happen once. An entry
-    that dies of it has its upload aborted (by the task's commit observer).
-    """
     released: list[Entry] = []
     for shard in self.layout.all_shards(self.stages):
         released += self.docs.commit(
@@ -304,11 +274,6 @@ def reap(self: Manifest) -> list[Entry]:
 
 
 def gc(self: Manifest, dry_run: bool = False, consumed_older_than: float | None = None) -> GcReport:
-    """Remove what no entry references any more (see ``ops.gc``): data of fenced
-    holders, objects of fenced uploads, uploads nobody can adopt, finished probe
-    objects; with ``consumed_older_than`` (seconds) also the data of consumed entries
-    last changed before then, marking them first (``DataRemoved`` on a later read).
-    Safe while agents work; ``dry_run`` removes nothing and reports the same."""
     if consumed_older_than is not None and not (
         isinstance(consumed_older_than, (int, float))
         and not isinstance(consumed_older_than, bool)
