@@ -321,9 +321,10 @@ def test_every_command_prints_one_json_object(
     assert [e["stage"] for e in many["entries"]] == ["collect", "write"]
 
     claims = cli.json("claim", "--stage", "collect", "--agent", "a", "--limit", "5")
-    assert [c["file_id"] for c in claims["claims"]] == ["in/x", "in/y"]
+    # Claims from a split stage come in the order of the partitions the agent looked in.
+    assert sorted(c["file_id"] for c in claims["claims"]) == ["in/x", "in/y"]
     assert all(set(c) == CLAIM_KEYS and c["epoch"] == 1 for c in claims["claims"])
-    first = claims["claims"][0]
+    first = next(c for c in claims["claims"] if c["file_id"] == "in/x")
     renewed = cli.json("renew", "in/x", "--agent", "a", "--epoch", "1")
     assert set(renewed) == CLAIM_KEYS and renewed["lease_expires_at"] >= first["lease_expires_at"]
     failed = cli.json("fail", "in/y", "it broke", "--agent", "a", "--epoch", "1")
