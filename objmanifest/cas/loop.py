@@ -340,18 +340,19 @@ class Documents:
                 if over is not None:
                     with self._guard:
                         self._cache.pop(key, None)
-                landed, since = self._commit(key, codec, batch, over)
+                landed = self._commit(key, codec, batch, over)
         except BaseException as e:
             for member in batch:
                 member.settle(None, e)
             return
-        self._flush_due(key, codec, landed, since)
+        if landed is not None:
+            self._flush_due(key, codec, *landed)
 
     def _commit(
         self, key: str, codec: Codec[T], members: list[_Member[T, Any]], over: str | None = None
-    ) -> tuple[_Version[T] | None, int]:
-        """The version this write landed in (None: nothing to write) and the first version
-        it wrote."""
+    ) -> tuple[_Version[T], _Attempt] | None:
+        """The version this write landed in and the attempt that made it; None when there
+        was nothing to write."""
         runtime = self.store.runtime
         op = runtime.new_id()[:16]
         sent: dict[str, _Attempt] = {}  # commit id -> attempt that may have landed
@@ -366,7 +367,8 @@ class Documents:
             if sent:
                 for commit_id in reversed(codec.commit_ids(current.doc)):
                     if commit_id in sent:
-                        return current, self._landed(key, sent[commit_id])
+                        self._landed(key, sent[commit_id])
+                        return current, sent[commit_id]
             self._store_old_blocks(key, codec, current.doc)
             now = self.store.now()
             applied = self._apply(key, codec, members, f"{op}.{attempt + 1}", current.doc, now)
@@ -375,7 +377,7 @@ class Documents:
                 if validated:
                     for t in tried:
                         t.member.settle(t.result, t.error)
-                    return None, 0
+                    return None
                 current, validated = self._refresh(key, codec, over), True
                 continue
             attempt += 1
@@ -407,7 +409,9 @@ class Documents:
             written_version = _Version(stamped, etag, runtime.monotonic())
             with self._guard:
                 self._cache[key] = written_version
-            return written_version, self._landed(key, _Attempt(commit_id, now, tried))
+            landed = _Attempt(commit_id, now, tried)
+            self._landed(key, landed)
+            return written_version, landed
 
     def _apply(
         self,
@@ -442,11 +446,10 @@ class Documents:
             tried.append(_Tried(member, result, None, True, codec.version(doc), transitions))
         return tried, written
 
-    def _landed(self, key: str, attempt: _Attempt) -> int:
+    def _landed(self, key: str, attempt: _Attempt) -> None:
         """Settle every member of a write that landed; each that changed the object gets
-        the event of its own version. Returns the first version the write made."""
+        the event of its own version."""
         changed = 0
-        first = min((t.version for t in attempt.tried if t.changed and t.version), default=0)
         landed_at = self.store.runtime.monotonic()
         for t in attempt.tried:
             if t.changed:
@@ -464,7 +467,6 @@ class Documents:
             t.member.settle(t.result, t.error)
         self.stats.count("commits", changed)
         self.stats.count("grouped", changed - 1)
-        return first
 
     # -- the journal ---------------------------------------------------------------------
 
@@ -497,15 +499,15 @@ class Documents:
         kept = self._blocks.unstored(key, journal_id, records)
         return codec.with_journal(after, journal_id, [*kept, record])
 
-    def _flush_due(self, key: str, codec: Codec[T], landed: _Version[T] | None, since: int) -> None:
-        """Start writing every whole block the write that landed (its first version
-        ``since``) made whole, unless it is known to be stored."""
-        if landed is None:
-            return
+    def _flush_due(self, key: str, codec: Codec[T], landed: _Version[T], attempt: _Attempt) -> None:
+        """Start writing every whole block the write that landed made whole, unless it is
+        known to be stored."""
         journal = codec.journal(landed.doc)
         if journal is not None:
             journal_id, records = journal
             assert journal_id is not None  # every journaled version was given one
+            # Each member that changed a journaled object made a version with its number.
+            since = min(t.version for t in attempt.tried if t.version is not None)
             self._blocks.write_due(key, journal_id, records, since)
 
     def _store_old_blocks(self, key: str, codec: Codec[T], doc: T) -> None:

@@ -570,3 +570,111 @@ def test_without_a_block_key_no_block_is_ever_started() -> None:
     assert pools == [] and s.faults.calls["put"] == 0
     assert writer.unstored("k", "j", records) == records
     assert writer.unstored("k", "j", []) == []
+
+
+# -- BlockWriter on its own: which blocks it sends, waits for and leaves ------------------------
+
+
+class _LazyFuture(cf.Future[Any]):
+    """A job that runs when somebody waits for its result (or when the test runs it)."""
+
+    def __init__(self, job: Callable[[], Any]) -> None:
+        super().__init__()
+        self.job = job
+
+    def run(self) -> None:
+        if not self.done():
+            self.set_result(self.job())
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.run()
+        return super().result(timeout)
+
+
+class _Lazy(cf.Executor):
+    """Keeps each job until its result is awaited or ``run`` is called."""
+
+    def __init__(self) -> None:
+        self.futures: list[_LazyFuture] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        future = _LazyFuture(lambda: fn(*args, **kwargs))
+        self.futures.append(future)
+        return future
+
+    def run(self) -> None:
+        for future in self.futures:
+            future.run()
+
+
+def block_writer(pool: cf.Executor | None = None) -> tuple[om.MemoryStore, BlockWriter]:
+    executor = pool or _Inline()
+    s = store(f"blocks-{uuid.uuid4().hex[:8]}", replace(DEFAULT, pool=lambda w, n: executor))
+    writer = BlockWriter(s, Stats(), lambda key, jid, first, last: f"b/{key}/{jid}/{first}-{last}")
+    return s, writer
+
+
+def records_to(last: int, first: int = 1) -> list[JournalRecord]:
+    at = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    return [
+        JournalRecord(version=v, commit_id=f"c.{v}", command="renew", actor="ann", at=at)
+        for v in range(first, last + 1)
+    ]
+
+
+def stored_blocks(s: om.MemoryStore) -> list[str]:
+    return sorted(row.key for row in s.list("b/"))
+
+
+def test_store_old_writes_each_whole_block_a_block_before_the_version_once() -> None:
+    s, writer = block_writer()
+    writer.store_old("k", "j", records_to(70), 70)  # block 32 only: 64 is not whole before 71
+    assert stored_blocks(s) == ["b/k/j/1-32"] and s.faults.calls["put"] == 1
+    writer.store_old("k", "j", records_to(70), 70)  # known to be stored: not sent again
+    assert s.faults.calls["put"] == 1
+    # Block 32 stored (passed over first), block 64 due now: the rest are still looked at.
+    writer.store_old("k", "j", records_to(100), 100)
+    assert stored_blocks(s) == ["b/k/j/1-32", "b/k/j/33-64"] and s.faults.calls["put"] == 2
+    assert writer.unstored("k", "j", records_to(100)) == records_to(100, first=65)
+
+
+def test_store_old_leaves_a_block_the_records_do_not_hold_whole_and_an_unjournaled_object() -> None:
+    s, writer = block_writer()
+    writer.store_old("k", None, records_to(100), 100)  # no journal id: nothing to store
+    assert s.faults.calls["put"] == 0
+    writer.store_old("k", "j", records_to(40), 100)  # block 64 holds only 33..40
+    assert stored_blocks(s) == ["b/k/j/1-32"]
+
+
+def test_store_old_waits_for_this_processes_own_writes_of_its_blocks_and_sends_each_once() -> None:
+    lazy = _Lazy()
+    s, writer = block_writer(lazy)
+    writer.write_due("k", "j", records_to(64), 1)  # blocks 32 and 64, in the background
+    assert len(lazy.futures) == 2 and s.faults.calls["put"] == 0
+    writer.store_old("k", "j", records_to(100), 100)
+    # Both were awaited, so the next version drops them, and none was sent twice.
+    assert all(f.done() for f in lazy.futures)
+    assert writer.unstored("k", "j", records_to(100)) == records_to(100, first=65)
+    lazy.run()
+    assert stored_blocks(s) == ["b/k/j/1-32", "b/k/j/33-64"] and s.faults.calls["put"] == 2
+
+
+def test_write_due_sends_the_blocks_this_write_made_whole_and_none_stored() -> None:
+    s, writer = block_writer()
+    writer.write_due("k", "j", records_to(70), 40)  # block 32 was an earlier write's to send
+    assert stored_blocks(s) == ["b/k/j/33-64"] and s.faults.calls["put"] == 1
+
+    s, writer = block_writer()
+    writer.store_old("k", "j", records_to(70), 70)  # block 32 stored; the doc still has it
+    writer.write_due("k", "j", records_to(70), 1)
+    assert stored_blocks(s) == ["b/k/j/1-32", "b/k/j/33-64"] and s.faults.calls["put"] == 2
+
+
+def test_write_due_sends_again_a_block_whose_write_here_failed() -> None:
+    s, writer = block_writer()
+    s.faults.add("put", "b/k/j/1-32", "fail", times=1)
+    writer.write_due("k", "j", records_to(32), 32)  # refused: it stays with the object
+    assert stored_blocks(s) == [] and s.faults.calls["put"] == 1
+    writer.write_due("k", "j", records_to(40), 40)  # made whole earlier, but not stored
+    assert stored_blocks(s) == ["b/k/j/1-32"] and s.faults.calls["put"] == 2
+    assert writer.unstored("k", "j", records_to(40)) == records_to(40, first=33)

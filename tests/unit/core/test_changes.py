@@ -910,6 +910,9 @@ def test_drop_archived_data_marks_archived_consumed_entries_once() -> None:
         **refs,
         "done": refs["done"].model_copy(update={"data_removed_at": NOW}),
     }
+    # Each reason to pass an id over, ahead of the one marked: the rest are still looked at.
+    for skipped in ("x", "dead", "gone"):
+        assert changes.drop_archived_data(before, [skipped, "done"], NOW) == (new, ["done"])
     assert changes.drop_archived_data(before, ["dead", "gone"], NOW) == (None, [])
     assert changes.drop_archived_data(shard(consumed("live")), ["live"], NOW) == (None, [])
     command = commands.DropArchivedData(("done",))
