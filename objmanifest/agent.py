@@ -1,27 +1,26 @@
 """An agent: claims entries, writes their data under a lease, consumes what others made.
 
-Every change goes through the task's CAS loop as a named command from ``core.changes``;
-the only other I/O here is the data itself (``data.transfer`` for one object,
-``data.chunked`` for a chunked entry). Side effects of the transitions an agent causes
-(an upload to abort) run from the task's commit events, not from here.
+Every change goes through the task's CAS loop as a named command from ``core.commands``;
+the data itself goes up through ``engine.producing`` (one object, a chunked upload, a
+batch) and comes back through ``engine.consuming`` (fetched, verified, marked). Side
+effects of the transitions an agent causes (an upload to abort) run from the task's commit
+events, not from here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import overload
 
 from .core import changes, commands, verbs
 from .core.leases import Renewer, held_by_another
-from .core.model import Claim, Entry, State, Stored
+from .core.model import Claim, Entry, Stored
 from .core.names import check_agent, error_text
-from .data import chunked, sources, transfer
+from .data import sources, transfer
+from .engine import consuming, producing
 from .engine.manifest import Manifest
 from .errors import (
     ChecksumMismatch,
@@ -247,7 +246,8 @@ class Agent:
         )
         with renewer:
             try:
-                stored = self._store_data(
+                stored = producing.store_data(
+                    task,
                     claim,
                     data,
                     config,
@@ -259,14 +259,14 @@ class Agent:
             except (LeaseLost, Interrupted):
                 raise
             except ObjManifestError as e:
-                self._raise_if_fenced(claim, renewer.lost, e)
+                producing.raise_if_fenced(self.renew, claim, renewer.lost, e)
                 raise
         interrupted()  # the last checkpoint: past it the ready commit is sent
         try:
             entry = self._finish(claim, stored)
         except LeaseLost:
             if stored.parts_key is None:
-                self._drop_fenced_object(stored.key)
+                producing.drop_fenced_object(task, stored.key)
             raise
         if progress is not None:
             progress(stored.size, stored.size)
@@ -311,7 +311,7 @@ class Agent:
         ``Interrupted`` is raised for the whole batch and every entry stays writing under
         its claim.
         """
-        batch = self._check_batch(claims, datas)
+        batch = producing.check_batch(self.task, self.name, claims, datas)
         if not batch:
             return []
         interrupted = checkpoint(
@@ -323,7 +323,7 @@ class Agent:
         interrupted()
         task = self.task
         config = task.transfer.with_overrides(part_size, concurrency, threshold)
-        leases = _Leases(self, [claim for claim, _ in batch])
+        leases = producing.Leases(self.renew, [claim for claim, _ in batch])
         renewer = Renewer(
             leases.renew, task.lease_seconds / 3, f"{len(batch)}-claims", task.store.runtime
         )
@@ -331,209 +331,18 @@ class Agent:
             in_memory = concurrency is None and all(
                 isinstance(data, (bytes, bytearray, memoryview)) for _, data in batch
             )
-            uploaded = self._upload_many(
-                batch, config, part_size is not None, leases, interrupted, in_memory
+            uploaded = producing.upload_many(
+                task,
+                self.renew,
+                batch,
+                config,
+                part_size is not None,
+                leases,
+                interrupted,
+                in_memory,
             )
         interrupted()  # the last checkpoint: past it the ready commits are sent
-        return self._finish_many(uploaded)
-
-    def _check_batch(
-        self, claims: Iterable[Claim], datas: Iterable[sources.Source]
-    ) -> list[tuple[Claim, sources.Source]]:
-        """The batch as pairs, or the error naming what to change."""
-        if isinstance(claims, Claim):
-            raise InvalidInput(
-                "put_many() takes a list of claims, not one Claim: wrap it in a list ([...]), "
-                "or call put() for one entry"
-            )
-        if isinstance(datas, (bytes, bytearray, memoryview, str, os.PathLike)) or callable(
-            getattr(datas, "read", None)
-        ):
-            raise InvalidInput(
-                f"put_many() takes a list of datas, one per claim, not one "
-                f"{type(datas).__name__}: wrap it in a list ([...]), or call put() for one entry"
-            )
-        claims, datas = list(claims), list(datas)
-        if len(claims) != len(datas):
-            raise InvalidInput(
-                f"put_many() got {len(claims)} claims and {len(datas)} datas: give one data "
-                "per claim, in the same order"
-            )
-        first: dict[str, int] = {}
-        for i, (claim, data) in enumerate(zip(claims, datas, strict=True)):
-            if not isinstance(claim, Claim):
-                raise TypeError(
-                    f"claims[{i}] is a {type(claim).__name__}, not a Claim: pass the claims "
-                    "claim() or claim_many() returned"
-                )
-            if claim.agent != self.name or claim.task_id != self.task.task_id:
-                raise InvalidInput(
-                    f"claims[{i}] on {claim.file_id!r} belongs to agent {claim.agent!r} of task "
-                    f"{claim.task_id!r}, not to {self.name!r} of {self.task.task_id!r}: "
-                    f"call put_many() on the agent that claimed it"
-                )
-            if claim.file_id in first:
-                raise InvalidInput(
-                    f"claims[{first[claim.file_id]}] and claims[{i}] are both on "
-                    f"{claim.file_id!r}: give each entry once per batch"
-                )
-            first[claim.file_id] = i
-            sources.check_source(data, f"put_many() (datas[{i}], for {claim.file_id!r})")
-        routed = [self.task.routed(claim) for claim in claims]
-        return list(zip(routed, datas, strict=True))
-
-    def _upload_many(
-        self,
-        batch: list[tuple[Claim, sources.Source]],
-        config: transfer.TransferConfig,
-        explicit: bool,
-        leases: _Leases,
-        interrupted: Callable[[], None],
-        in_memory: bool = False,
-    ) -> list[tuple[Claim, Stored | Exception]]:
-        """Every claim's data stored, ``config.concurrency`` at a time (``in_memory``: as
-        many as the store has connections, since holding them costs no more memory): where
-        it landed, or the error that kept it from landing."""
-        store = self.task.store
-        wanted = store.connections if in_memory else config.concurrency
-        workers = max(1, min(wanted, store.connections, len(batch)))
-        one_upload = threading.Lock()  # one chunked upload at a time: memory as put()'s
-
-        def one(claim: Claim, data: sources.Source) -> Stored | Exception:
-            try:
-                return self._store_data(
-                    claim,
-                    data,
-                    config,
-                    explicit,
-                    None,
-                    lambda: leases.lost(claim),
-                    one_upload,
-                    interrupted,
-                )
-            except (LeaseLost, Interrupted) as e:
-                return e
-            except ObjManifestError as e:
-                try:
-                    self._raise_if_fenced(claim, leases.lost(claim), e)
-                except LeaseLost as lost:
-                    return lost
-                return e
-            except OSError as e:  # the data's file: missing, a directory, unreadable
-                return e
-
-        with store.runtime.pool(workers, "put-many") as pool:
-            futures = [pool.submit(one, claim, data) for claim, data in batch]
-            return [(claim, f.result()) for (claim, _), f in zip(batch, futures, strict=True)]
-
-    def _finish_many(
-        self, uploaded: list[tuple[Claim, Stored | Exception]]
-    ) -> list[Entry | Exception]:
-        """One ``finish_many`` commit per shard for the claims whose data is stored; a
-        batch over several partitions commits them in parallel (each its own object, so
-        they do not contend), one round trip for the batch rather than one per shard."""
-        task = self.task
-        results: dict[int, Entry | Exception] = {}
-        by_shard: dict[str, list[tuple[int, Claim, Stored]]] = {}
-        for i, (claim, got) in enumerate(uploaded):
-            if isinstance(got, Stored):
-                by_shard.setdefault(claim.shard, []).append((i, claim, got))
-            else:
-                results[i] = got
-
-        def finish(shard: str, items: list[tuple[int, Claim, Stored]]) -> list[Entry | Exception]:
-            finished = tuple((claim, stored) for _, claim, stored in items)
-            done: list[Entry | Exception]
-            try:
-                done = list(
-                    task.docs.commit(
-                        task.layout.shard(shard),
-                        task.codec(shard),
-                        commands.FinishMany(finished, self.name),
-                    )
-                )
-            except ObjManifestError as e:  # the shard's commit failed: each of its claims
-                return [e] * len(items)
-            for (_, _, stored), result in zip(items, done, strict=True):
-                if isinstance(result, LeaseLost) and stored.parts_key is None:
-                    self._drop_fenced_object(stored.key)
-            return done
-
-        groups = list(by_shard.items())
-        if len(groups) <= 1:
-            outcomes = [finish(shard, items) for shard, items in groups]
-        else:
-            workers = max(1, min(len(groups), task.store.connections))
-            with task.store.runtime.pool(workers, "finish-many") as pool:
-                futures = [pool.submit(finish, shard, items) for shard, items in groups]
-                outcomes = [f.result() for f in futures]
-        for (_, items), done in zip(groups, outcomes, strict=True):
-            for (i, _, _), result in zip(items, done, strict=True):
-                results[i] = result
-        return [results[i] for i in range(len(uploaded))]
-
-    def _drop_fenced_object(self, key: str) -> None:
-        """A fenced holder's single object: no entry can ever point at its epoch's key."""
-        try:
-            self.task.store.delete(key)
-        except ObjManifestError as e:
-            log.warning(
-                "could not remove the fenced object %s: %s", self.task.store.describe(key), e
-            )
-
-    def _store_data(
-        self,
-        claim: Claim,
-        data: sources.Source,
-        config: transfer.TransferConfig,
-        explicit: bool,
-        progress: transfer.Progress | None,
-        lost: Callable[[], LeaseLost | None],
-        one_upload: AbstractContextManager[object] | None = None,
-        interrupted: Callable[[], None] = lambda: None,
-    ) -> Stored:
-        """One object for small data, a chunked upload for large data (inside ``one_upload``,
-        which ``put_many`` uses to send one chunked entry at a time). ``lost`` says whether
-        the lease is known to be lost, so a chunked upload stops early; ``interrupted``
-        raises once the caller asked to stop (checked before the data and between parts)."""
-        task = self.task
-
-        def stop() -> None:
-            error = lost()
-            if error is not None:
-                raise error
-            interrupted()
-
-        with sources.open_source(data, config.threshold) as prepared:
-            stop()
-            if prepared.single is not None:
-                key = task.layout.data(claim.stage, claim.file_id, claim.epoch)
-                return transfer.upload(task.store, key, prepared.single)
-            assert prepared.parts is not None
-            with one_upload or contextlib.nullcontext():
-                stored, stats = chunked.upload(
-                    task.uploads,
-                    claim,
-                    prepared.parts,
-                    config,
-                    explicit_part_size=explicit,
-                    progress=progress,
-                    stop=stop,
-                )
-            log.info("%s: %s", claim.file_id, stats)
-            return stored
-
-    def _raise_if_fenced(self, claim: Claim, lost: LeaseLost | None, error: Exception) -> None:
-        """A store error while the lease is lost is reported as the lost lease."""
-        if lost is None:
-            try:
-                self.renew(claim)
-            except LeaseLost as e:
-                lost = e
-            except ObjManifestError:
-                return
-        if lost is not None:
-            raise lost from error
+        return producing.finish_many(task, self.name, uploaded)
 
     def _finish(self, claim: Claim, stored: Stored) -> Entry:
         task = self.task
@@ -649,16 +458,19 @@ class Agent:
             consumer = self._consumer(entry)
             changes.check_consumable(entry, consumer)
             try:
-                result = self._fetch(entry, target, config, part_size, progress, interrupted)
+                result = consuming.fetch(
+                    task, entry, target, config, part_size, progress, interrupted
+                )
             except DataChanged:
                 continue  # produced again while we looked: read the new data
             except ChecksumMismatch as e:
-                raise self._mismatch(entry, e) from None
+                raise consuming.mismatch(task, entry, e, self.name) from None
             except NotFound as e:  # the data is gone: as bad as wrong data, produce it again
                 now = task.entry(file_id)
                 if now.data_removed_at is not None:  # gc removed it after its retention
                     changes.check_consumable(now, consumer)  # raises DataRemoved
-                raise self._mismatch(entry, ChecksumMismatch(f"{file_id!r}: {e}")) from None
+                mismatch = ChecksumMismatch(f"{file_id!r}: {e}")
+                raise consuming.mismatch(task, entry, mismatch, self.name) from None
             except ReadBrokeOff as e:
                 raise StoreError(
                     f"reading the data of {file_id!r} from {task.store.describe(entry.key or '')} "
@@ -667,114 +479,8 @@ class Agent:
             if target is None:
                 interrupted()  # with dest, checked before the file was put in place
             try:
-                marked = self._mark(entry, consumer)
+                marked = consuming.mark(task, entry, consumer, self.name)
             except DataChanged:
                 continue  # produced again while we read it: read the new data
             return result if isinstance(result, bytes) else marked
         raise NotReady(f"{file_id!r} kept being produced again while it was read; try later")
-
-    def _mark(self, entry: Entry, consumer: str) -> Entry:
-        task = self.task
-        key, digest = entry.key, entry.checksum
-        assert key is not None and digest is not None
-        shard = task.layout.shard_of(entry.stage, entry.file_id)
-        try:
-            return task.docs.commit(
-                task.layout.shard(shard),
-                task.codec(shard),
-                commands.Consume(entry.file_id, consumer, key, digest, actor=self.name),
-            )
-        except NotFound:
-            # Archived (before this read, or since): terminal, so there is nothing to mark;
-            # a consumer that had consumed it reads it again, any other is refused.
-            archived = task.entry(entry.file_id)
-            if (archived.key, archived.checksum) != (key, digest):
-                raise
-            if changes.check_consumable(archived, consumer):
-                return archived
-            raise
-
-    def _fetch(
-        self,
-        entry: Entry,
-        dest: transfer.Destination | None,
-        config: transfer.TransferConfig,
-        part_size: int | None,
-        progress: transfer.Progress | None,
-        stop: Callable[[], None],
-    ) -> bytes | Path:
-        store = self.task.store
-        if entry.is_chunked:
-            return chunked.download(
-                self.task.uploads,
-                entry,
-                dest,
-                config,
-                range_size=part_size,
-                progress=progress,
-                stop=stop,
-            )
-        key, digest, size = entry.key, entry.checksum, entry.size
-        assert key is not None and digest is not None and size is not None
-        if dest is None:
-            result: bytes | Path = transfer.download(store, entry.file_id, key, digest, size, stop)
-        else:
-            result = transfer.download_to(store, entry.file_id, key, digest, size, dest, stop)
-        if progress is not None:
-            progress(size, size)
-        return result
-
-    def _mismatch(self, entry: Entry, error: ChecksumMismatch) -> ChecksumMismatch:
-        """Record bad data so it is produced again; the error says what became of it.
-
-        A chunked entry's upload is marked first, so no later holder adopts the bad object
-        back; if that mark cannot be written, the entry is left as it is (the next consumer
-        finds the mismatch again) and the error says so.
-        """
-        task = self.task
-        key, digest = entry.key, entry.checksum
-        assert key is not None and digest is not None
-        try:
-            chunked.reject_data(task.uploads, entry)
-        except ObjManifestError as e:
-            return ChecksumMismatch(
-                f"{error}; the bad data could not be marked ({e}), so the entry was left "
-                "ready: consume it again to retry"
-            )
-        shard = task.layout.shard_of(entry.stage, entry.file_id)
-        failed = task.docs.commit(
-            task.layout.shard(shard),
-            task.codec(shard),
-            commands.Mismatch(
-                entry.file_id, key, digest, error_text(str(error)), task.rules, actor=self.name
-            ),
-        )
-        if failed.state is State.failed:
-            return ChecksumMismatch(
-                f"{error}; the entry is now failed, so it will be produced again"
-            )
-        return ChecksumMismatch(f"{error}; the entry is now {failed.state.value}")
-
-
-class _Leases:
-    """The leases of a ``put_many`` batch, renewed together in the background: each claim
-    by its own commit, a lost one no more (``lost`` says which)."""
-
-    def __init__(self, agent: Agent, claims: list[Claim]) -> None:
-        self._agent = agent
-        self._claims = claims
-        self._lost: dict[str, LeaseLost] = {}
-
-    def renew(self) -> None:
-        for claim in self._claims:
-            if claim.file_id in self._lost:
-                continue
-            try:
-                self._agent.renew(claim)
-            except LeaseLost as e:
-                self._lost[claim.file_id] = e
-            except ObjManifestError as e:  # a passing store fault: try again next round
-                log.warning("renewing the lease on %r failed, will retry: %s", claim.file_id, e)
-
-    def lost(self, claim: Claim) -> LeaseLost | None:
-        return self._lost.get(claim.file_id)

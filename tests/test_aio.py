@@ -215,6 +215,7 @@ def test_wait_returns_once_the_stage_is_ready_and_times_out_otherwise(
             found = await waiter
             assert found == dict.fromkeys(["f0", "f1", "f2"], om.State.ready)
             assert sorted(outstanding[0]) == ["f0", "f1", "f2"]
+            assert await task.outstanding(["collect"]) == (found, [])
             with pytest.raises(om.InvalidInput):
                 await task.wait("collect")
 

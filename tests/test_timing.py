@@ -211,6 +211,29 @@ def test_wait_refuses_bad_arguments(task: om.Task) -> None:
         task.wait(timeout=-1)
 
 
+def test_outstanding_is_one_look_at_what_wait_waits_for(store: om.ObjectStore) -> None:
+    task = om.Task.create(store, "job", stages=["a", "b"], max_retries=0)
+    assert task.outstanding() == ({}, [])
+    task.declare_many([("r", "a"), ("p", "a"), ("q", "b")])
+    produce(task, "r")
+    assert task.outstanding(["a"]) == ({"r": om.State.ready, "p": om.State.pending}, ["p"])
+    assert sorted(task.outstanding(["a"], until="consumed")[1]) == ["p", "r"]
+    found, waiting = task.outstanding()
+    assert set(found) == {"r", "p", "q"} and sorted(waiting) == ["p", "q"]
+    assert task.outstanding(iter(["a", "a"]))[1] == ["p"]  # any iterable, each stage once
+    fail_once(task, "q")
+    with pytest.raises(om.DeadWaitedFor) as dead:
+        task.outstanding(["b"])
+    assert dead.value.file_ids == ("q",)
+    assert task.outstanding(["a"])[1] == ["p"]  # the dead entry is of another stage
+    with pytest.raises(om.InvalidInput, match="until must be 'ready' or 'consumed'"):
+        task.outstanding(until="done")
+    with pytest.raises(om.NotFound, match="its stages are a, b"):
+        task.outstanding(["nope"])
+    with pytest.raises(om.InvalidInput, match="not the string"):
+        task.outstanding("a")
+
+
 # -- the command line ----------------------------------------------------------------------
 
 

@@ -41,7 +41,7 @@ from ..data.chunked import Scope, sweep
 from ..data.chunked.state import UploadCodec
 from ..data.effects import TransitionEffects
 from ..data.transfer import TransferConfig
-from ..errors import NotFound, WaitTimeout
+from ..errors import NotFound
 from ..journal.history import Dropped, History, Lineage, Transition
 from ..ops import deletion
 from ..ops.archive import Archives
@@ -50,7 +50,6 @@ from ..ops.reports import RepairReport
 from ..store import ObjectStore
 from . import declaring, journaling, opening, operations, reads, status
 from .commands import Migratable
-from .settings import some_ids
 
 M = TypeVar("M", bound="Manifest")
 
@@ -419,28 +418,13 @@ class Manifest:
         """
         return status.wait(self, stages, until, timeout, on_wait=on_wait)
 
-    # The parts of ``wait``, shared with ``objmanifest.aio`` (which sleeps on its loop).
-
-    def _wait_plan(
-        self, stages: Iterable[str] | None, until: str, timeout: float | None
-    ) -> list[str]:
-        """The stages waited for, once the arguments are known to be good (no I/O)."""
-        return status._wait_plan(self, stages, until, timeout)
-
-    def _wait_round(self, wanted: list[str], until: str) -> tuple[dict[str, State], list[str]]:
-        """One look at the stages: every entry's state, and the ids not there yet;
-        ``DeadWaitedFor`` if one of them is dead."""
-        return status._wait_round(self, wanted, until)
-
-    @staticmethod
-    def _wait_timeout(
-        wanted: list[str], until: str, timeout: float | None, waiting: list[str]
-    ) -> WaitTimeout:
-        return WaitTimeout(
-            f"timed out after {timeout:g}s waiting for {len(waiting)} entries of "
-            f"{', '.join(wanted)} to be {until}: {some_ids(waiting)}",
-            tuple(waiting),
-        )
+    def outstanding(
+        self, stages: Iterable[str] | None = None, until: str = "ready"
+    ) -> tuple[dict[str, State], list[str]]:
+        """One look at what ``wait`` waits for, without waiting: the state of every entry of
+        ``stages`` (default: all; file id -> state) and the ids not yet ``until``.
+        Raises ``DeadWaitedFor`` when one of them is dead, as ``wait`` does."""
+        return status.outstanding(self, stages, until)
 
     def reap(self) -> list[Entry]:
         """Release every expired lease of the task; returns the entries released.

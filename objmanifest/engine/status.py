@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import shard_index
@@ -27,6 +28,7 @@ from ..errors import (
     InvalidInput,
     NotFound,
     UnsupportedSchema,
+    WaitTimeout,
 )
 from ..ops.gc import Collector, GcReport
 from ..store import list_keys
@@ -196,6 +198,46 @@ def status(self: Manifest) -> TaskStatus:
     )
 
 
+@dataclass(frozen=True)
+class WaitPlan:
+    """What a wait waits for, its arguments checked (no I/O): ``Task.wait`` and
+    ``AsyncTask.wait`` (which sleeps on its event loop) share it."""
+
+    stages: tuple[str, ...]
+    until: str
+    timeout: float | None
+
+    @classmethod
+    def of(
+        cls, task: Manifest, stages: Iterable[str] | None, until: str, timeout: float | None
+    ) -> WaitPlan:
+        if isinstance(stages, str):
+            raise InvalidInput(f"stages must be a list of stage names, not the string {stages!r}")
+        wanted = tuple(task.stages if stages is None else dict.fromkeys(stages))
+        for stage in wanted:
+            task.check_stage(stage)
+        if until not in states.UNTIL:
+            raise InvalidInput(f"until must be 'ready' or 'consumed', not {until!r}")
+        if timeout is not None and not (
+            isinstance(timeout, (int, float))
+            and not isinstance(timeout, bool)
+            and math.isfinite(timeout)
+            and timeout >= 0
+        ):
+            raise InvalidInput(
+                f"timeout must be a finite number of seconds from 0, or None to wait for "
+                f"ever, not {timeout!r}"
+            )
+        return cls(wanted, until, timeout)
+
+    def timed_out(self, waiting: list[str]) -> WaitTimeout:
+        return WaitTimeout(
+            f"timed out after {self.timeout:g}s waiting for {len(waiting)} entries of "
+            f"{', '.join(self.stages)} to be {self.until}: {some_ids(waiting)}",
+            tuple(waiting),
+        )
+
+
 def wait(
     self: Manifest,
     stages: Iterable[str] | None = None,
@@ -204,17 +246,17 @@ def wait(
     *,
     on_wait: Callable[[list[str]], None] | None = None,
 ) -> dict[str, State]:
-    wanted = self._wait_plan(stages, until, timeout)
+    plan = WaitPlan.of(self, stages, until, timeout)
     runtime = self.store.runtime
     start = runtime.monotonic()
     delay = WAIT_FIRST_DELAY
     while True:
-        found, waiting = self._wait_round(wanted, until)
+        found, waiting = look(self, plan)
         if not waiting:
             return found
         remaining = math.inf if timeout is None else start + timeout - runtime.monotonic()
         if remaining <= 0:
-            raise self._wait_timeout(wanted, until, timeout, waiting)
+            raise plan.timed_out(waiting)
         if on_wait is not None:
             on_wait(waiting)
             on_wait = None
@@ -222,42 +264,25 @@ def wait(
         delay = min(delay * WAIT_GROWTH, WAIT_MAX_DELAY)
 
 
-def _wait_plan(
-    self: Manifest, stages: Iterable[str] | None, until: str, timeout: float | None
-) -> list[str]:
-    if isinstance(stages, str):
-        raise InvalidInput(f"stages must be a list of stage names, not the string {stages!r}")
-    wanted = list(self.stages if stages is None else dict.fromkeys(stages))
-    for stage in wanted:
-        self._check_stage(stage)
-    if until not in states.UNTIL:
-        raise InvalidInput(f"until must be 'ready' or 'consumed', not {until!r}")
-    if timeout is not None and not (
-        isinstance(timeout, (int, float))
-        and not isinstance(timeout, bool)
-        and math.isfinite(timeout)
-        and timeout >= 0
-    ):
-        raise InvalidInput(
-            f"timeout must be a finite number of seconds from 0, or None to wait for "
-            f"ever, not {timeout!r}"
-        )
-    return wanted
-
-
-def _wait_round(
-    self: Manifest, wanted: list[str], until: str
+def outstanding(
+    self: Manifest, stages: Iterable[str] | None, until: str
 ) -> tuple[dict[str, State], list[str]]:
+    return look(self, WaitPlan.of(self, stages, until, None))
+
+
+def look(self: Manifest, plan: WaitPlan) -> tuple[dict[str, State], list[str]]:
+    """One look at the stages of ``plan``: every entry's state, and the ids not there yet;
+    ``DeadWaitedFor`` if one of them is dead."""
     found: dict[str, State] = {}
-    for stage in wanted:
+    for stage in plan.stages:
         shard = self.shard(stage)
         found.update({fid: ref.state for fid, ref in (shard.archived or {}).items()})
         found.update({fid: e.state for fid, e in shard.entries.items()})
-    waiting, dead = states.outstanding(found, until)
+    waiting, dead = states.outstanding(found, plan.until)
     if dead:
         raise DeadWaitedFor(
-            f"{some_ids(dead)} of {', '.join(wanted)} {'is' if len(dead) == 1 else 'are'} "
-            f"dead, so waiting for them to be {until} would never end: revive "
+            f"{some_ids(dead)} of {', '.join(plan.stages)} {'is' if len(dead) == 1 else 'are'} "
+            f"dead, so waiting for them to be {plan.until} would never end: revive "
             "(`objmanifest revive`) or undeclare them, or stop waiting for them",
             tuple(dead),
         )

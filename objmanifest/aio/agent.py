@@ -1,0 +1,223 @@
+"""``AsyncAgent``: the ``Agent`` API as coroutines; a put or consume that is cancelled
+stops its thread at the next checkpoint, and a claim that landed unwanted is released."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from typing import TypeVar, overload
+
+from ..agent import Agent
+from ..core.model import (
+    Claim,
+    Entry,
+)
+from ..data import sources, transfer
+from ..errors import Interrupted, ObjManifestError
+from .pool import Pool
+
+log = logging.getLogger("objmanifest.aio")
+
+T = TypeVar("T")
+
+
+class AsyncAgent:
+    """An ``Agent`` whose calls are coroutines, run in its task's pool (``task.agent``).
+
+    ``progress`` callbacks are called in the pool's threads.
+    """
+
+    def __init__(self, agent: Agent, pool: Pool) -> None:
+        self.agent = agent
+        self._pool = pool
+
+    def __repr__(self) -> str:
+        return f"Async{self.agent!r}"
+
+    @property
+    def name(self) -> str:
+        return self.agent.name
+
+    @property
+    def role(self) -> str:
+        return self.agent.role
+
+    # -- claiming ----------------------------------------------------------------------
+
+    async def claim(self, file_id: str | None = None, *, stage: str | None = None) -> Claim | None:
+        """``Agent.claim``; cancelled after the claim landed, it is released."""
+        return await self._pool.run(
+            lambda: self.agent.claim(file_id, stage=stage), cancelled=self._release_landed
+        )
+
+    async def claim_many(self, stage: str, limit: int = 50) -> list[Claim]:
+        """``Agent.claim_many``; cancelled after the claims landed, they are released."""
+        return await self._pool.run(
+            lambda: self.agent.claim_many(stage, limit), cancelled=self._release_landed
+        )
+
+    async def _release_landed(self, outcome: object) -> None:
+        """Claims nobody will hold, released before the cancellation goes on."""
+        landed = [outcome] if isinstance(outcome, Claim) else outcome
+        if isinstance(landed, list):
+            claims = [c for c in landed if isinstance(c, Claim)]
+            for claim in claims:
+                await self._pool.settle(functools.partial(self._release_quietly, claim))
+
+    def _release_quietly(self, claim: Claim) -> None:
+        try:
+            self.agent.release(claim)
+            log.info("released %r: its claim landed after the claim was cancelled", claim.file_id)
+        except ObjManifestError as e:
+            log.warning(
+                "could not release %r, claimed after the claim was cancelled (it is free "
+                "once its lease expires): %s",
+                claim.file_id,
+                e,
+            )
+
+    # -- holding -----------------------------------------------------------------------
+
+    async def resume(self, file_id: str, epoch: int) -> Claim:
+        return await self._pool.run(lambda: self.agent.resume(file_id, epoch))
+
+    async def resume_many(self, held: Iterable[tuple[str, int]]) -> list[Claim]:
+        pairs = list(held)
+        return await self._pool.run(lambda: self.agent.resume_many(pairs))
+
+    async def renew(self, claim: Claim) -> Claim:
+        return await self._pool.run(lambda: self.agent.renew(claim))
+
+    async def put(
+        self,
+        claim: Claim,
+        data: sources.Source,
+        *,
+        part_size: int | None = None,
+        concurrency: int | None = None,
+        threshold: int | None = None,
+        progress: transfer.Progress | None = None,
+    ) -> Entry:
+        """``Agent.put``. Cancelled, it stops before the ready commit (the entry stays
+        writing under the claim), or, if the commit was sent, waits for its outcome."""
+        stop = threading.Event()
+        return await self._pool.run(
+            lambda: self.agent.put(
+                claim,
+                data,
+                part_size=part_size,
+                concurrency=concurrency,
+                threshold=threshold,
+                progress=progress,
+                stop=stop,
+            ),
+            stop,
+            lambda outcome: _report(f"put of {claim.file_id!r}", outcome),
+        )
+
+    async def put_many(
+        self,
+        claims: Iterable[Claim],
+        datas: Iterable[sources.Source],
+        *,
+        part_size: int | None = None,
+        concurrency: int | None = None,
+        threshold: int | None = None,
+    ) -> list[Entry | Exception]:
+        """``Agent.put_many``. Cancelled, it stops before the ready commits (every entry
+        stays writing under its claim), or, if they were sent, waits for their outcome."""
+        stop = threading.Event()
+        batch = list(claims) if not isinstance(claims, Claim) else claims
+        return await self._pool.run(
+            lambda: self.agent.put_many(
+                batch,
+                datas,
+                part_size=part_size,
+                concurrency=concurrency,
+                threshold=threshold,
+                stop=stop,
+            ),
+            stop,
+            lambda outcome: _report("put_many", outcome),
+        )
+
+    async def fail(self, claim: Claim, reason: str) -> Entry:
+        return await self._pool.run(lambda: self.agent.fail(claim, reason))
+
+    async def release(self, claim: Claim) -> Entry:
+        return await self._pool.run(lambda: self.agent.release(claim))
+
+    # -- consuming ---------------------------------------------------------------------
+
+    @overload
+    async def consume(
+        self,
+        file_id: str,
+        dest: None = None,
+        *,
+        part_size: int | None = None,
+        concurrency: int | None = None,
+        progress: transfer.Progress | None = None,
+        parents: bool = False,
+    ) -> bytes: ...
+    @overload
+    async def consume(
+        self,
+        file_id: str,
+        dest: str | os.PathLike[str],
+        *,
+        part_size: int | None = None,
+        concurrency: int | None = None,
+        progress: transfer.Progress | None = None,
+        parents: bool = False,
+    ) -> Entry: ...
+
+    async def consume(
+        self,
+        file_id: str,
+        dest: str | os.PathLike[str] | None = None,
+        *,
+        part_size: int | None = None,
+        concurrency: int | None = None,
+        progress: transfer.Progress | None = None,
+        parents: bool = False,
+    ) -> bytes | Entry:
+        """``Agent.consume``. Cancelled, it stops before the data is put in place and
+        marked (nothing at ``dest`` changes), or, if the mark was sent, waits for it."""
+        stop = threading.Event()
+
+        def call() -> bytes | Entry:
+            if dest is None:
+                return self.agent.consume(
+                    file_id,
+                    part_size=part_size,
+                    concurrency=concurrency,
+                    progress=progress,
+                    stop=stop,
+                )
+            return self.agent.consume(
+                file_id,
+                dest,
+                part_size=part_size,
+                concurrency=concurrency,
+                progress=progress,
+                parents=parents,
+                stop=stop,
+            )
+
+        return await self._pool.run(
+            call, stop, lambda outcome: _report(f"consume of {file_id!r}", outcome)
+        )
+
+
+async def _report(what: str, outcome: object) -> None:
+    """What a cancelled transfer's thread ended with."""
+    if isinstance(outcome, Interrupted):
+        log.info("%s was cancelled and stopped before its commit: %s", what, outcome)
+    elif isinstance(outcome, BaseException):
+        log.info("%s was cancelled; its thread ended with %r", what, outcome)
+    else:
+        log.info("%s was cancelled after its commit was sent; the commit landed", what)

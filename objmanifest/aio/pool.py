@@ -1,0 +1,85 @@
+"""The threads the sync calls run in, and the one way a coroutine reaches them: a
+cancelled coroutine waits for its thread, never leaving work running behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import contextlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from ..errors import InvalidInput
+from ..store import ObjectStore
+
+log = logging.getLogger("objmanifest.aio")
+
+T = TypeVar("T")
+
+
+class Pool:
+    """The threads the sync calls run in, and the one way a coroutine reaches them."""
+
+    def __init__(self, executor: cf.Executor, owned: bool) -> None:
+        self.executor = executor
+        self.owned = owned
+
+    @classmethod
+    def of(cls, store: ObjectStore, workers: int | None, executor: cf.Executor | None) -> Pool:
+        """The caller's executor, or one of ``workers`` threads (default: the store's
+        connection pool size, so no thread waits for a connection)."""
+        if executor is not None:
+            return cls(executor, owned=False)
+        count = store.connections if workers is None else workers
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise InvalidInput(
+                f"workers must be a whole number of at least 1, not {workers!r} (None: as many "
+                "as the store has connections)"
+            )
+        return cls(store.runtime.pool(count, "om-aio"), owned=True)
+
+    async def run(
+        self,
+        call: Callable[[], T],
+        stop: threading.Event | None = None,
+        cancelled: Callable[[T | BaseException], Awaitable[None]] | None = None,
+    ) -> T:
+        """``call()`` in a thread. Cancelled: dropped if it never started; else ``stop`` is
+        set and the thread's outcome awaited (and handed to ``cancelled``, awaited too)
+        before the cancellation goes on."""
+        future = self.executor.submit(call)
+        waiting = asyncio.wrap_future(future)
+        try:
+            return await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            if future.cancel():
+                raise  # still queued: nothing was done
+            if stop is not None:
+                stop.set()
+            outcome = await outcome_of(waiting)
+            if cancelled is not None:
+                await outcome_of(asyncio.ensure_future(cancelled(outcome)))
+            raise
+
+    async def settle(self, call: Callable[[], T]) -> T | BaseException:
+        """``call()`` in a thread, run to its end whatever cancels the caller meanwhile
+        (cleaning up after a cancellation)."""
+        return await outcome_of(asyncio.wrap_future(self.executor.submit(call)))
+
+    def close(self) -> None:
+        if self.owned:
+            self.executor.shutdown(wait=False)
+
+
+async def outcome_of(waiting: asyncio.Future[T]) -> T | BaseException:
+    """The result or exception of ``waiting``, once it is done; cancelling the caller
+    meanwhile does not stop the wait (the thread behind it would run on regardless)."""
+    while not waiting.done():
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.shield(waiting)
+    if waiting.cancelled():
+        return asyncio.CancelledError()
+    error = waiting.exception()
+    return error if error is not None else waiting.result()

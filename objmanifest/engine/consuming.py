@@ -1,0 +1,96 @@
+"""How an agent's read of an entry is fetched, verified and marked: the data of one
+object or of a chunked entry, the consumed mark, and bad data recorded so it is produced
+again. ``Agent.consume`` is built on these."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..core import changes, commands
+from ..core.model import Entry, State
+from ..core.names import error_text
+from ..data import chunked, transfer
+from ..errors import ChecksumMismatch, NotFound, ObjManifestError
+from .manifest import Manifest
+
+
+def fetch(
+    task: Manifest,
+    entry: Entry,
+    dest: transfer.Destination | None,
+    config: transfer.TransferConfig,
+    part_size: int | None,
+    progress: transfer.Progress | None,
+    stop: Callable[[], None],
+) -> bytes | Path:
+    store = task.store
+    if entry.is_chunked:
+        return chunked.download(
+            task.uploads,
+            entry,
+            dest,
+            config,
+            range_size=part_size,
+            progress=progress,
+            stop=stop,
+        )
+    key, digest, size = entry.key, entry.checksum, entry.size
+    assert key is not None and digest is not None and size is not None
+    if dest is None:
+        result: bytes | Path = transfer.download(store, entry.file_id, key, digest, size, stop)
+    else:
+        result = transfer.download_to(store, entry.file_id, key, digest, size, dest, stop)
+    if progress is not None:
+        progress(size, size)
+    return result
+
+
+def mark(task: Manifest, entry: Entry, consumer: str, actor: str) -> Entry:
+    key, digest = entry.key, entry.checksum
+    assert key is not None and digest is not None
+    shard = task.layout.shard_of(entry.stage, entry.file_id)
+    try:
+        return task.docs.commit(
+            task.layout.shard(shard),
+            task.codec(shard),
+            commands.Consume(entry.file_id, consumer, key, digest, actor=actor),
+        )
+    except NotFound:
+        # Archived (before this read, or since): terminal, so there is nothing to mark;
+        # a consumer that had consumed it reads it again, any other is refused.
+        archived = task.entry(entry.file_id)
+        if (archived.key, archived.checksum) != (key, digest):
+            raise
+        if changes.check_consumable(archived, consumer):
+            return archived
+        raise
+
+
+def mismatch(task: Manifest, entry: Entry, error: ChecksumMismatch, actor: str) -> ChecksumMismatch:
+    """Record bad data so it is produced again; the error says what became of it.
+
+    A chunked entry's upload is marked first, so no later holder adopts the bad object
+    back; if that mark cannot be written, the entry is left as it is (the next consumer
+    finds the mismatch again) and the error says so.
+    """
+    key, digest = entry.key, entry.checksum
+    assert key is not None and digest is not None
+    try:
+        chunked.reject_data(task.uploads, entry)
+    except ObjManifestError as e:
+        return ChecksumMismatch(
+            f"{error}; the bad data could not be marked ({e}), so the entry was left "
+            "ready: consume it again to retry"
+        )
+    shard = task.layout.shard_of(entry.stage, entry.file_id)
+    failed = task.docs.commit(
+        task.layout.shard(shard),
+        task.codec(shard),
+        commands.Mismatch(
+            entry.file_id, key, digest, error_text(str(error)), task.rules, actor=actor
+        ),
+    )
+    if failed.state is State.failed:
+        return ChecksumMismatch(f"{error}; the entry is now failed, so it will be produced again")
+    return ChecksumMismatch(f"{error}; the entry is now {failed.state.value}")
