@@ -82,7 +82,7 @@ def size_point(results: dict[str, Any], layout: str, entries: int) -> dict[str, 
 
 
 def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's goals, each with what this run measured (None: not measured)."""
+    """The project's goals, each with what this run measured (None: not measured)."""
     out: list[dict[str, Any]] = []
 
     def add(goal: str, value: float | None, target: float, above: bool, detail: str) -> None:

@@ -194,10 +194,10 @@ class TaskMetrics(Collector):
                     family.add_metric([task_id, *values], value)
             yield family
         yield _histogram(task_id, latency)
-        stats = self.task.docs.stats
+        requests = self.task.request_counts()
         for name, doc in STATS:
             family = CounterMetricFamily(f"{PREFIX}cas_{name}", doc, labels=["task"])
-            family.add_metric([task_id], float(getattr(stats, name)))
+            family.add_metric([task_id], float(requests[name]))
             yield family
         yield from self._gauges(task_id, status)
 

@@ -931,7 +931,7 @@ def test_consume_to_a_stdout_that_went_away_can_be_consumed_again(
     """The entry is marked before the bytes are copied to stdout; when the copy fails (the
     reader went away), the same consumer consuming again gets the same data. (A stdout
     closed outright is refused before anything is done:
-    tests/test_hardening_cli.py::test_consume_with_stdout_closed_marks_nothing.)"""
+    tests/test_hostile_input_cli.py::test_consume_with_stdout_closed_marks_nothing.)"""
     task.declare("q", "collect", consumers=consumers)
     data = os.urandom(300_000)
     produce(task, "q", data)

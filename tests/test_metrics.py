@@ -201,3 +201,28 @@ async def scrape(app: Any) -> str:
     await app(scope, receive, send)
     assert sent[0]["status"] == 200
     return b"".join(m.get("body", b"") for m in sent[1:]).decode()
+
+
+def test_request_counts_are_a_snapshot_of_what_the_task_object_sent() -> None:
+    task = om.Task.create(om.MemoryStore("counts", "p"), "job", stages=["a"])
+    assert task.request_counts() == dict.fromkeys(
+        [
+            "commits",
+            "grouped",
+            "conflicts",
+            "reads",
+            "not_modified",
+            "lost_responses",
+            "journal_blocks",
+            "writes",
+        ],
+        0,
+    )
+    task.declare("x", "a")  # the index, then the shard: two commits, two PUTs
+    counts = task.request_counts()
+    assert (counts["commits"], counts["writes"], counts["conflicts"]) == (2, 2, 0)
+    counts["commits"] = 99  # a snapshot: changing it changes nothing
+    task.entry("x")  # reads what it committed: 304s
+    again = task.request_counts()
+    assert again["commits"] == 2 and again["not_modified"] > counts["not_modified"]
+    assert again["reads"] > counts["reads"]

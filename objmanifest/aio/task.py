@@ -169,6 +169,10 @@ class AsyncTask:
         the pool's); hand events to the loop with ``loop.call_soon_threadsafe``."""
         return self.task.subscribe(observer)
 
+    def request_counts(self) -> dict[str, int]:
+        """``Task.request_counts``: a snapshot of counts, no I/O."""
+        return self.task.request_counts()
+
     # -- reading -----------------------------------------------------------------------
 
     async def entry(self, file_id: str) -> Entry:

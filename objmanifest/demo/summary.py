@@ -31,7 +31,7 @@ class Demo(Protocol):
 
 
 def _stat_total(demo: Demo, task: om.Task) -> dict[str, int]:
-    total: dict[str, int] = dict(dataclasses.asdict(task.docs.stats))
+    total: dict[str, int] = task.request_counts()
     for pr in demo.pool.procs:
         for k, n in pr.stats.items():
             total[k] = total.get(k, 0) + int(n)

@@ -300,7 +300,7 @@ class Worker:
             sys.exit(3)
 
     def stats(self) -> dict[str, int]:
-        return dataclasses.asdict(self.task.docs.stats)
+        return self.task.request_counts()
 
 
 def main(argv: list[str] | None = None) -> int:

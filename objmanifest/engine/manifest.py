@@ -10,6 +10,7 @@ whose events the task's observers receive (``Manifest.subscribe``), side effects
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
@@ -240,6 +241,14 @@ class Manifest:
         object, version, command, actor and the entries' transitions); returns the function
         that stops it."""
         return self.observers.subscribe(observer)
+
+    def request_counts(self) -> dict[str, int]:
+        """What this task object's commit loop has done since it was opened, a snapshot:
+        ``commits`` that landed, ``writes`` (the PUTs they took: a group commit's members
+        share one; ``grouped`` counts the rest), ``conflicts`` (lost races), ``reads``,
+        ``not_modified`` (304s), ``lost_responses`` and ``journal_blocks`` written. No I/O."""
+        stats = self.docs.stats
+        return {**dataclasses.asdict(stats), "writes": stats.writes}
 
     # -- reading -------------------------------------------------------------------------
 

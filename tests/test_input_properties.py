@@ -8,7 +8,7 @@ deleted.
 
 The properties run on the pure code (hypothesis, a few hundred examples each, well under a
 second apiece); the damaged objects go through the public API on every backend.
-``tests/test_hardening.py`` has the hand-picked cases these generalise.
+``tests/test_hostile_input.py`` has the hand-picked cases these generalise.
 """
 
 from __future__ import annotations

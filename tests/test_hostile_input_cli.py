@@ -1,5 +1,5 @@
-"""Hostile input through the command line: one line, the right exit code, nothing touched
-(issue "Hardening"). The attack table in docs/cli.md lists what was tried.
+"""Hostile input through the command line: one line, the right exit code, nothing touched.
+The attack table in docs/cli.md lists what was tried.
 
 What needs no store runs ``main()`` in this process; everything else runs ``python -m
 objmanifest`` as a child process against the real servers of ``tests.support.stores``, the
@@ -27,7 +27,7 @@ from objmanifest.cli import main
 from tests.support import rawstore
 from tests.support.faults import FaultProxy
 from tests.support.stores import BUCKET, Server
-from tests.test_hardening import not_s3
+from tests.test_hostile_input import not_s3
 
 pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
 
@@ -645,7 +645,7 @@ def test_a_url_that_carries_a_credential_is_refused_without_showing_it(
             assert "AWS_ACCESS_KEY_ID" in said and "***@" in said
 
 
-# -- the paths a newcomer tried (issue "Every documented path") -------------------------
+# -- the paths a newcomer tried ------------------------------------------------------------
 
 
 @MOTO_ONLY

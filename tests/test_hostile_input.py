@@ -1,5 +1,5 @@
 """Hostile input through the Python API: every bad value a clear refusal, nothing of the
-user's touched (issue "Hardening").
+user's touched.
 
 Pure input validation runs on ``MemoryStore``; whatever involves the store (writing a
 consumed file, corrupt or deleted manifest objects, concurrent uploads) runs against the
