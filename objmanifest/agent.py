@@ -9,7 +9,6 @@ events, not from here.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -36,8 +35,6 @@ from .errors import (
     ReadBrokeOff,
     StoreError,
 )
-
-log = logging.getLogger(__name__)
 
 
 def checkpoint(stop: threading.Event | None, what: str) -> Callable[[], None]:

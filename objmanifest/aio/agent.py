@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable
-from typing import TypeVar, overload
+from typing import overload
 
 from ..agent import Agent
 from ..core.model import (
@@ -20,8 +20,6 @@ from ..errors import Interrupted, ObjManifestError
 from .pool import Pool
 
 log = logging.getLogger("objmanifest.aio")
-
-T = TypeVar("T")
 
 
 class AsyncAgent:

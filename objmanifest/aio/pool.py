@@ -6,15 +6,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import contextlib
-import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ..errors import InvalidInput
 from ..store import ObjectStore
-
-log = logging.getLogger("objmanifest.aio")
 
 T = TypeVar("T")
 

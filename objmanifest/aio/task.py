@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import shard_index
 
@@ -33,10 +32,6 @@ from ..store import ObjectStore
 from ..task import Task
 from .agent import AsyncAgent
 from .pool import Pool
-
-log = logging.getLogger("objmanifest.aio")
-
-T = TypeVar("T")
 
 
 class AsyncTask:

@@ -638,7 +638,7 @@ def test_store_old_writes_each_whole_block_a_block_before_the_version_once() -> 
     assert writer.unstored("k", "j", records_to(100)) == records_to(100, first=65)
 
 
-def test_store_old_leaves_a_block_the_records_do_not_hold_whole_and_an_unjournaled_object() -> None:
+def test_store_old_skips_a_block_not_whole_and_an_object_without_a_journal_id() -> None:
     s, writer = block_writer()
     writer.store_old("k", None, records_to(100), 100)  # no journal id: nothing to store
     assert s.faults.calls["put"] == 0
