@@ -116,7 +116,7 @@ MUTANTS = (
         "objmanifest/core/leases.py",
         r"^MARGIN = timedelta\(seconds=2\)",
         "MARGIN = timedelta(seconds=0)",
-        ("tests/test_leases.py::test_a_lease_is_taken_over_only_once_its_2s_margin_has_passed",),
+        ("tests/test_lease_takeover.py::test_a_lease_is_taken_over_only_once_its_2s_margin_has_passed",),
         "a lease may be taken over as soon as it ends",
     ),
     Mutant(
@@ -156,7 +156,7 @@ MUTANTS = (
         "objmanifest/store/s3.py",
         r"return self\.clock\.now\(\)",
         "return datetime.now().astimezone()",
-        ("tests/test_leases.py::test_leases_follow_the_store_clock_not_the_agents",),
+        ("tests/test_lease_takeover.py::test_leases_follow_the_store_clock_not_the_agents",),
         "Store.now() is this machine's wall clock",
     ),
     Mutant(
@@ -165,7 +165,7 @@ MUTANTS = (
         r"if parsed\.kind != \"shard\" or parsed\.stage is None:",
         'if parsed.kind != "shard" or parsed.stage is None or event.command == "reap":',
         (
-            "tests/test_leases.py::test_reaping_a_dead_chunked_entry_aborts_its_upload",
+            "tests/test_lease_takeover.py::test_reaping_a_dead_chunked_entry_aborts_its_upload",
             "tests/test_effects.py::test_every_path_to_dead_aborts_the_upload",
         ),
         "reap does not abort the upload of an entry it made dead",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Mutation testing of the pure core (objmanifest/core/changes.py, states.py, leases.py, verbs.py)
-# and the CAS loop (objmanifest/cas/loop.py) against their fast unit tests (tests/unit and
-# tests/test_states.py), with mutmut. Installs what it needs into a virtualenv, runs every
+# Mutation testing of the pure core (objmanifest/core/changes.py, commands.py, states.py,
+# leases.py, verbs.py) and the CAS loop (objmanifest/cas/loop.py, blocks.py, policy.py) against
+# their fast unit tests (tests/unit), with mutmut; [tool.mutmut] in pyproject.toml lists them. Installs what it needs into a virtualenv, runs every
 # mutant from scratch, prints per module how many were killed, and fails if one survived
 # that docs/mutation.md does not explain as equivalent.
 #
