@@ -105,7 +105,7 @@ MUTANTS = (
     ),
     Mutant(
         "cli-claim-takes-entry-epoch",
-        "objmanifest/cli/holding.py",
+        "objmanifest/engine/declaring.py",
         r"(\bepoch=)epoch,",
         r"\1entry.epoch,",
         ("tests/test_cli.py::test_a_rerun_step_with_a_stale_epoch_is_fenced",),
@@ -122,16 +122,16 @@ MUTANTS = (
     Mutant(
         "cas-believes-stale-refusal",
         "objmanifest/cas/loop.py",
-        r"(except ObjManifestError:\n\s+)if validated:",
-        r"\1if True:",
+        r"(if stamped is None:\n\s+)if validated:",
+        r"\1if validated or any(t.error is not None for t in tried):",
         ("tests/test_views.py::test_a_holder_acting_through_a_stale_view_is_not_refused",),
         "the CAS loop believes a refusal decided on a stale cached version",
     ),
     Mutant(
         "cas-believes-stale-noop",
         "objmanifest/cas/loop.py",
-        r"(if new_doc is None:\n\s+)if validated:",
-        r"\1if True:",
+        r"(if stamped is None:\n\s+)if validated:",
+        r"\1if validated or all(t.error is None for t in tried):",
         ("tests/test_views.py::test_reap_on_a_stale_view_releases_a_lease_it_has_not_seen",),
         "the CAS loop believes 'nothing to write' decided on a stale cached version",
     ),
@@ -162,8 +162,8 @@ MUTANTS = (
     Mutant(
         "reap-keeps-dead-upload",
         "objmanifest/data/effects.py",
-        r"if parsed\.kind != \"shard\" or parsed\.stage is None:",
-        'if parsed.kind != "shard" or parsed.stage is None or event.command == "reap":',
+        r"if parsed\.kind != \"shard\":",
+        'if parsed.kind != "shard" or event.command == "reap":',
         (
             "tests/test_lease_takeover.py::test_reaping_a_dead_chunked_entry_aborts_its_upload",
             "tests/test_effects.py::test_every_path_to_dead_aborts_the_upload",
@@ -173,8 +173,8 @@ MUTANTS = (
     Mutant(
         "takeover-keeps-dead-upload",
         "objmanifest/data/effects.py",
-        r"if parsed\.kind != \"shard\" or parsed\.stage is None:",
-        'if parsed.kind != "shard" or parsed.stage is None or event.command.startswith("claim"):',
+        r"if parsed\.kind != \"shard\":",
+        'if parsed.kind != "shard" or event.command.startswith("claim"):',
         ("tests/test_effects.py::test_every_path_to_dead_aborts_the_upload",),
         "a takeover in claim or claim_many that makes an entry dead keeps its upload",
     ),

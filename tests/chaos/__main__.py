@@ -14,7 +14,7 @@ from tests.chaos.harness import Harness, Settings
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.chaos", description=__doc__.splitlines()[0] if __doc__ else None
+        prog="python -m tests.chaos", description=" ".join(__doc__.split()) if __doc__ else None
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--backend", choices=servers.BACKENDS, default="seaweedfs")

@@ -19,7 +19,7 @@ store's clock, data rotting at rest, agents that die (every call they would stil
 fails) and restart with the same name. Then a drain phase without faults lets every entry
 reach its end, and ``checker.check`` judges the store and the log.
 
-    python -m tests.sim --seeds 0-99
+    python -m tests.support.sim --seeds 0-99
 """
 
 from __future__ import annotations
@@ -1038,7 +1038,9 @@ def _counts(c: Counter[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.sim", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--seeds", default="0-19", help="seeds to run: 0-99, or 1,5,7-9")
     parser.add_argument(
         "--ops", type=int, default=Settings.chaos_ops, help="ops per seed under faults"
