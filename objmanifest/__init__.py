@@ -2,6 +2,9 @@
 
 A manifest beside the data says, for every file, its stage, state, holder, lease, checksum
 and dependencies; it is split into per-stage shards changed only by conditional writes.
+
+This module is the public face: ``__all__`` is what users may rely on. It is never imported
+by a package below the face.
 """
 
 from . import metrics

@@ -1,7 +1,8 @@
 """Cross-shard dependency index for objmanifest.
 
 Maps every file id of a task to its stage (shard) and dependencies, so checking an entry
-reads only the shards it needs. Pure data and (de)serialisation: no S3, no objmanifest.
+reads only the shards it needs. Pure data and (de)serialisation: it never does I/O and
+never imports ``objmanifest`` (the standard library only).
 """
 
 from shard_index._codec import Meta

@@ -374,10 +374,17 @@ def test_the_root_holds_only_the_public_face() -> None:
     assert found <= ROOT_MODULES and len(found) <= 8, found - ROOT_MODULES
 
 
-@pytest.mark.parametrize("package", sorted(p.parent for p in PACKAGE.rglob("__init__.py")), ids=rel)
-def test_every_package_says_what_it_owns(package: Path) -> None:
+@pytest.mark.parametrize(
+    "package",
+    sorted(p.parent for top in (PACKAGE, ROOT / "shard_index") for p in top.rglob("__init__.py")),
+    ids=rel,
+)
+def test_every_package_says_what_it_owns_and_what_it_must_never_do(package: Path) -> None:
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text()))
     assert doc and len(doc.split()) >= 8, f"{rel(package)}/__init__.py needs a docstring"
+    assert re.search(r"\bnever\b", doc, re.IGNORECASE), (
+        f"{rel(package)}/__init__.py: its docstring says what it owns; say what it must never do"
+    )
 
 
 def test_library_modules_stay_under_600_lines() -> None:

@@ -3,7 +3,8 @@
 ``AsyncTask`` and ``AsyncAgent`` wrap a ``Task`` and its ``Agent``: every coroutine hands
 the sync call to a thread pool and awaits it, so the event loop never blocks on the store,
 and everything below (changes, states, leases, layout, the CAS loop, transfers) is the
-one core the sync API uses, with its tests and its guarantees.
+one core the sync API uses, with its tests and its guarantees. It never reaches past the
+public calls of ``Task`` and ``Agent``, and never calls the store on the event loop's thread.
 
 Why a thread pool and not an async S3 client: one store, one CAS loop and one retry and
 fault-handling path, and coroutines of one ``AsyncTask`` share group commits as threads

@@ -6,7 +6,9 @@ agent killed mid-work whose entry another agent takes over, then verifies everyt
 exits 0 only if it is all consistent. ``--endpoint-url`` runs it against any S3.
 
 The command line calls ``add_arguments`` and ``main``; ``python -m objmanifest.demo`` runs
-it standalone.
+it standalone. It is a user of the library like any other: it never changes the manifest
+but through ``Task`` and ``Agent``, and never deletes anything on an endpoint but the
+objects under its own run's task.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """The storage seam (``ObjectStore``) and its two implementations, ``S3Store`` and
-``MemoryStore``; ``connect`` opens either from a URL."""
+``MemoryStore``; ``connect`` opens either from a URL.
+
+It moves objects and never interprets them (no shard, entry or upload is known here; the
+IAM policies take the task's prefixes from ``core.layout``), and it never lets a backend's
+quirk or exception out: callers see ``ObjectStore``'s calls, the public errors and the
+outcomes of ``store.errors``."""
 
 from __future__ import annotations
 

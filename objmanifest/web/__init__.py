@@ -10,5 +10,6 @@
   ``/api``, the token gate; ``server.py`` runs it with uvicorn.
 
 Nothing here imports Starlette or uvicorn but ``app.py`` and ``server.py``, so the rest
-works (and is tested) without the extra.
+works (and is tested) without the extra. The page never changes anything in the store,
+never shows a credential, and never answers a request without the token once one is set.
 """
