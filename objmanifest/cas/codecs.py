@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress
 from operator import is_not
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import pydantic_core
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -28,6 +28,7 @@ from ..core.model import (
     SCHEMA_VERSION,
     Archived,
     Entry,
+    Journaled,
     JournalRecord,
     Shard,
     TaskHeader,
@@ -97,24 +98,16 @@ def remembered(commits: tuple[str, ...], commit_id: str) -> tuple[str, ...]:
     return (*commits, commit_id)[-COMMITS_KEPT:]
 
 
-class Versioned(Protocol):
-    """A document the CAS loop stamps: a version counter, its last commit ids, and (from
-    ``JOURNAL_SCHEMA`` on) the journal records it carries."""
-
-    schema_version: int
-    version: int
-    commits: tuple[str, ...]
-    journal_id: str | None
-    journal: tuple[JournalRecord, ...] | None
-
-
-D = TypeVar("D", bound=BaseModel)
+D = TypeVar("D", bound=Journaled)
+"""A versioned document: a pydantic model with a schema version, a version counter, its
+last commit ids and (from ``JOURNAL_SCHEMA`` on) the journal records it carries."""
 
 
 class VersionedCodec(Generic[D]):
     """A pydantic document with ``schema_version``, ``version`` and ``commits`` fields."""
 
-    model: ClassVar[type[BaseModel]]
+    model: type[D]
+    """The document's model (a class attribute of each codec)."""
     schema: ClassVar[int]
     what: ClassVar[str]
     repair: ClassVar[str] = ""
@@ -125,7 +118,7 @@ class VersionedCodec(Generic[D]):
     def decode(self, key: str, body: bytes) -> D:
         data = load_json(key, body, self.schema)
         try:
-            doc: D = self.model.model_validate(data)  # type: ignore[assignment]
+            doc = self.model.model_validate(data)
         except ValidationError as e:
             raise CorruptShard(
                 key, f"does not match the {self.what} schema: {schema_problems(e)}"
@@ -140,31 +133,26 @@ class VersionedCodec(Generic[D]):
         return doc.model_dump_json(exclude_none=True).encode()
 
     def stamp(self, doc: D, commit_id: str) -> D:
-        versioned: Versioned = doc  # type: ignore[assignment]
-        commits = remembered(versioned.commits, commit_id)
-        return doc.model_copy(update={"version": versioned.version + 1, "commits": commits})
+        commits = remembered(doc.commits, commit_id)
+        return doc.model_copy(update={"version": doc.version + 1, "commits": commits})
 
     def commit_ids(self, doc: D) -> Sequence[str]:
-        versioned: Versioned = doc  # type: ignore[assignment]
-        return versioned.commits
+        return doc.commits
 
     def version(self, doc: D) -> int | None:
-        versioned: Versioned = doc  # type: ignore[assignment]
-        return versioned.version
+        return doc.version
 
     def journal(self, doc: D) -> tuple[str | None, tuple[JournalRecord, ...]] | None:
         """The journal id and the records ``doc`` carries; None below ``JOURNAL_SCHEMA``."""
-        versioned: Versioned = doc  # type: ignore[assignment]
-        if versioned.schema_version < JOURNAL_SCHEMA:
+        if doc.schema_version < JOURNAL_SCHEMA:
             return None
-        return versioned.journal_id, versioned.journal or ()
+        return doc.journal_id, doc.journal or ()
 
     def with_journal(self, doc: D, journal_id: str, records: Sequence[JournalRecord]) -> D:
         return doc.model_copy(update={"journal_id": journal_id, "journal": tuple(records)})
 
     def schema_of(self, doc: D) -> int:
-        versioned: Versioned = doc  # type: ignore[assignment]
-        return versioned.schema_version
+        return doc.schema_version
 
     def migrated(self, doc: D, schema_version: int) -> D:
         """``doc`` at a newer schema version (the journal starts with its next version)."""
@@ -312,7 +300,7 @@ field itself: a string's quotes are escaped, so no string can hold it)."""
 class ShardCodec(VersionedCodec[Shard]):
     """A stage's shard; its transitions are the entries a commit changed."""
 
-    model: ClassVar[type[BaseModel]] = Shard
+    model = Shard
     schema: ClassVar[int] = SCHEMA_VERSION
     what: ClassVar[str] = "shard"
     repair: ClassVar[str] = SHARD_REPAIR

@@ -80,15 +80,16 @@ class _Member(Generic[T, R]):
     started: float = 0.0
     """When ``commit`` was called, on the runtime's monotonic clock."""
     done: bool = False
-    result: Any = None
+    result: R = field(init=False, repr=False)
+    """What the command returned (set by ``settle``, with ``error``)."""
     error: BaseException | None = None
     event: CommitEvent | None = None
 
-    def settle(self, result: Any, error: BaseException | None) -> None:
+    def settle(self, result: R, error: BaseException | None) -> None:
         self.result, self.error = result, error
         self.done = True  # last: a caller woken early sees a member settled in full
 
-    def outcome(self, observers: Observers) -> Any:
+    def outcome(self, observers: Observers) -> R:
         """Publish the member's event (if it landed a change), then its result or refusal:
         in its caller's thread, whichever thread wrote it."""
         if self.event is not None:
@@ -316,7 +317,7 @@ class Documents:
         if lane.leader == threading.get_ident():
             # Called again from within this thread's write in flight: it goes alone, first.
             self._write(key, lane, [member])
-            return member.outcome(self.observers)  # type: ignore[no-any-return]
+            return member.outcome(self.observers)
         try:
             lane.join(member)
             batch = lane.lead(member)
@@ -328,7 +329,7 @@ class Documents:
                 self._write(key, lane, batch)
             finally:
                 lane.release()
-        return member.outcome(self.observers)  # type: ignore[no-any-return]
+        return member.outcome(self.observers)
 
     def _write(self, key: str, lane: _Lane, batch: list[_Member[T, Any]]) -> None:
         """Run one write carrying ``batch`` and settle every member; when the write fails,

@@ -281,9 +281,14 @@ class TaskLayout:
         if rest.startswith(SHARDS) and rest.endswith(".json"):
             shard = rest[len(SHARDS) : -len(".json")]
             return Parsed("shard", self.task_id, self.stage_of_shard(shard), shard)
-        for prefix, kind in ((JOURNAL, "journal"), (ARCHIVE, "archive"), (DAMAGED, "damaged")):
+        prefixed: tuple[tuple[str, Kind], ...] = (
+            (JOURNAL, "journal"),
+            (ARCHIVE, "archive"),
+            (DAMAGED, "damaged"),
+        )
+        for prefix, kind in prefixed:
             if rest.startswith(prefix):
-                return Parsed(kind, self.task_id)  # type: ignore[arg-type]
+                return Parsed(kind, self.task_id)
         if rest.startswith(UPLOADS) and rest.endswith(".json"):
             stage, _, file_id = rest[len(UPLOADS) : -len(".json")].partition("/")
             if not file_id:

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel
-
 from ...cas.codecs import UPLOAD_REPAIR, VersionedCodec
 from ...core.events import Change
 from ...core.layout import TaskLayout
@@ -70,7 +68,7 @@ class UploadState(Journaled):
 class UploadCodec(VersionedCodec[UploadState]):
     """How the CAS loop reads, writes and stamps an upload-state object."""
 
-    model: ClassVar[type[BaseModel]] = UploadState
+    model = UploadState
     schema: ClassVar[int] = STATE_SCHEMA
     what: ClassVar[str] = "upload state"
     repair: ClassVar[str] = UPLOAD_REPAIR
