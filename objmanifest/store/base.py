@@ -1,8 +1,10 @@
 """The storage seam: exactly what the manifest needs from an object store, and nothing more.
 
 ``ObjectStore`` is the protocol every backend implements (``S3Store`` over boto3,
-``MemoryStore`` in one process). Keys are relative to the store's prefix. Each backend
-normalises its own quirks, so the layers above see one behaviour:
+``MemoryBackend`` in one process), and ``FaultyStore`` wraps any of them with planned
+faults. Keys are relative to the store's prefix (``PrefixedStore`` turns them into full
+keys and addresses, the same way for every backend). Each backend normalises its own
+quirks, so the layers above see one behaviour:
 
 * a conditional write that lost its race raises ``PreconditionFailed`` (a 409, a 412, or a
   404 on ``If-Match``), a write whose answer was lost raises ``OutcomeUnknown``;
@@ -24,9 +26,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import BinaryIO, Literal, Protocol, TypeVar, runtime_checkable
+from typing import BinaryIO, ClassVar, Literal, Protocol, TypeVar, cast, runtime_checkable
 
-from ..core.runtime import Runtime
+from ..core.runtime import DEFAULT, Runtime
 from ..errors import StoreError
 from .errors import BodyDamaged
 
@@ -222,9 +224,66 @@ def send_whole(send: Callable[[], T], runtime: Runtime, where: str) -> T:
     ) from last
 
 
+def read_whole(body: bytes | BinaryIO | PartBody) -> bytes:
+    """All of a body to write: its bytes, a file object's from its start, or a part
+    stream's ``length`` bytes (a file object may give fewer bytes than asked at a time)."""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body)
+    length = getattr(body, "length", None)
+    body.seek(0)
+    if length is None:
+        return bytes(body.read())
+    chunks: list[bytes] = []
+    while length > 0 and (chunk := body.read(length)):
+        chunks.append(bytes(chunk))
+        length -= len(chunk)
+    return b"".join(chunks)
+
+
 def list_keys(store: ObjectStore, prefix: str) -> Iterator[str]:
     """Every object key under ``prefix``."""
     return (row.key for row in store.list(prefix))
+
+
+class PrefixedStore:
+    """What every backend shares: a bucket (a container, a directory) and a prefix in it.
+
+    Keys given to a store are relative to its prefix; this is the one place that turns
+    them into full keys (``full_key``) and back (``relative``), and into the addresses
+    messages name (``url``, ``describe``), so a backend says only its ``scheme`` and
+    implements the calls."""
+
+    scheme: ClassVar[str]
+
+    def __init__(self, bucket: str, prefix: str = "", runtime: Runtime | None = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.runtime = runtime or DEFAULT
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        """``scheme://bucket/prefix``, for messages."""
+        where = f"{self.scheme}://{self.bucket}"
+        return f"{where}/{self.prefix}" if self.prefix else where
+
+    def full_key(self, key: str) -> str:
+        """``key`` as the bucket knows it: under the prefix."""
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def relative(self, full_key: str) -> str:
+        """A full key under the prefix (from a listing) as the store's callers know it."""
+        return full_key[len(self.full_key("")) :]
+
+    def describe(self, key: str) -> str:
+        """The full address of ``key``, for messages."""
+        return f"{self.scheme}://{self.bucket}/{self.full_key(key)}"
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        """Every object key under ``prefix`` (a backend implements ``list``)."""
+        return list_keys(cast(ObjectStore, self), prefix)
 
 
 class StoreClock:

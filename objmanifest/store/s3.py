@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
 import botocore.exceptions
 
 from ..core import checksum
-from ..core.runtime import DEFAULT, Runtime
+from ..core.runtime import Runtime
 from ..errors import AccessDenied, InvalidInput, NotFound, ReadBrokeOff, StoreError
 from .base import (
     CREATE,
@@ -31,6 +31,7 @@ from .base import (
     Listed,
     PartBody,
     PartsListed,
+    PrefixedStore,
     PutMode,
     StoreClock,
     send_whole,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 
-class S3Store:
+class S3Store(PrefixedStore):
     """One bucket and prefix of an S3 store. Keys passed in are relative to the prefix."""
 
     scheme = "s3"
@@ -65,28 +66,13 @@ class S3Store:
         *,
         runtime: Runtime | None = None,
     ) -> None:
+        super().__init__(bucket, prefix, runtime)
         self.client = client
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.runtime = runtime or DEFAULT
         self.clock = StoreClock(monotonic=self.runtime.monotonic)
-
-    def __repr__(self) -> str:
-        return f"Store({self.url!r})"
-
-    @property
-    def url(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
 
     @property
     def connections(self) -> int:
         return int(getattr(self.client.meta.config, "max_pool_connections", None) or 10)
-
-    def full_key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def describe(self, key: str) -> str:
-        return f"s3://{self.bucket}/{self.full_key(key)}"
 
     def _observe(self, response: Any) -> None:
         self.clock.observe(response.get("ResponseMetadata", {}).get("HTTPHeaders"))
@@ -353,7 +339,6 @@ class S3Store:
         directory tree, so ``a/b`` comes before ``a.json`` there, and only the whole listing
         can be put in order. A page's common prefixes are merged with its keys.
         """
-        base = len(self.full_key(""))
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.full_key(prefix)}
         if delimiter:
             kwargs["Delimiter"] = delimiter
@@ -362,18 +347,14 @@ class S3Store:
             request = dict(kwargs)
             page = self._call("list", prefix, partial(self.client.list_objects_v2, **request))
             for item in page.get("Contents", []):
-                rows[item["Key"]] = Listed(item["Key"][base:])
+                rows[item["Key"]] = Listed(self.relative(item["Key"]))
             for common in page.get("CommonPrefixes", []):
-                rows[common["Prefix"]] = Listed(common["Prefix"][base:], True)
+                rows[common["Prefix"]] = Listed(self.relative(common["Prefix"]), True)
             if not page.get("IsTruncated"):
                 break
             kwargs["ContinuationToken"] = page["NextContinuationToken"]
         for key in sorted(rows):
             yield rows[key]
-
-    def list_keys(self, prefix: str) -> Iterator[str]:
-        """Every object key under ``prefix``."""
-        return (row.key for row in self.list(prefix))
 
     # -- multipart uploads ----------------------------------------------------------------
 
@@ -527,7 +508,6 @@ class S3Store:
         return True
 
     def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
-        base = len(self.full_key(""))
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.full_key(prefix)}
         while True:
             request = dict(kwargs)
@@ -537,7 +517,7 @@ class S3Store:
                 partial(self.client.list_multipart_uploads, **request),
             )
             for upload in response.get("Uploads", []):
-                yield upload["Key"][base:], upload["UploadId"]
+                yield self.relative(upload["Key"]), upload["UploadId"]
             if not response.get("IsTruncated"):
                 return
             kwargs["KeyMarker"] = response.get("NextKeyMarker", "")
