@@ -31,7 +31,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from objmanifest.core import checksum
-from objmanifest.errors import InvalidInput, NotFound, ReadBrokeOff, StoreError
+from objmanifest.errors import InvalidInput, ObjManifestError, ReadBrokeOff, StoreError
 from objmanifest.store import (
     CREATE,
     OVERWRITE,
@@ -46,7 +46,13 @@ from objmanifest.store import (
     S3Store,
     make_client,
 )
-from objmanifest.store.errors import OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
+from objmanifest.store.errors import (
+    NoSuchObject,
+    OutcomeUnknown,
+    PartsRejected,
+    PreconditionFailed,
+    UploadGone,
+)
 from objmanifest.store.s3_client import CONTINUE_THRESHOLD
 from tests.support.faults import FaultProxy
 from tests.support.stores import BUCKET, Server, backends, refusal_breaks, running, verifies_digests
@@ -276,7 +282,7 @@ def test_an_empty_object(store: ObjectStore) -> None:
     stream.close()
 
 
-def test_missing_objects_are_not_found(store: ObjectStore) -> None:
+def test_missing_objects_are_no_such_object(store: ObjectStore) -> None:
     store.put("there", b"x")
     for call in (
         lambda: store.get("missing"),
@@ -287,19 +293,21 @@ def test_missing_objects_are_not_found(store: ObjectStore) -> None:
         lambda: store.head("there/"),
         lambda: store.head("ther"),
     ):
-        with pytest.raises(NotFound) as info:
+        with pytest.raises(NoSuchObject) as info:
             call()
-        assert type(info.value) is NotFound
-        assert "missing" in str(info.value) or "ther" in str(info.value)
+        assert type(info.value) is NoSuchObject
+        assert not isinstance(info.value, ObjManifestError)  # an outcome, not a user's error
+        assert info.value.address in (store.describe(k) for k in ("missing", "there/", "ther"))
+        assert str(info.value) == f"{info.value.address} does not exist"
 
 
 def test_delete_removes_the_object_and_a_missing_key_is_fine(store: ObjectStore) -> None:
     store.put("doomed", b"bytes")
     store.put("kept", b"bytes")
     assert store.delete("doomed") is None
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.get("doomed")
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("doomed")
     store.delete("doomed")  # again: nothing there, no error
     store.delete("never/was")
@@ -345,9 +353,9 @@ def test_update_needs_the_current_etag(store: ObjectStore) -> None:
     store.delete("doc")
     with pytest.raises(PreconditionFailed):
         store.put("doc", b"v4", mode=PutMode.update(v3))
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.get("doc")
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.get("never")
 
 
@@ -466,7 +474,7 @@ def test_a_delete_whose_answer_is_lost_is_a_store_error_and_applied(
             faulty.store.delete("doomed")
         assert faulty.fired() == 1
     assert "doomed" in str(raised.value)
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("doomed")
 
 
@@ -566,7 +574,7 @@ def test_ranged_reads_return_exactly_the_range(store: ObjectStore) -> None:
     for start, end in [(n, n + 10), (n + 5, n + 6), (n, n)]:  # nothing there to read
         with pytest.raises(StoreError):
             store.open("ranged", (start, end)).read()
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.open("missing", (3, 3))
 
 
@@ -708,7 +716,7 @@ def test_multipart_upload_round_trip(backend: Backend, store: ObjectStore) -> No
     with backend.small_pages(store):
         assert store.list_parts("mp/object", upload_id) == listed
     assert list(store.list_uploads("mp/")) == [("mp/object", upload_id)]
-    with pytest.raises(NotFound):  # nothing is visible before completion
+    with pytest.raises(NoSuchObject):  # nothing is visible before completion
         store.head("mp/object")
 
     store.complete_upload("mp/object", upload_id, etags, mode=CREATE)
@@ -746,7 +754,7 @@ def test_a_completion_naming_a_part_not_stored_is_parts_rejected(store: ObjectSt
         store.complete_upload("parts", upload_id, [md5(b"other bytes")])
     with pytest.raises(PartsRejected):  # part 2 was never uploaded
         store.complete_upload("parts", upload_id, [part, part])
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("parts")
     # The upload is still open: completing it with the right part works.
     assert list(store.list_uploads("parts")) == [("parts", upload_id)]
@@ -767,7 +775,7 @@ def test_an_aborted_upload_is_gone(store: ObjectStore) -> None:
     with pytest.raises(UploadGone):
         store.complete_upload("aborted", upload_id, [part])
     assert list(store.list_uploads("")) == []
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("aborted")
 
 
@@ -811,7 +819,7 @@ def test_a_small_part_before_the_last_is_refused_at_completion(store: ObjectStor
     with pytest.raises(StoreError) as info:
         store.complete_upload("small", upload_id, [first, last])
     assert "5 MiB" in str(info.value)
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("small")
 
 
@@ -892,7 +900,7 @@ def test_through_the_wrapper_a_failed_call_is_not_applied_and_every_call_is_seen
     with pytest.raises(StoreError, match="injected fault") as failed:
         faulty.put("a/k", b"never")
     assert failed.value.args[0] == f"could not put {store.describe('a/k')}: injected fault"
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("a/k")  # not applied
     store.put("b", b"there")
     with pytest.raises(StoreError, match="injected"):

@@ -5,11 +5,12 @@ the keys under a prefix and their addresses every backend shares (``PrefixedStor
 backends (``S3Store`` over boto3, ``MemoryBackend`` in one process), ``FaultyStore``, which
 plans a network's faults around any of them (``MemoryStore`` is it around a
 ``MemoryBackend``), the probe of what a store enforces, least-privilege IAM policies, and
-the store outcomes (``errors.py``: ``PreconditionFailed``, ``OutcomeUnknown`` ...).
+the store outcomes (``errors.py``: ``NoSuchObject``, ``PreconditionFailed`` ...).
 
 Must never: know what a manifest, task, entry or shard is; let a backend's client library,
 quirk or exception out (each is normalised to the seam's outcomes, or a ``StoreError``
-naming the object).
+naming the object); raise a public error that decides for the caller what a missing object
+means (that is ``NoSuchObject``, and each caller says it in its own words).
 """
 
 from __future__ import annotations

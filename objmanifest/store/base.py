@@ -6,16 +6,20 @@ faults. Keys are relative to the store's prefix (``PrefixedStore`` turns them in
 keys and addresses, the same way for every backend). Each backend normalises its own
 quirks, so the layers above see one behaviour:
 
+* ``get``, ``head`` and ``open`` of a missing object raise ``NoSuchObject`` (a store
+  outcome: each caller says what the absence means to it); no other call does (a delete
+  of a missing key is fine, a conditional write on one is a lost race);
 * a conditional write that lost its race raises ``PreconditionFailed`` (a 409, a 412, or a
   404 on ``If-Match``), a write whose answer was lost raises ``OutcomeUnknown``;
-* a missing object raises ``NotFound``, any other fault ``StoreError`` naming the object;
+* any other fault raises ``StoreError`` (or ``AccessDenied``) naming the object;
 * every object written whole carries its MD5 (``Content-MD5``), so a store that verifies it
   refuses a body damaged or cut short on its way (``BodyDamaged``), and the body is sent
   again (``send_whole``): a damaged body is a transient fault, never the caller's;
 * bytes are read through our own ``ByteStream`` (a broken read is ``ReadBrokeOff``);
 * ``now()`` is the store's clock, never the caller's.
 
-Nothing of a backend's client library crosses this line.
+Nothing of a backend's client library crosses this line, and no store outcome crosses the
+layers above it: a user sees only ``objmanifest.errors``.
 """
 
 from __future__ import annotations
@@ -133,13 +137,17 @@ class ObjectStore(Protocol):
     # -- objects --------------------------------------------------------------------------
 
     def get(self, key: str, if_none_match: str | None = None) -> Blob | None:
-        """The object, or None when ``if_none_match`` is still its ETag (no body sent)."""
+        """The object, or None when ``if_none_match`` is still its ETag (no body sent);
+        ``NoSuchObject`` if there is none."""
         ...
 
-    def head(self, key: str) -> Head: ...
+    def head(self, key: str) -> Head:
+        """The object's ETag, size and metadata; ``NoSuchObject`` if there is none."""
+        ...
 
     def open(self, key: str, byte_range: tuple[int, int] | None = None) -> ByteStream:
-        """The object's bytes, or ``[start, end)`` of them, as a stream."""
+        """The object's bytes, or ``[start, end)`` of them, as a stream; ``NoSuchObject``
+        if there is none."""
         ...
 
     def put(
@@ -154,7 +162,9 @@ class ObjectStore(Protocol):
         """Write an object and return its ETag, under ``mode``'s condition."""
         ...
 
-    def delete(self, key: str) -> None: ...
+    def delete(self, key: str) -> None:
+        """Remove the object; a key that holds none is fine."""
+        ...
 
     def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
         """Keys under ``prefix`` in order, every page of them; with a ``delimiter``, keys

@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import BinaryIO, Literal
 
 from ..core.runtime import Runtime
-from ..errors import InvalidInput, NotFound, ReadBrokeOff, StoreError
+from ..errors import InvalidInput, ReadBrokeOff, StoreError
 from .base import (
     CREATE,
     OVERWRITE,
@@ -43,7 +43,7 @@ from .base import (
     read_whole,
     send_whole,
 )
-from .errors import BodyDamaged, OutcomeUnknown
+from .errors import BodyDamaged, NoSuchObject, OutcomeUnknown
 
 UNKNOWN_WHEN_LOST = frozenset({"put", "complete_upload"})
 """The writes whose lost answer is ``OutcomeUnknown``, as ``S3Store`` says it (the calls
@@ -254,7 +254,7 @@ class FaultyStore:
     def _read_lost(self, op: str, key: str, read: Callable[[], object]) -> Exception:
         """A read that reached the store, and whose answer (the object, or that there is
         none) never came back."""
-        with contextlib.suppress(NotFound):
+        with contextlib.suppress(NoSuchObject):
             read()
         return self._answer_lost(op, key)
 

@@ -28,7 +28,7 @@ from typing import BinaryIO
 
 from ..core import checksum
 from ..core.runtime import Runtime
-from ..errors import NotFound, StoreError
+from ..errors import StoreError
 from .base import (
     CREATE,
     OVERWRITE,
@@ -42,7 +42,7 @@ from .base import (
     PutMode,
     read_whole,
 )
-from .errors import PartsRejected, PreconditionFailed, UploadGone
+from .errors import NoSuchObject, PartsRejected, PreconditionFailed, UploadGone
 from .faulty import Faults, FaultyStore
 
 MIN_PART_SIZE = 5 * 1024 * 1024
@@ -113,7 +113,7 @@ class MemoryBackend(PrefixedStore):
         with self._data.lock:
             found = self._data.objects.get(self.full_key(key))
         if found is None:
-            raise NotFound(f"{self.describe(key)} does not exist")
+            raise NoSuchObject(self.describe(key))
         return found
 
     # -- objects --------------------------------------------------------------------------

@@ -5,7 +5,8 @@ and the tests make boto3 clients of their own). Every quirk of the stores
 tested (AWS, SeaweedFS, MinIO, LocalStack, moto) is normalised here: 409, 412 and a 404 on
 ``If-Match`` are all a lost race, a connection that drops after a write was sent is an
 unknown outcome, a body refused as damaged (``BadDigest`` and its kin) is sent again,
-``NoSuchUpload`` is a vanished upload, and every other error becomes a
+``NoSuchKey`` on a read is ``NoSuchObject``, ``NoSuchUpload`` is a vanished upload, and
+every other error becomes a
 ``StoreError`` that names the object and the fix. The store's clock is read from the
 ``Date`` header of every response, errors included.
 """
@@ -22,7 +23,7 @@ import botocore.exceptions
 
 from ..core import checksum
 from ..core.runtime import Runtime
-from ..errors import AccessDenied, InvalidInput, NotFound, ReadBrokeOff, StoreError
+from ..errors import AccessDenied, InvalidInput, ReadBrokeOff, StoreError
 from .base import (
     CREATE,
     OVERWRITE,
@@ -36,7 +37,14 @@ from .base import (
     StoreClock,
     send_whole,
 )
-from .errors import BodyDamaged, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
+from .errors import (
+    BodyDamaged,
+    NoSuchObject,
+    OutcomeUnknown,
+    PartsRejected,
+    PreconditionFailed,
+    UploadGone,
+)
 from .s3_answers import (
     COMPLETE_DAMAGED_CODES,
     CONNECTION_ERRORS,
@@ -51,6 +59,20 @@ from .s3_client import without_credentials
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+
+READS = ("read", "inspect")
+"""The actions (``get``/``open``, ``head``) whose 404 is an object that is not there; on any
+other call a 404 is no answer S3 gives, and an error."""
+
+
+def _missing(code: str, status: int, action: str) -> bool:
+    """Whether an S3 error answer says the object is not there: ``NoSuchKey`` (a HEAD's
+    404 has no code); a 404 of another call without a code is no S3 answer, and
+    ``NoSuchBucket`` no object's."""
+    if status == 404 and code in ("404", "") and action != "inspect":
+        return False
+    return code != "NoSuchBucket" and (code in ("NoSuchKey", "NotFound") or status == 404)
 
 
 class S3Store(PrefixedStore):
@@ -94,8 +116,11 @@ class S3Store(PrefixedStore):
             raise self._not_s3(f"without {name}", action, key)
         return value
 
-    def _fail(self, e: Exception, action: str, key: str) -> StoreError | NotFound | InvalidInput:
-        """Turn a botocore error into one that names the object and the fix."""
+    def _fail(
+        self, e: Exception, action: str, key: str
+    ) -> StoreError | NoSuchObject | InvalidInput:
+        """Turn a botocore error into one that names the object and the fix (a missing
+        object only on a read: ``READS``)."""
         if isinstance(e, botocore.exceptions.ParamValidationError):
             detail = " ".join(str(e).split())
             return InvalidInput(f"cannot {action} {self.describe(key)}: {detail[:300]}")
@@ -110,8 +135,10 @@ class S3Store(PrefixedStore):
                     f"bucket {self.bucket!r} does not exist (while trying to {action} "
                     f"{self.describe(key)}); create it first"
                 )
-            if code in ("NoSuchKey", "NotFound") or status == 404:
-                return NotFound(f"{self.describe(key)} does not exist")
+            if _missing(code, status, action):
+                if action in READS:
+                    return NoSuchObject(self.describe(key))
+                return StoreError(f"could not {action} {self.describe(key)}: {code or status}")
             if code == "AccessDenied":
                 return AccessDenied(
                     f"the store refused to {action} {self.describe(key)} (AccessDenied): "
@@ -155,6 +182,7 @@ class S3Store(PrefixedStore):
         write: bool = False,
         resent: bool = False,
         damaged: frozenset[str] = DAMAGED_CODES,
+        gone_is_race: bool = False,
     ) -> Any:
         """Run one request and map its outcome.
 
@@ -162,7 +190,8 @@ class S3Store(PrefixedStore):
         upload is ``UploadGone`` and a rejected part list ``PartsRejected``; ``write``: a
         connection lost after sending is ``OutcomeUnknown``; ``resent``: a body refused as
         damaged (an error code in ``damaged``) is ``BodyDamaged`` (the caller sends it
-        again, ``send_whole``).
+        again, ``send_whole``); ``gone_is_race``: a missing object is a lost race too
+        (``If-Match`` on a key that is not there).
         """
         try:
             response = call()
@@ -178,6 +207,10 @@ class S3Store(PrefixedStore):
             if conditional and (status in (409, 412) or code in RACE_CODES):
                 raise PreconditionFailed(
                     f"{self.describe(key)}: {code or status}", answer=f"{status} {code}".strip()
+                ) from e
+            if gone_is_race and _missing(code, status, action):
+                raise PreconditionFailed(
+                    f"{self.describe(key)}: gone", answer=f"{status} {code}".strip()
                 ) from e
             raise self._fail(e, action, key) from e
         except CONNECTION_ERRORS as e:
@@ -280,29 +313,19 @@ class S3Store(PrefixedStore):
             kwargs["IfNoneMatch"] = "*"
         if metadata:
             kwargs["Metadata"] = metadata
-        try:
-            response = send_whole(
-                lambda: self._call(
-                    "write",
-                    key,
-                    lambda: self.client.put_object(**kwargs),
-                    conditional=mode.kind != "overwrite",
-                    write=True,
-                    resent=True,
-                ),
-                self.runtime,
-                self.describe(key),
-            )
-        except NotFound as e:
-            if mode.kind == "update":
-                cause = e.__cause__
-                answer = (
-                    " ".join(str(part) for part in reversed(error_code(cause)))
-                    if isinstance(cause, botocore.exceptions.ClientError)
-                    else "404"
-                )
-                raise PreconditionFailed(f"{self.describe(key)}: gone", answer=answer) from e
-            raise
+        response = send_whole(
+            lambda: self._call(
+                "write",
+                key,
+                lambda: self.client.put_object(**kwargs),
+                conditional=mode.kind != "overwrite",
+                write=True,
+                resent=True,
+                gone_is_race=mode.kind == "update",
+            ),
+            self.runtime,
+            self.describe(key),
+        )
         return str(self._field(response, "ETag", "write", key))
 
     def put_digested(self, key: str, body: bytes, content_md5: str) -> tuple[bool, str]:
@@ -400,7 +423,7 @@ class S3Store(PrefixedStore):
 
         try:
             response = send_whole(send, self.runtime, f"part {number} of {self.describe(key)}")
-        except (StoreError, NotFound) as e:
+        except StoreError as e:
             if self._unclear_but_gone(e, key, upload_id):
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
             raise
@@ -429,7 +452,7 @@ class S3Store(PrefixedStore):
             )
         except UploadGone:
             return True
-        except (StoreError, NotFound):
+        except StoreError:
             return False
         return False
 
@@ -481,7 +504,7 @@ class S3Store(PrefixedStore):
 
         try:
             send_whole(send, self.runtime, f"the completion of {self.describe(key)}")
-        except (StoreError, NotFound) as e:
+        except StoreError as e:
             if self._unclear_but_gone(e, key, upload_id):
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
             raise
