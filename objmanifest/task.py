@@ -14,6 +14,7 @@ from .engine.manifest import Manifest
 from .errors import ObjManifestError
 from .ops.deletion import task_ids
 from .store import ObjectStore
+from .store.errors import NoSuchObject
 
 
 class Task(Manifest):
@@ -37,7 +38,7 @@ class Task(Manifest):
                 blob = store.get(key)
                 assert blob is not None
                 header = HeaderCodec(task_id).decode(key, blob.body)
-            except ObjManifestError:
+            except (NoSuchObject, ObjManifestError):  # deleted since the listing, unreadable
                 continue
             if header.deleting_at is None:
                 found.append(task_id)

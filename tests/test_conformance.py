@@ -4,8 +4,10 @@ Each test gets a fresh ``ObjectStore`` under a prefix of its own, from ``MemoryS
 from every S3 server the run has (moto and SeaweedFS, or the endpoint named by
 ``OBJMANIFEST_TEST_ENDPOINT``), and holds it to the promises of ``objmanifest.store.base``
 with exact assertions. A backend that answers differently has a bug in its implementation
-(``s3.py`` or ``memory.py``), never a reason to loosen a test here. Faults are staged the
-same way for each: ``MemoryStore.faults`` in process, a ``FaultProxy`` in front of a server.
+(``s3.py`` or ``memory.py``), never a reason to loosen a test here. Faults are staged on
+every backend by ``FaultyStore``, the wrapper around any store (``MemoryStore`` is it around
+the in-process backend), and on a server also by a ``FaultProxy`` in front of it, so the
+S3 backend's own reading of a network's faults is held to the same promises.
 
     bash scripts/test.sh -m conformance
 """
@@ -29,12 +31,13 @@ import pytest
 from botocore.exceptions import ClientError
 
 from objmanifest.core import checksum
-from objmanifest.errors import InvalidInput, NotFound, ReadBrokeOff, StoreError
+from objmanifest.errors import InvalidInput, ObjManifestError, ReadBrokeOff, StoreError
 from objmanifest.store import (
     CREATE,
     OVERWRITE,
     Blob,
     ByteStream,
+    FaultyStore,
     Head,
     Listed,
     MemoryStore,
@@ -43,7 +46,13 @@ from objmanifest.store import (
     S3Store,
     make_client,
 )
-from objmanifest.store.errors import OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
+from objmanifest.store.errors import (
+    NoSuchObject,
+    OutcomeUnknown,
+    PartsRejected,
+    PreconditionFailed,
+    UploadGone,
+)
 from objmanifest.store.s3_client import CONTINUE_THRESHOLD
 from tests.support.faults import FaultProxy
 from tests.support.stores import BUCKET, Server, backends, refusal_breaks, running, verifies_digests
@@ -70,6 +79,20 @@ def md5(body: bytes) -> str:
 # -- backends --------------------------------------------------------------------------------
 
 
+INJECTIONS = ("wrapper", "proxy")
+"""How faults reach a backend: ``FaultyStore`` around its store (every backend), or a
+``FaultProxy`` between an S3 store and its server (servers only)."""
+
+
+def faulted(test: Callable[..., None]) -> Callable[..., None]:
+    """Run ``test`` on every backend through the wrapper, and on every server through the
+    proxy too (``backend.injection`` says which)."""
+    cases = [("memory", "wrapper"), *((n, how) for n in backends() for how in INJECTIONS)]
+    return pytest.mark.parametrize(
+        "backend", cases, indirect=True, ids=["-".join(case) for case in cases]
+    )(test)
+
+
 @dataclass
 class Faulty:
     """A store whose next calls can be made to fail the way a network fails them."""
@@ -86,14 +109,21 @@ class Faulty:
     damage: Callable[[str, str, str, int], None]
     """``damage(op, key, how, times)``: the bodies of the next ``times`` ``op`` ("put" or
     "upload_part") of ``key`` are damaged on their way in (``how``: "flip" or "truncate")."""
+    verifies: bool
+    """Whether a whole object damaged on its way is refused (and sent again): always through
+    the wrapper; through the proxy, as the server does (``verifies_digests``)."""
+    refusal_breaks: bool = False
+    """Whether a refused damaged write leaves the object it would replace unreadable."""
 
 
 @dataclass
 class Backend:
-    """One implementation of the seam: ``MemoryStore`` or an S3 server."""
+    """One implementation of the seam: ``MemoryStore`` or an S3 server, and how ``faulty``
+    plans faults on it (``INJECTIONS``)."""
 
     name: str
     server: Server | None = None
+    injection: str = "wrapper"
     _client: Any = field(default=None, repr=False)
 
     def connect(self, prefix: str) -> ObjectStore:
@@ -107,26 +137,33 @@ class Backend:
 
     @contextmanager
     def faulty(self, prefix: str) -> Iterator[Faulty]:
-        """The store at ``prefix``, with faults that can be planned: ``MemoryStore.faults`` for
-        memory, a ``FaultProxy`` (and a client that does not retry) for a server."""
-        if self.server is None:
-            memory = MemoryStore(MEMORY_BUCKET, prefix)
+        """The store at ``prefix``, with faults that can be planned: ``FaultyStore`` around
+        it (``MemoryStore`` is that already), or a ``FaultProxy`` (and a client that does
+        not retry) in front of a server."""
+        if self.injection == "wrapper":
+            wrapped = (
+                MemoryStore(MEMORY_BUCKET, prefix)
+                if self.server is None
+                else FaultyStore(self.connect(prefix))
+            )
+            faults = wrapped.faults
 
-            def lose_memory(op: str, key: str) -> None:
-                memory.faults.add(op, key, effect="lose")
+            def lose(op: str, key: str) -> None:
+                faults.add(op, key, effect="lose")
 
-            def cut_memory(key: str, size: int) -> None:
-                memory.faults.add("open", key, effect="cut")
+            def cut(key: str, size: int) -> None:
+                faults.add("open", key, effect="cut")
 
-            def fired_memory() -> int:
-                return sum(1 - fault.times for fault in memory.faults.planned)
+            def fired() -> int:
+                return sum(1 - fault.times for fault in faults.planned)
 
-            def damage_memory(op: str, key: str, how: str, times: int) -> None:
+            def damage(op: str, key: str, how: str, times: int) -> None:
                 for _ in range(times):  # one fault each: ``fired`` counts faults used up
-                    memory.faults.add(op, key, effect=how)  # type: ignore[arg-type]
+                    faults.add(op, key, effect=how)  # type: ignore[arg-type]
 
-            yield Faulty(memory, lose_memory, cut_memory, fired_memory, damage_memory)
+            yield Faulty(wrapped, lose, cut, fired, damage, verifies=True)
             return
+        assert self.server is not None, "a proxy stands in front of a server"
 
         with FaultProxy(self.server.endpoint_url) as proxy:
             through = S3Store(make_client(proxy.endpoint_url, **NO_RETRY), BUCKET, prefix)
@@ -150,7 +187,15 @@ class Backend:
             def fired_s3() -> int:
                 return proxy.dropped + proxy.cut + len(proxy.damaged)
 
-            yield Faulty(through, lose_s3, cut_s3, fired_s3, damage_s3)
+            yield Faulty(
+                through,
+                lose_s3,
+                cut_s3,
+                fired_s3,
+                damage_s3,
+                verifies=verifies_digests(self.name),
+                refusal_breaks=refusal_breaks(self.name),
+            )
 
     @contextmanager
     def small_pages(self, store: ObjectStore) -> Iterator[None]:
@@ -176,8 +221,10 @@ class Backend:
 
 @pytest.fixture(scope="session", params=["memory", *backends()])
 def backend(request: pytest.FixtureRequest) -> Backend:
-    name = request.param
-    return Backend(name) if name == "memory" else Backend(name, running(name))
+    """A backend by name; a test marked ``faulted`` names how its faults reach it too."""
+    name, injection = request.param if isinstance(request.param, tuple) else (request.param, "")
+    server = None if name == "memory" else running(name)
+    return Backend(name, server, injection or "wrapper")
 
 
 @pytest.fixture(scope="session", params=backends())
@@ -235,7 +282,7 @@ def test_an_empty_object(store: ObjectStore) -> None:
     stream.close()
 
 
-def test_missing_objects_are_not_found(store: ObjectStore) -> None:
+def test_missing_objects_are_no_such_object(store: ObjectStore) -> None:
     store.put("there", b"x")
     for call in (
         lambda: store.get("missing"),
@@ -246,19 +293,21 @@ def test_missing_objects_are_not_found(store: ObjectStore) -> None:
         lambda: store.head("there/"),
         lambda: store.head("ther"),
     ):
-        with pytest.raises(NotFound) as info:
+        with pytest.raises(NoSuchObject) as info:
             call()
-        assert type(info.value) is NotFound
-        assert "missing" in str(info.value) or "ther" in str(info.value)
+        assert type(info.value) is NoSuchObject
+        assert not isinstance(info.value, ObjManifestError)  # an outcome, not a user's error
+        assert info.value.address in (store.describe(k) for k in ("missing", "there/", "ther"))
+        assert str(info.value) == f"{info.value.address} does not exist"
 
 
 def test_delete_removes_the_object_and_a_missing_key_is_fine(store: ObjectStore) -> None:
     store.put("doomed", b"bytes")
     store.put("kept", b"bytes")
     assert store.delete("doomed") is None
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.get("doomed")
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("doomed")
     store.delete("doomed")  # again: nothing there, no error
     store.delete("never/was")
@@ -304,9 +353,9 @@ def test_update_needs_the_current_etag(store: ObjectStore) -> None:
     store.delete("doc")
     with pytest.raises(PreconditionFailed):
         store.put("doc", b"v4", mode=PutMode.update(v3))
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.get("doc")
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.get("never")
 
 
@@ -372,6 +421,7 @@ def test_concurrent_read_modify_update_loses_no_increment(store: ObjectStore) ->
 # -- lost answers --------------------------------------------------------------------------------
 
 
+@faulted
 @pytest.mark.parametrize("kind", ["overwrite", "create", "update"])
 def test_a_write_whose_answer_is_lost_is_outcome_unknown_and_applied(
     backend: Backend, store: ObjectStore, prefix: str, kind: str
@@ -392,6 +442,7 @@ def test_a_write_whose_answer_is_lost_is_outcome_unknown_and_applied(
     assert store.head(key) == Head(blob.etag, len(body), {"kind": kind})
 
 
+@faulted
 def test_a_multipart_completion_whose_answer_is_lost_is_outcome_unknown_and_applied(
     backend: Backend, store: ObjectStore, prefix: str
 ) -> None:
@@ -409,6 +460,7 @@ def test_a_multipart_completion_whose_answer_is_lost_is_outcome_unknown_and_appl
     assert list(store.list_uploads("")) == []
 
 
+@faulted
 def test_a_delete_whose_answer_is_lost_is_a_store_error_and_applied(
     backend: Backend, store: ObjectStore, prefix: str
 ) -> None:
@@ -422,13 +474,14 @@ def test_a_delete_whose_answer_is_lost_is_a_store_error_and_applied(
             faulty.store.delete("doomed")
         assert faulty.fired() == 1
     assert "doomed" in str(raised.value)
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("doomed")
 
 
 # -- bodies damaged on their way ----------------------------------------------------------------
 
 
+@faulted
 @pytest.mark.parametrize("how", ["flip", "truncate"])
 @pytest.mark.parametrize("kind", ["overwrite", "create", "update"])
 def test_a_whole_object_damaged_on_its_way_is_refused_and_sent_again(
@@ -436,7 +489,8 @@ def test_a_whole_object_damaged_on_its_way_is_refused_and_sent_again(
 ) -> None:
     """Every whole-object write carries its Content-MD5: a store that verifies it refuses
     the damaged body (nothing stored), and the store layer sends it again, with the same
-    condition. The moto server does not verify: it stores what arrived (docs/chunked.md)."""
+    condition. The wrapper refuses it as such a store does; the moto server behind the proxy
+    does not verify: it stores what arrived (docs/chunked.md)."""
     key = f"damaged-{kind}-{how}"
     mode = {"overwrite": OVERWRITE, "create": CREATE}.get(kind)
     if mode is None:
@@ -446,9 +500,10 @@ def test_a_whole_object_damaged_on_its_way_is_refused_and_sent_again(
         faulty.damage("put", key, how, 2)
         etag = faulty.store.put(key, body, mode=mode, metadata={"kind": kind})
         fired = faulty.fired()
+        verifies = faulty.verifies
     blob = store.get(key)
     assert blob is not None
-    if verifies_digests(backend.name):
+    if verifies:
         assert fired == 2  # two damaged sends refused, the third landed
         assert (blob.body, blob.etag, blob.metadata) == (body, etag, {"kind": kind})
         assert checksum.bare_etag(etag) == md5(body)
@@ -457,20 +512,22 @@ def test_a_whole_object_damaged_on_its_way_is_refused_and_sent_again(
         assert blob.body != body and checksum.bare_etag(etag) == md5(blob.body)
 
 
+@faulted
 def test_a_body_damaged_at_every_send_is_given_up_and_nothing_is_stored(
     backend: Backend, store: ObjectStore, prefix: str
 ) -> None:
     before = store.put("always", b"before")
     with backend.faulty(prefix) as faulty:
         faulty.damage("put", "always", "flip", 100)
-        if not verifies_digests(backend.name):
+        breaks = faulty.refusal_breaks
+        if not faulty.verifies:
             faulty.store.put("always", b"after", mode=PutMode.update(before))
             assert store.get("always").body != b"after"  # type: ignore[union-attr]
             return
         with pytest.raises(StoreError, match="4 times as damaged on its way"):
             faulty.store.put("always", b"after", mode=PutMode.update(before))
         assert faulty.fired() == 4
-    if refusal_breaks(backend.name):  # LocalStack: the old bytes are gone, its ETag stays
+    if breaks:  # LocalStack: the old bytes are gone, its ETag stays
         with pytest.raises(StoreError, match="broke off"):
             store.get("always")
         assert store.head("always").etag == before
@@ -478,6 +535,7 @@ def test_a_body_damaged_at_every_send_is_given_up_and_nothing_is_stored(
     assert store.get("always") == Blob(b"before", before, {})
 
 
+@faulted
 def test_a_part_damaged_on_its_way_is_stored_with_the_etag_of_what_arrived(
     backend: Backend, store: ObjectStore, prefix: str
 ) -> None:
@@ -516,7 +574,7 @@ def test_ranged_reads_return_exactly_the_range(store: ObjectStore) -> None:
     for start, end in [(n, n + 10), (n + 5, n + 6), (n, n)]:  # nothing there to read
         with pytest.raises(StoreError):
             store.open("ranged", (start, end)).read()
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.open("missing", (3, 3))
 
 
@@ -537,6 +595,7 @@ def test_a_whole_open_streams_everything_in_chunks(store: ObjectStore) -> None:
     assert b"".join(chunks) == body
 
 
+@faulted
 @pytest.mark.parametrize("how", ["chunks", "all-at-once"])
 @pytest.mark.parametrize("byte_range", [None, (1000, 201_000)], ids=["whole", "ranged"])
 def test_a_read_that_breaks_off_raises_read_broke_off(
@@ -657,7 +716,7 @@ def test_multipart_upload_round_trip(backend: Backend, store: ObjectStore) -> No
     with backend.small_pages(store):
         assert store.list_parts("mp/object", upload_id) == listed
     assert list(store.list_uploads("mp/")) == [("mp/object", upload_id)]
-    with pytest.raises(NotFound):  # nothing is visible before completion
+    with pytest.raises(NoSuchObject):  # nothing is visible before completion
         store.head("mp/object")
 
     store.complete_upload("mp/object", upload_id, etags, mode=CREATE)
@@ -695,7 +754,7 @@ def test_a_completion_naming_a_part_not_stored_is_parts_rejected(store: ObjectSt
         store.complete_upload("parts", upload_id, [md5(b"other bytes")])
     with pytest.raises(PartsRejected):  # part 2 was never uploaded
         store.complete_upload("parts", upload_id, [part, part])
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("parts")
     # The upload is still open: completing it with the right part works.
     assert list(store.list_uploads("parts")) == [("parts", upload_id)]
@@ -716,7 +775,7 @@ def test_an_aborted_upload_is_gone(store: ObjectStore) -> None:
     with pytest.raises(UploadGone):
         store.complete_upload("aborted", upload_id, [part])
     assert list(store.list_uploads("")) == []
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("aborted")
 
 
@@ -760,7 +819,7 @@ def test_a_small_part_before_the_last_is_refused_at_completion(store: ObjectStor
     with pytest.raises(StoreError) as info:
         store.complete_upload("small", upload_id, [first, last])
     assert "5 MiB" in str(info.value)
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("small")
 
 
@@ -826,6 +885,86 @@ def test_memory_faults_that_would_never_fire_are_refused(
         store.faults.add(**kw)  # type: ignore[arg-type]
     assert store.faults.planned == []
     store.put("k", b"x")  # nothing planned: it lands
+
+
+def test_through_the_wrapper_a_failed_call_is_not_applied_and_every_call_is_seen(
+    backend: Backend, store: ObjectStore, prefix: str
+) -> None:
+    """``fail`` stops a call before it reaches the backend; hooks see every call first (and
+    one that raises stops it there); ``calls`` counts each by its name: on every backend."""
+    faulty = FaultyStore(backend.connect(prefix))
+    seen: list[tuple[str, str]] = []
+    faulty.faults.hooks.append(lambda op, key: seen.append((op, key)))
+    faulty.faults.add("put", "a/", effect="fail")
+    faulty.faults.add(None, "b", effect="fail", times=2)  # any call on b, twice
+    with pytest.raises(StoreError, match="injected fault") as failed:
+        faulty.put("a/k", b"never")
+    assert failed.value.args[0] == f"could not put {store.describe('a/k')}: injected fault"
+    with pytest.raises(NoSuchObject):
+        store.head("a/k")  # not applied
+    store.put("b", b"there")
+    with pytest.raises(StoreError, match="injected"):
+        faulty.delete("b")
+    with pytest.raises(StoreError, match="injected"):
+        faulty.get("b")
+    assert faulty.get("b") == store.get("b")  # the two faults are used up
+    etag = faulty.put("a/k", b"now")
+    assert store.get("a/k") == Blob(b"now", etag, {})
+    assert list(faulty.list_keys("a/")) == ["a/k"]
+    upload_id = faulty.create_upload("c")
+    assert faulty.abort_upload("c", upload_id) is True
+
+    def refuse(op: str, key: str) -> None:
+        if op == "delete":
+            raise StoreError(f"refused {key} (a hook of its own)")
+
+    faulty.faults.hooks.append(refuse)
+    with pytest.raises(StoreError, match="a hook of its own"):
+        faulty.delete("a/k")
+    assert store.head("a/k").etag == etag  # the backend never saw it
+    assert seen == [
+        ("put", "a/k"),
+        ("delete", "b"),
+        ("get", "b"),
+        ("get", "b"),
+        ("put", "a/k"),
+        ("list", "a/"),
+        ("create_upload", "c"),
+        ("abort_upload", "c"),
+        ("delete", "a/k"),
+    ]
+    assert faulty.faults.calls == {
+        "put": 2,
+        "delete": 1,
+        "get": 2,
+        "list": 1,
+        "create_upload": 1,
+        "abort_upload": 1,
+    }
+    assert (faulty.url, faulty.describe("x")) == (store.url, store.describe("x"))
+
+
+@pytest.mark.parametrize("op", ["get", "head", "open", "list", "list_uploads"])
+def test_through_the_wrapper_a_read_whose_answer_is_lost_is_a_store_error(
+    backend: Backend, store: ObjectStore, prefix: str, op: str
+) -> None:
+    """Reads have no outcome to find out: a lost answer is a ``StoreError`` naming the
+    object, whether the object is there or not, on every backend."""
+    faulty = FaultyStore(backend.connect(prefix))
+    store.put("k", b"bytes")
+    reads: dict[str, Callable[[str], object]] = {
+        "get": faulty.get,
+        "head": faulty.head,
+        "open": lambda key: faulty.open(key).read(),
+        "list": lambda key: list(faulty.list(key)),
+        "list_uploads": lambda key: list(faulty.list_uploads(key)),
+    }
+    for key in ("k", "missing"):
+        faulty.faults.add(op, key, effect="lose")
+        with pytest.raises(StoreError, match="answer lost") as lost:
+            reads[op](key)
+        assert type(lost.value) is StoreError and store.describe(key) in str(lost.value)
+    assert faulty.faults.calls[op] == 2
 
 
 def test_s3_now_is_the_servers_date_asked_under_the_prefix_only(

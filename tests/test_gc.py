@@ -15,6 +15,7 @@ import objmanifest as om
 from objmanifest.core.model import Stored
 from objmanifest.data import transfer
 from objmanifest.store import PROBE_PREFIX
+from objmanifest.store.errors import NoSuchObject
 from tests.support.breaking import BreakingFile
 from tests.support.rawstore import put as raw_put
 
@@ -29,7 +30,7 @@ def exists(task: om.Task, key: str) -> bool:
     try:
         task.store.head(key)
         return True
-    except om.NotFound:
+    except NoSuchObject:
         return False
 
 

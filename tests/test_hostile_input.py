@@ -24,6 +24,7 @@ import pytest
 
 import objmanifest as om
 from objmanifest.core.names import MAX_AGENT_BYTES, MAX_ERROR_CHARS
+from objmanifest.store.errors import NoSuchObject
 from tests.support import rawstore
 
 MiB = 1024 * 1024
@@ -467,14 +468,14 @@ def test_the_loser_of_two_concurrent_puts_of_one_claim_aborts_its_upload(
     state_key = task.layout.upload_state("make", "big")
 
     def after(store: om.ObjectStore, method: str, done: threading.Event, key: str) -> None:
-        """Set ``done`` once ``method`` on ``key`` has answered (a read, even NotFound; a
+        """Set ``done`` once ``method`` on ``key`` has answered (a read, even NoSuchObject; a
         write only when it landed)."""
         original: Callable[..., Any] = getattr(store, method)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
                 result = original(*args, **kwargs)
-            except om.NotFound:
+            except NoSuchObject:
                 if args[0] == key and method == "get":
                     done.set()
                 raise

@@ -25,7 +25,7 @@ import pytest
 
 import objmanifest as om
 from objmanifest.cli import main
-from objmanifest.store import PROBE_PREFIX, PutMode
+from objmanifest.store import PROBE_PREFIX, MemoryBackend, PutMode
 from objmanifest.store.errors import PreconditionFailed
 from objmanifest.store.probe import (
     CREATE_RACE,
@@ -48,7 +48,7 @@ def racing() -> bool:
     return threading.current_thread().name.startswith(RACER_THREADS)
 
 
-class CheckThenWrite(om.MemoryStore):
+class CheckThenWrite(MemoryBackend):
     """Checks a conditional write's condition, then writes, with nothing between: each
     write alone is right, but the probe's racers all pass the check before any writes (a
     barrier holds them between the two), so all of them win."""
@@ -67,7 +67,7 @@ class CheckThenWrite(om.MemoryStore):
         return super().put(key, body, mode=om.store.OVERWRITE, **kw)
 
 
-class UpdatesMissingKeys(om.MemoryStore):
+class UpdatesMissingKeys(MemoryBackend):
     """``If-Match`` on a missing key writes it (a MinIO release did)."""
 
     def put(self, key: str, body: Any, *, mode: PutMode = om.store.OVERWRITE, **kw: Any) -> str:
@@ -78,7 +78,7 @@ class UpdatesMissingKeys(om.MemoryStore):
         return super().put(key, body, mode=mode, **kw)
 
 
-class RefusesRacers(om.MemoryStore):
+class RefusesRacers(MemoryBackend):
     """Answers 409 to the first ``refusals`` racing writes without applying them."""
 
     def __init__(self, *args: Any, refusals: int, **kw: Any) -> None:

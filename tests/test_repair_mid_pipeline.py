@@ -14,6 +14,7 @@ import pytest
 import objmanifest as om
 from objmanifest.cas.blocks import BLOCK
 from objmanifest.ops.replay import RECORDS_AT_RISK
+from objmanifest.store.errors import NoSuchObject
 from tests.support.rawstore import delete as raw_delete
 from tests.support.rawstore import get as raw_get
 from tests.support.rawstore import put as raw_put
@@ -138,7 +139,7 @@ def test_a_damaged_shard_is_rebuilt_from_its_journal(store: om.ObjectStore, how:
     dry = reopened.repair(dry_run=True)
     assert dry.dry_run and [o.action for o in dry.objects] == ["would rebuild"]
     if damaged is None:
-        with pytest.raises(om.NotFound):
+        with pytest.raises(NoSuchObject):
             store.head(key)
     else:
         assert raw_get(store, key) == damaged

@@ -16,8 +16,8 @@ from datetime import timedelta
 import pytest
 
 from objmanifest.core.model import State
-from objmanifest.errors import LeaseLost, NotFound
-from objmanifest.store.errors import OutcomeUnknown
+from objmanifest.errors import LeaseLost
+from objmanifest.store.errors import NoSuchObject, OutcomeUnknown
 from objmanifest.store.memory import MemoryStore
 from objmanifest.task import Task
 from tests.support import checker, sim
@@ -103,7 +103,7 @@ def test_a_fenced_put_whose_cleanup_delete_answer_is_lost_is_still_lease_lost(
     with pytest.raises(LeaseLost):
         task.agent("old").put(old, b"late bytes")  # type: ignore[arg-type]
     assert store.faults.calls["delete"] == deletes + 1
-    with pytest.raises(NotFound):  # the delete was applied all the same
+    with pytest.raises(NoSuchObject):  # the delete was applied all the same
         store.head(task.layout.data("make", "a", 1))
 
 
@@ -118,7 +118,7 @@ def test_gc_whose_delete_answer_is_lost_reports_it_and_lets_nothing_out(
     report = task.gc()
     assert len(report.errors) == 1
     assert report.errors[0].startswith(f"could not remove {store.describe(fenced)}: ")
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head(fenced)
     assert task.gc().errors == []
 

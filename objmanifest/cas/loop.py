@@ -43,14 +43,9 @@ from typing import Any, Generic, TypeVar
 
 from ..core.events import Change, CommitEvent, Observers
 from ..core.model import JournalRecord
-from ..errors import (
-    ConflictRetriesExhausted,
-    CorruptShard,
-    NotFound,
-    UnsupportedSchema,
-)
+from ..errors import ConflictRetriesExhausted, CorruptShard, UnsupportedSchema
 from ..store import CREATE, ObjectStore, PutMode
-from ..store.errors import OutcomeUnknown, PreconditionFailed
+from ..store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 from .blocks import BlockKey, BlockWriter
 from .policy import CasPolicy, Codec, Command, Stats
 
@@ -230,7 +225,7 @@ class Documents:
         self.stats.count("reads")
         try:
             blob = self.store.get(key, if_none_match=cached.etag if cached else None)
-        except NotFound:
+        except NoSuchObject:  # not created yet, or deleted: the codec's empty document
             self._cache_from(key, cached, None)
             return _Version(codec.empty(), None)
         if blob is None:

@@ -27,7 +27,7 @@ from ..core.layout import TaskLayout
 from ..core.model import Stored
 from ..errors import AlreadyExists, ChecksumMismatch, InvalidInput, NotFound
 from ..store import CREATE, ByteStream, ObjectStore
-from ..store.errors import OutcomeUnknown, PreconditionFailed
+from ..store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 
 Progress = Callable[[int, "int | None"], None]
 """Called as ``progress(bytes_done, total)``; ``total`` is None for a stream of unknown size."""
@@ -238,10 +238,21 @@ def _write_once(store: ObjectStore, key: str, body: bytes, hexdigest: str) -> bo
             pass
         try:
             head = store.head(key)
-        except NotFound:
+        except NoSuchObject:
             continue  # the write did not land (or the object went): write it again
         return head.metadata.get(META_DIGEST) == hexdigest and head.size == len(body)
     return False
+
+
+def open_data(
+    store: ObjectStore, key: str, byte_range: tuple[int, int] | None = None
+) -> ByteStream:
+    """The bytes of a data object (or ``[start, end)`` of them); ``NotFound`` naming the
+    object if it is not there (removed, or never written)."""
+    try:
+        return store.open(key, byte_range)
+    except NoSuchObject as e:
+        raise NotFound(str(e)) from e
 
 
 def _chunks(stream: ByteStream) -> Iterator[bytes]:
@@ -267,10 +278,11 @@ def download(
     size: int,
     stop: Callable[[], None] = lambda: None,
 ) -> bytes:
-    """The verified bytes of one data object; ``stop`` may raise between chunks."""
+    """The verified bytes of one data object; ``stop`` may raise between chunks.
+    ``NotFound`` naming the object if it is not there."""
     digest = checksum.Digest()
     buf = bytearray()
-    with contextlib.closing(store.open(key)) as stream:
+    with contextlib.closing(open_data(store, key)) as stream:
         for chunk in _chunks(stream):
             stop()
             digest.update(chunk)
@@ -372,7 +384,7 @@ def download_to(
     bytes are verified, before they are put in place)."""
     with writing(dest) as fd:
         digest = checksum.Digest()
-        with contextlib.closing(store.open(key)) as stream:
+        with contextlib.closing(open_data(store, key)) as stream:
             for chunk in _chunks(stream):
                 stop()
                 digest.update(chunk)

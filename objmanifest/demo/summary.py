@@ -8,6 +8,7 @@ from typing import Any, Protocol, TextIO
 import objmanifest as om
 
 from ..core.model import State
+from ..store.errors import NoSuchObject
 from . import display as d
 from . import plan as p
 from . import verify as v
@@ -50,7 +51,7 @@ def _large_file(task: om.Task, entries: dict[str, om.Entry]) -> dict[str, Any]:
     if e is not None and e.key is not None:
         try:
             etag = task.store.head(e.key).etag.strip('"')
-        except om.ObjManifestError:
+        except (NoSuchObject, om.ObjManifestError):
             etag = ""  # gone already: the audit says so
         tail = etag.rpartition("-")[2]
         parts = int(tail) if "-" in etag and tail.isdigit() else 1

@@ -39,7 +39,7 @@ from ..errors import (
 )
 from ..ops import deletion
 from ..store import CREATE, PROBE_PREFIX, ObjectStore, probe_conditional_writes
-from ..store.errors import OutcomeUnknown, PreconditionFailed
+from ..store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 from .settings import check_retention, check_settings, check_timing
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ def open(
     key = TaskLayout(task_id).header
     try:
         blob = store.get(key)
-    except NotFound:
+    except NoSuchObject:
         raise NotFound(
             f"task {task_id!r} does not exist at {store.describe(key)}; "
             "create it with Task.create (or `objmanifest init`)"
@@ -183,7 +183,7 @@ def is_current(self: Manifest) -> bool:
     key = self.layout.header
     try:
         blob = self.store.get(key, if_none_match=self._header_etag)
-    except NotFound:
+    except NoSuchObject:
         return False
     if blob is None:
         return True
@@ -222,7 +222,7 @@ def delete_by_id(
     codec = HeaderCodec(task_id)
     try:
         blob = store.get(layout.header)
-    except NotFound:
+    except NoSuchObject:
         return deletion.remove_leftovers(store, layout)
     assert blob is not None
     try:

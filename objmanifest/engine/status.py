@@ -26,12 +26,12 @@ from ..errors import (
     CorruptShard,
     DeadWaitedFor,
     InvalidInput,
-    NotFound,
     UnsupportedSchema,
     WaitTimeout,
 )
 from ..ops.gc import Collector, GcReport
 from ..store import list_keys
+from ..store.errors import NoSuchObject
 from .attention import attention, timing
 from .settings import PARALLEL_READS, some_ids
 
@@ -81,7 +81,7 @@ def _parts_damage(self: Manifest, entries: Iterable[Entry]) -> list[DamageNote]:
             blob = self.store.get(key)
             assert blob is not None and codec is not None
             codec.decode(key, blob.body)
-        except NotFound:
+        except NoSuchObject:
             return f"it is missing: {entry.file_id!r} ({entry.state.value}) needs its part list"
         except CorruptShard as e:
             return e.detail

@@ -34,6 +34,7 @@ from ..core.model import (
 )
 from ..errors import CorruptShard, NotFound
 from ..store import ObjectStore
+from ..store.errors import NoSuchObject
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +331,7 @@ class History:
                 continue
             try:
                 blob = self.store.get(row.key)
-            except NotFound:
+            except NoSuchObject:  # trimmed since the listing
                 continue
             assert blob is not None
             try:
@@ -345,7 +346,7 @@ class History:
     def _marker(self, key: str) -> RetentionMarker | None:
         try:
             blob = self.store.get(key)
-        except NotFound:
+        except NoSuchObject:  # nothing was dropped yet
             return None
         assert blob is not None
         return decode_marker(key, blob.body, self.store.describe(key))

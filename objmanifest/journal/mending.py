@@ -26,7 +26,7 @@ from ..core.layout import BlockRef, TaskLayout
 from ..core.model import JournalBlock, JournalRecord, LostRange, RetentionMarker
 from ..errors import CorruptShard, NotFound, UnsupportedSchema
 from ..store import CREATE, ObjectStore
-from ..store.errors import PreconditionFailed
+from ..store.errors import NoSuchObject, PreconditionFailed
 from .history import covered, decode_block, decode_marker
 from .retention import MarkerCodec
 
@@ -72,7 +72,7 @@ def _marker(store: ObjectStore, layout: TaskLayout, object_key: str) -> Retentio
     key = layout.journal_retention(object_key)
     try:
         blob = store.get(key)
-    except NotFound:
+    except NoSuchObject:
         return None
     assert blob is not None
     return decode_marker(key, blob.body, store.describe(key))
@@ -103,7 +103,7 @@ def find(
         key = layout.journal_block(object_key, ref.journal_id, ref.first, ref.last)
         try:
             blob = store.get(key)
-        except NotFound:
+        except NoSuchObject:
             continue  # deleted since the listing (a trim): nothing to mend
         assert blob is not None
         try:
@@ -167,7 +167,10 @@ def mend(
     if damage.damage == "corrupt":
         moved = layout.damaged(damage.key, store.now())
         store.put(moved, damage.body, mode=CREATE)
-        blob = store.get(moved)
+        try:
+            blob = store.get(moved)
+        except NoSuchObject as e:  # removed since: nothing was replaced
+            raise NotFound(str(e)) from e
         if blob is None or blob.body != damage.body:
             raise CorruptShard(
                 moved,

@@ -25,6 +25,7 @@ from ..core.layout import BlockRef, TaskLayout
 from ..core.model import DroppedRange, JournalBlock, JournalRecord, RetentionMarker
 from ..errors import NotFound, ObjManifestError
 from ..store import ObjectStore
+from ..store.errors import NoSuchObject
 from .history import MARKER_SCHEMA, Dropped, covered, decode_block, decode_marker
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,7 @@ class Trimmer:
                     break
                 try:
                     blob = self.store.get(block_key)
-                except NotFound:
+                except NoSuchObject:
                     break  # another trim is at it
                 assert blob is not None
                 block = decode_block(self.store, block_key, blob.body, ref)

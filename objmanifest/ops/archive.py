@@ -29,7 +29,7 @@ from ..core.layout import TaskLayout
 from ..core.model import ArchiveObject, Entry, Shard
 from ..errors import CorruptShard, InvalidInput, NotFound, StoreError
 from ..store import CREATE, ObjectStore
-from ..store.errors import OutcomeUnknown, PreconditionFailed
+from ..store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 
 ARCHIVE_SCHEMA = 1
 WRITE_TRIES = 3
@@ -71,13 +71,16 @@ class Archives:
         self._lock = threading.Lock()
 
     def read(self, shard: str, archive_id: str) -> ArchiveObject:
-        """One archive object (``NotFound`` if it is not there, ``CorruptShard`` if it does
-        not parse: it is left as it is)."""
+        """One archive object (``NotFound`` naming it if it is not there, ``CorruptShard``
+        if it does not parse: it is left as it is)."""
         key = self.layout.archive_object(shard, archive_id)
         with self._lock:
             if key in self._read:
                 return self._read[key]
-        blob = self.store.get(key)
+        try:
+            blob = self.store.get(key)
+        except NoSuchObject as e:
+            raise NotFound(str(e)) from e
         assert blob is not None
         data = load_json(key, blob.body, ARCHIVE_SCHEMA)
         try:
@@ -145,7 +148,7 @@ class Archives:
                 pass
             try:
                 blob = self.store.get(key)
-            except NotFound:
+            except NoSuchObject:
                 continue
             return blob is not None and blob.body == body
         return False

@@ -20,6 +20,7 @@ from ..core.layout import TaskLayout, task_of
 from ..core.model import Shard, State, TaskHeader
 from ..errors import LeasesLive, NotFound
 from ..store import ObjectStore, list_keys
+from ..store.errors import NoSuchObject
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def remove_all(store: ObjectStore, layout: TaskLayout) -> Deleted:
             removed += 1
     try:
         store.head(layout.header)
-    except NotFound:
+    except NoSuchObject:
         pass
     else:
         store.delete(layout.header)

@@ -26,8 +26,9 @@ from ..core.model import Entry, State
 from ..data.chunked import Scope, adoptable, sweep_plan
 from ..data.chunked.state import read_state
 from ..data.transfer import META_DIGEST
-from ..errors import NotFound, ObjManifestError
+from ..errors import ObjManifestError
 from ..store import PROBE_PREFIX, ObjectStore
+from ..store.errors import NoSuchObject
 from .archive import Archives
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ class Collector:
     def _head(self, key: str) -> tuple[int, bool] | None:
         try:
             head = self.store.head(key)
-        except NotFound:
+        except NoSuchObject:
             return None
         return head.size, META_DIGEST in head.metadata
 
@@ -282,7 +283,7 @@ class Collector:
         for row in list(self.store.list(PROBE_PREFIX)):
             try:
                 blob = self.store.get(row.key)
-            except NotFound:
+            except NoSuchObject:
                 continue
             if blob is None:
                 continue

@@ -53,6 +53,7 @@ from ..errors import ChecksumMismatch, CorruptShard, NotFound, UnsupportedSchema
 from ..journal import mending
 from ..journal.history import History
 from ..store import CREATE, ObjectStore
+from ..store.errors import NoSuchObject
 from .archive import Archives
 from .replay import (
     RECORDS_AT_RISK,
@@ -88,7 +89,7 @@ def inspect(store: ObjectStore, key: str, decode: Callable[[str, bytes], object]
     """What is wrong with ``key``, if anything (a raw read: the CAS cache is not trusted)."""
     try:
         blob = store.get(key)
-    except NotFound:
+    except NoSuchObject:
         return Found(key, "deleted", "it does not exist")
     assert blob is not None
     try:
@@ -506,7 +507,7 @@ class Repairer:
         key = s.key or self.layout.data(stage, s.file_id, s.epoch)
         try:
             head = self.store.head(key)
-        except NotFound:
+        except NoSuchObject:
             return None, f"its data {key} is missing"
         size = s.size if s.size is not None else head.size
         if s.part_size is not None:
@@ -579,7 +580,10 @@ class Repairer:
             return None, bool(self.docs.commit(found.key, codec, command))
         aside = self.layout.damaged(found.key, self.store.now())
         self.store.put(aside, found.body, mode=CREATE)
-        blob = self.store.get(aside)
+        try:
+            blob = self.store.get(aside)
+        except NoSuchObject as e:  # removed since: nothing was replaced
+            raise NotFound(str(e)) from e
         if blob is None or blob.body != found.body:
             raise CorruptShard(
                 aside,

@@ -1,10 +1,17 @@
-"""The storage seam (``ObjectStore``) and its two implementations, ``S3Store`` and
-``MemoryStore``; ``connect`` opens either from a URL.
+"""The storage seam and everything behind it; ``connect`` opens a store from its URL.
 
-It moves objects and never interprets them (no shard, entry or upload is known here; the
-IAM policies take the task's prefixes from ``core.layout``), and it never lets a backend's
-quirk or exception out: callers see ``ObjectStore``'s calls, the public errors and the
-outcomes of ``store.errors``."""
+Owns: the ``ObjectStore`` protocol and what every backend must normalise (``base.py``),
+the keys under a prefix and their addresses every backend shares (``PrefixedStore``), the
+backends (``S3Store`` over boto3, ``MemoryBackend`` in one process), ``FaultyStore``, which
+plans a network's faults around any of them (``MemoryStore`` is it around a
+``MemoryBackend``), the probe of what a store enforces, least-privilege IAM policies, and
+the store outcomes (``errors.py``: ``NoSuchObject``, ``PreconditionFailed`` ...).
+
+Must never: know what a manifest, task, entry or shard is; let a backend's client library,
+quirk or exception out (each is normalised to the seam's outcomes, or a ``StoreError``
+naming the object); raise a public error that decides for the caller what a missing object
+means (that is ``NoSuchObject``, and each caller says it in its own words).
+"""
 
 from __future__ import annotations
 
@@ -26,11 +33,13 @@ from .base import (
     PartBody,
     PartsListed,
     PartStream,
+    PrefixedStore,
     PutMode,
     StoreClock,
     list_keys,
 )
-from .memory import Fault, Faults, MemoryStore
+from .faulty import Fault, Faults, FaultyStore
+from .memory import MemoryBackend, MemoryStore
 from .probe import PROBE_PREFIX, probe_conditional_writes
 from .s3 import S3Store
 from .s3_client import make_client, without_credentials
@@ -53,13 +62,16 @@ __all__ = [
     "ByteStream",
     "Fault",
     "Faults",
+    "FaultyStore",
     "Head",
     "Listed",
+    "MemoryBackend",
     "MemoryStore",
     "ObjectStore",
     "PartBody",
     "PartStream",
     "PartsListed",
+    "PrefixedStore",
     "PutMode",
     "S3Store",
     "StoreClock",

@@ -1,19 +1,25 @@
 """The storage seam: exactly what the manifest needs from an object store, and nothing more.
 
 ``ObjectStore`` is the protocol every backend implements (``S3Store`` over boto3,
-``MemoryStore`` in one process). Keys are relative to the store's prefix. Each backend
-normalises its own quirks, so the layers above see one behaviour:
+``MemoryBackend`` in one process), and ``FaultyStore`` wraps any of them with planned
+faults. Keys are relative to the store's prefix (``PrefixedStore`` turns them into full
+keys and addresses, the same way for every backend). Each backend normalises its own
+quirks, so the layers above see one behaviour:
 
+* ``get``, ``head`` and ``open`` of a missing object raise ``NoSuchObject`` (a store
+  outcome: each caller says what the absence means to it); no other call does (a delete
+  of a missing key is fine, a conditional write on one is a lost race);
 * a conditional write that lost its race raises ``PreconditionFailed`` (a 409, a 412, or a
   404 on ``If-Match``), a write whose answer was lost raises ``OutcomeUnknown``;
-* a missing object raises ``NotFound``, any other fault ``StoreError`` naming the object;
+* any other fault raises ``StoreError`` (or ``AccessDenied``) naming the object;
 * every object written whole carries its MD5 (``Content-MD5``), so a store that verifies it
   refuses a body damaged or cut short on its way (``BodyDamaged``), and the body is sent
   again (``send_whole``): a damaged body is a transient fault, never the caller's;
 * bytes are read through our own ``ByteStream`` (a broken read is ``ReadBrokeOff``);
 * ``now()`` is the store's clock, never the caller's.
 
-Nothing of a backend's client library crosses this line.
+Nothing of a backend's client library crosses this line, and no store outcome crosses the
+layers above it: a user sees only ``objmanifest.errors``.
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import BinaryIO, Literal, Protocol, TypeVar, runtime_checkable
+from typing import BinaryIO, ClassVar, Literal, Protocol, TypeVar, cast, runtime_checkable
 
-from ..core.runtime import Runtime
+from ..core.runtime import DEFAULT, Runtime
 from ..errors import StoreError
 from .errors import BodyDamaged
 
@@ -131,13 +137,17 @@ class ObjectStore(Protocol):
     # -- objects --------------------------------------------------------------------------
 
     def get(self, key: str, if_none_match: str | None = None) -> Blob | None:
-        """The object, or None when ``if_none_match`` is still its ETag (no body sent)."""
+        """The object, or None when ``if_none_match`` is still its ETag (no body sent);
+        ``NoSuchObject`` if there is none."""
         ...
 
-    def head(self, key: str) -> Head: ...
+    def head(self, key: str) -> Head:
+        """The object's ETag, size and metadata; ``NoSuchObject`` if there is none."""
+        ...
 
     def open(self, key: str, byte_range: tuple[int, int] | None = None) -> ByteStream:
-        """The object's bytes, or ``[start, end)`` of them, as a stream."""
+        """The object's bytes, or ``[start, end)`` of them, as a stream; ``NoSuchObject``
+        if there is none."""
         ...
 
     def put(
@@ -152,7 +162,9 @@ class ObjectStore(Protocol):
         """Write an object and return its ETag, under ``mode``'s condition."""
         ...
 
-    def delete(self, key: str) -> None: ...
+    def delete(self, key: str) -> None:
+        """Remove the object; a key that holds none is fine."""
+        ...
 
     def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
         """Keys under ``prefix`` in order, every page of them; with a ``delimiter``, keys
@@ -222,9 +234,66 @@ def send_whole(send: Callable[[], T], runtime: Runtime, where: str) -> T:
     ) from last
 
 
+def read_whole(body: bytes | BinaryIO | PartBody) -> bytes:
+    """All of a body to write: its bytes, a file object's from its start, or a part
+    stream's ``length`` bytes (a file object may give fewer bytes than asked at a time)."""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body)
+    length = getattr(body, "length", None)
+    body.seek(0)
+    if length is None:
+        return bytes(body.read())
+    chunks: list[bytes] = []
+    while length > 0 and (chunk := body.read(length)):
+        chunks.append(bytes(chunk))
+        length -= len(chunk)
+    return b"".join(chunks)
+
+
 def list_keys(store: ObjectStore, prefix: str) -> Iterator[str]:
     """Every object key under ``prefix``."""
     return (row.key for row in store.list(prefix))
+
+
+class PrefixedStore:
+    """What every backend shares: a bucket (a container, a directory) and a prefix in it.
+
+    Keys given to a store are relative to its prefix; this is the one place that turns
+    them into full keys (``full_key``) and back (``relative``), and into the addresses
+    messages name (``url``, ``describe``), so a backend says only its ``scheme`` and
+    implements the calls."""
+
+    scheme: ClassVar[str]
+
+    def __init__(self, bucket: str, prefix: str = "", runtime: Runtime | None = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.runtime = runtime or DEFAULT
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        """``scheme://bucket/prefix``, for messages."""
+        where = f"{self.scheme}://{self.bucket}"
+        return f"{where}/{self.prefix}" if self.prefix else where
+
+    def full_key(self, key: str) -> str:
+        """``key`` as the bucket knows it: under the prefix."""
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def relative(self, full_key: str) -> str:
+        """A full key under the prefix (from a listing) as the store's callers know it."""
+        return full_key[len(self.full_key("")) :]
+
+    def describe(self, key: str) -> str:
+        """The full address of ``key``, for messages."""
+        return f"{self.scheme}://{self.bucket}/{self.full_key(key)}"
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        """Every object key under ``prefix`` (a backend implements ``list``)."""
+        return list_keys(cast(ObjectStore, self), prefix)
 
 
 class StoreClock:

@@ -1,13 +1,26 @@
-"""Store outcomes: what a backend answers that the layers above decide on (a condition
-that failed, an answer that never came, an upload that is gone). They are not the public
-errors users catch: the commit loop and the data path turn each into a retry, a result or
-a public error from ``objmanifest.errors``."""
+"""Store outcomes: what a backend answers that the layers above decide on (an object that
+is not there, a condition that failed, an answer that never came, an upload that is gone).
+They are not the public errors users catch: every caller of the store turns each into a
+retry, a result or a public error from ``objmanifest.errors``."""
 
 from __future__ import annotations
 
 
 class StoreOutcome(Exception):
     """An answer of the store that the layer above decides on; never shown to a user."""
+
+
+class NoSuchObject(StoreOutcome):
+    """``get``, ``head`` or ``open`` of a key that holds no object (S3's ``NoSuchKey``).
+
+    Not the public ``NotFound``: a missing object means something different to each caller
+    (a task that does not exist, data that is gone, a block a trim removed, a write that
+    did not land), so each says it in its own words. ``address`` is the object's full
+    address, for those words."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"{address} does not exist")
+        self.address = address
 
 
 class PreconditionFailed(StoreOutcome):

@@ -38,7 +38,7 @@ from typing import Literal
 
 from ..errors import AccessDenied, NotFound, ObjManifestError, StoreError
 from .base import CREATE, OVERWRITE, Blob, ObjectStore, PutMode
-from .errors import OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
+from .errors import NoSuchObject, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
 from .s3 import S3Store
 
 PROBE_PREFIX = ".objmanifest-probe/"
@@ -271,7 +271,7 @@ class _Probe:
         """The object, or None if there is none."""
         try:
             return self.at("get", key).get(key)
-        except NotFound:
+        except NoSuchObject:
             return None
 
     def refusal(self, check: str, answer: str) -> None:
@@ -292,9 +292,13 @@ class _Probe:
         return blob is not None and blob.body == body, blob
 
     def step(self, name: str, required: bool, run: Callable[[], Outcome]) -> Check:
-        """Run one check and give its verdict."""
+        """Run one check and give its verdict. A probe object gone from under a read
+        (another probe's clean-up, a lifecycle rule) is the public ``NotFound`` naming it."""
         try:
-            outcome = run()
+            try:
+                outcome = run()
+            except NoSuchObject as e:
+                raise NotFound(str(e)) from e
         except AccessDenied as e:
             if not self.tolerant:
                 raise

@@ -5,7 +5,8 @@ and the tests make boto3 clients of their own). Every quirk of the stores
 tested (AWS, SeaweedFS, MinIO, LocalStack, moto) is normalised here: 409, 412 and a 404 on
 ``If-Match`` are all a lost race, a connection that drops after a write was sent is an
 unknown outcome, a body refused as damaged (``BadDigest`` and its kin) is sent again,
-``NoSuchUpload`` is a vanished upload, and every other error becomes a
+``NoSuchKey`` on a read is ``NoSuchObject``, ``NoSuchUpload`` is a vanished upload, and
+every other error becomes a
 ``StoreError`` that names the object and the fix. The store's clock is read from the
 ``Date`` header of every response, errors included.
 """
@@ -21,8 +22,8 @@ from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
 import botocore.exceptions
 
 from ..core import checksum
-from ..core.runtime import DEFAULT, Runtime
-from ..errors import AccessDenied, InvalidInput, NotFound, ReadBrokeOff, StoreError
+from ..core.runtime import Runtime
+from ..errors import AccessDenied, InvalidInput, ReadBrokeOff, StoreError
 from .base import (
     CREATE,
     OVERWRITE,
@@ -31,11 +32,19 @@ from .base import (
     Listed,
     PartBody,
     PartsListed,
+    PrefixedStore,
     PutMode,
     StoreClock,
     send_whole,
 )
-from .errors import BodyDamaged, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
+from .errors import (
+    BodyDamaged,
+    NoSuchObject,
+    OutcomeUnknown,
+    PartsRejected,
+    PreconditionFailed,
+    UploadGone,
+)
 from .s3_answers import (
     COMPLETE_DAMAGED_CODES,
     CONNECTION_ERRORS,
@@ -52,7 +61,21 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 
-class S3Store:
+READS = ("read", "inspect")
+"""The actions (``get``/``open``, ``head``) whose 404 is an object that is not there; on any
+other call a 404 is no answer S3 gives, and an error."""
+
+
+def _missing(code: str, status: int, action: str) -> bool:
+    """Whether an S3 error answer says the object is not there: ``NoSuchKey`` (a HEAD's
+    404 has no code); a 404 of another call without a code is no S3 answer, and
+    ``NoSuchBucket`` no object's."""
+    if status == 404 and code in ("404", "") and action != "inspect":
+        return False
+    return code != "NoSuchBucket" and (code in ("NoSuchKey", "NotFound") or status == 404)
+
+
+class S3Store(PrefixedStore):
     """One bucket and prefix of an S3 store. Keys passed in are relative to the prefix."""
 
     scheme = "s3"
@@ -65,28 +88,13 @@ class S3Store:
         *,
         runtime: Runtime | None = None,
     ) -> None:
+        super().__init__(bucket, prefix, runtime)
         self.client = client
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.runtime = runtime or DEFAULT
         self.clock = StoreClock(monotonic=self.runtime.monotonic)
-
-    def __repr__(self) -> str:
-        return f"Store({self.url!r})"
-
-    @property
-    def url(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
 
     @property
     def connections(self) -> int:
         return int(getattr(self.client.meta.config, "max_pool_connections", None) or 10)
-
-    def full_key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def describe(self, key: str) -> str:
-        return f"s3://{self.bucket}/{self.full_key(key)}"
 
     def _observe(self, response: Any) -> None:
         self.clock.observe(response.get("ResponseMetadata", {}).get("HTTPHeaders"))
@@ -108,8 +116,11 @@ class S3Store:
             raise self._not_s3(f"without {name}", action, key)
         return value
 
-    def _fail(self, e: Exception, action: str, key: str) -> StoreError | NotFound | InvalidInput:
-        """Turn a botocore error into one that names the object and the fix."""
+    def _fail(
+        self, e: Exception, action: str, key: str
+    ) -> StoreError | NoSuchObject | InvalidInput:
+        """Turn a botocore error into one that names the object and the fix (a missing
+        object only on a read: ``READS``)."""
         if isinstance(e, botocore.exceptions.ParamValidationError):
             detail = " ".join(str(e).split())
             return InvalidInput(f"cannot {action} {self.describe(key)}: {detail[:300]}")
@@ -124,8 +135,10 @@ class S3Store:
                     f"bucket {self.bucket!r} does not exist (while trying to {action} "
                     f"{self.describe(key)}); create it first"
                 )
-            if code in ("NoSuchKey", "NotFound") or status == 404:
-                return NotFound(f"{self.describe(key)} does not exist")
+            if _missing(code, status, action):
+                if action in READS:
+                    return NoSuchObject(self.describe(key))
+                return StoreError(f"could not {action} {self.describe(key)}: {code or status}")
             if code == "AccessDenied":
                 return AccessDenied(
                     f"the store refused to {action} {self.describe(key)} (AccessDenied): "
@@ -169,6 +182,7 @@ class S3Store:
         write: bool = False,
         resent: bool = False,
         damaged: frozenset[str] = DAMAGED_CODES,
+        gone_is_race: bool = False,
     ) -> Any:
         """Run one request and map its outcome.
 
@@ -176,7 +190,8 @@ class S3Store:
         upload is ``UploadGone`` and a rejected part list ``PartsRejected``; ``write``: a
         connection lost after sending is ``OutcomeUnknown``; ``resent``: a body refused as
         damaged (an error code in ``damaged``) is ``BodyDamaged`` (the caller sends it
-        again, ``send_whole``).
+        again, ``send_whole``); ``gone_is_race``: a missing object is a lost race too
+        (``If-Match`` on a key that is not there).
         """
         try:
             response = call()
@@ -192,6 +207,10 @@ class S3Store:
             if conditional and (status in (409, 412) or code in RACE_CODES):
                 raise PreconditionFailed(
                     f"{self.describe(key)}: {code or status}", answer=f"{status} {code}".strip()
+                ) from e
+            if gone_is_race and _missing(code, status, action):
+                raise PreconditionFailed(
+                    f"{self.describe(key)}: gone", answer=f"{status} {code}".strip()
                 ) from e
             raise self._fail(e, action, key) from e
         except CONNECTION_ERRORS as e:
@@ -294,29 +313,19 @@ class S3Store:
             kwargs["IfNoneMatch"] = "*"
         if metadata:
             kwargs["Metadata"] = metadata
-        try:
-            response = send_whole(
-                lambda: self._call(
-                    "write",
-                    key,
-                    lambda: self.client.put_object(**kwargs),
-                    conditional=mode.kind != "overwrite",
-                    write=True,
-                    resent=True,
-                ),
-                self.runtime,
-                self.describe(key),
-            )
-        except NotFound as e:
-            if mode.kind == "update":
-                cause = e.__cause__
-                answer = (
-                    " ".join(str(part) for part in reversed(error_code(cause)))
-                    if isinstance(cause, botocore.exceptions.ClientError)
-                    else "404"
-                )
-                raise PreconditionFailed(f"{self.describe(key)}: gone", answer=answer) from e
-            raise
+        response = send_whole(
+            lambda: self._call(
+                "write",
+                key,
+                lambda: self.client.put_object(**kwargs),
+                conditional=mode.kind != "overwrite",
+                write=True,
+                resent=True,
+                gone_is_race=mode.kind == "update",
+            ),
+            self.runtime,
+            self.describe(key),
+        )
         return str(self._field(response, "ETag", "write", key))
 
     def put_digested(self, key: str, body: bytes, content_md5: str) -> tuple[bool, str]:
@@ -353,7 +362,6 @@ class S3Store:
         directory tree, so ``a/b`` comes before ``a.json`` there, and only the whole listing
         can be put in order. A page's common prefixes are merged with its keys.
         """
-        base = len(self.full_key(""))
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.full_key(prefix)}
         if delimiter:
             kwargs["Delimiter"] = delimiter
@@ -362,18 +370,14 @@ class S3Store:
             request = dict(kwargs)
             page = self._call("list", prefix, partial(self.client.list_objects_v2, **request))
             for item in page.get("Contents", []):
-                rows[item["Key"]] = Listed(item["Key"][base:])
+                rows[item["Key"]] = Listed(self.relative(item["Key"]))
             for common in page.get("CommonPrefixes", []):
-                rows[common["Prefix"]] = Listed(common["Prefix"][base:], True)
+                rows[common["Prefix"]] = Listed(self.relative(common["Prefix"]), True)
             if not page.get("IsTruncated"):
                 break
             kwargs["ContinuationToken"] = page["NextContinuationToken"]
         for key in sorted(rows):
             yield rows[key]
-
-    def list_keys(self, prefix: str) -> Iterator[str]:
-        """Every object key under ``prefix``."""
-        return (row.key for row in self.list(prefix))
 
     # -- multipart uploads ----------------------------------------------------------------
 
@@ -419,7 +423,7 @@ class S3Store:
 
         try:
             response = send_whole(send, self.runtime, f"part {number} of {self.describe(key)}")
-        except (StoreError, NotFound) as e:
+        except StoreError as e:
             if self._unclear_but_gone(e, key, upload_id):
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
             raise
@@ -448,7 +452,7 @@ class S3Store:
             )
         except UploadGone:
             return True
-        except (StoreError, NotFound):
+        except StoreError:
             return False
         return False
 
@@ -500,7 +504,7 @@ class S3Store:
 
         try:
             send_whole(send, self.runtime, f"the completion of {self.describe(key)}")
-        except (StoreError, NotFound) as e:
+        except StoreError as e:
             if self._unclear_but_gone(e, key, upload_id):
                 raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from e
             raise
@@ -527,7 +531,6 @@ class S3Store:
         return True
 
     def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
-        base = len(self.full_key(""))
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.full_key(prefix)}
         while True:
             request = dict(kwargs)
@@ -537,7 +540,7 @@ class S3Store:
                 partial(self.client.list_multipart_uploads, **request),
             )
             for upload in response.get("Uploads", []):
-                yield upload["Key"][base:], upload["UploadId"]
+                yield self.relative(upload["Key"]), upload["UploadId"]
             if not response.get("IsTruncated"):
                 return
             kwargs["KeyMarker"] = response.get("NextKeyMarker", "")

@@ -17,6 +17,7 @@ from typing import Any
 
 import objmanifest as om
 from objmanifest.core import checksum
+from objmanifest.store.errors import NoSuchObject
 from tests.chaos.agent import big_payload, is_big, settled
 from tests.support import checker
 
@@ -151,7 +152,7 @@ def _holders_bytes(task: om.Task, entry: om.Entry) -> list[str]:
     assert entry.key is not None
     try:
         data = _read(task, entry.key)
-    except om.ObjManifestError as e:
+    except (NoSuchObject, om.ObjManifestError) as e:
         return [f"{entry.file_id}: its object {entry.key} cannot be read: {e}"]
     if is_big(entry.file_id):  # the same bytes whoever produced them
         whole = entry.whole_checksum if entry.is_chunked else entry.checksum

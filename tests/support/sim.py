@@ -58,7 +58,7 @@ from objmanifest.errors import (
     StoreError,
 )
 from objmanifest.store import memory
-from objmanifest.store.errors import OutcomeUnknown
+from objmanifest.store.errors import NoSuchObject, OutcomeUnknown
 from objmanifest.store.memory import MemoryStore
 from objmanifest.task import Task
 from tests.support import checker
@@ -433,7 +433,7 @@ class Sim:
         _, key = self.rng.choice(ready)
         try:
             blob = self.god.get(key)
-        except ObjManifestError:
+        except (NoSuchObject, ObjManifestError):
             return
         assert blob is not None
         body = bytearray(blob.body)

@@ -24,8 +24,9 @@ import xxhash
 from ...core import checksum
 from ...core.model import Entry
 from ...core.runtime import Runtime
-from ...errors import Cancelled, ChecksumMismatch, DataChanged, StoreError
+from ...errors import Cancelled, ChecksumMismatch, DataChanged, NotFound, StoreError
 from ...store import ObjectStore
+from ...store.errors import NoSuchObject
 from .. import transfer
 from ..transfer import Destination, InOrder, Progress, TransferConfig
 from .scope import Scope
@@ -133,10 +134,14 @@ def download(
     returned. A part is fetched in ranges of at most ``range_size`` bytes, resuming after a
     broken connection where it stopped; it is verified whole. ``stop`` may raise between
     chunks of every part, and once the bytes are verified, before they are put in place.
+    ``NotFound`` naming the object if it is not there.
     """
     parts, whole = _load(scope, entry)
     assert entry.key is not None and entry.size is not None
-    head = scope.store.head(entry.key)
+    try:
+        head = scope.store.head(entry.key)
+    except NoSuchObject as e:
+        raise NotFound(str(e)) from e
     if head.size != entry.size:
         raise ChecksumMismatch(
             f"{entry.file_id!r}: {scope.store.describe(entry.key)} holds {head.size} bytes, "
@@ -319,7 +324,8 @@ class _Fetch:
     def _range(self, cursor: _Cursor, end: int, sink: Sink) -> None:
         """Stream ``[cursor.position, end)`` into the part's digest and the sink; the cursor
         keeps what arrived, so a broken connection resumes where it stopped."""
-        with contextlib.closing(self.store.open(self.key, (cursor.position, end))) as body:
+        opened = transfer.open_data(self.store, self.key, (cursor.position, end))
+        with contextlib.closing(opened) as body:
             while cursor.position < end:
                 if self.cancelled.is_set():
                     raise Cancelled()

@@ -26,9 +26,15 @@ from dataclasses import dataclass, field
 from ...cas.policy import Command
 from ...core import checksum
 from ...core.model import Claim, Stored
-from ...errors import LeaseLost, NotFound, ObjManifestError, SourceChanged, StoreError
+from ...errors import LeaseLost, ObjManifestError, SourceChanged, StoreError
 from ...store import Head, ObjectStore
-from ...store.errors import OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
+from ...store.errors import (
+    NoSuchObject,
+    OutcomeUnknown,
+    PartsRejected,
+    PreconditionFailed,
+    UploadGone,
+)
 from .. import transfer
 from ..errors import PartDiffers, RestartUpload
 from ..sources import PartSource
@@ -65,7 +71,7 @@ def head_or_none(store: ObjectStore, key: str) -> Head | None:
     """The object's head, or None if there is no object (other faults are raised)."""
     try:
         return store.head(key)
-    except NotFound:
+    except NoSuchObject:
         return None
 
 

@@ -21,8 +21,8 @@ import xxhash
 
 from ...core import checksum
 from ...core.model import Entry, State
-from ...errors import NotFound
 from ...store import ObjectStore
+from ...store.errors import NoSuchObject
 from .. import transfer
 from .download import derived
 from .state import Part, UploadCodec, UploadState
@@ -50,7 +50,7 @@ def read_parts(store: ObjectStore, entry: Entry) -> tuple[list[Part], str] | str
     where = store.describe(entry.key)
     try:
         head = store.head(entry.key)
-    except NotFound:
+    except NoSuchObject:
         return f"its data {where} is missing"
     if head.size != entry.size:
         return f"its data {where} holds {head.size} bytes, not the recorded {entry.size}"
@@ -60,7 +60,11 @@ def read_parts(store: ObjectStore, entry: Entry) -> tuple[list[Part], str] | str
         start = (number - 1) * entry.part_size
         digest, md5 = xxhash.xxh3_128(), hashlib.md5(usedforsecurity=False)
         got = 0
-        with contextlib.closing(store.open(entry.key, (start, start + size))) as body:
+        try:
+            opened = store.open(entry.key, (start, start + size))
+        except NoSuchObject:  # removed since the head
+            return f"its data {where} is missing"
+        with contextlib.closing(opened) as body:
             while got < size:
                 chunk = body.read(min(transfer.READ_CHUNK, size - got))
                 if not chunk:

@@ -22,8 +22,9 @@ from ...cas.codecs import UPLOAD_REPAIR, VersionedCodec
 from ...core.events import Change
 from ...core.layout import TaskLayout
 from ...core.model import SCHEMA_VERSION, Claim, Journaled
-from ...errors import CorruptShard, LeaseLost, NotFound, ObjManifestError
+from ...errors import CorruptShard, LeaseLost, ObjManifestError
 from ...store import ObjectStore
+from ...store.errors import NoSuchObject
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def read_state(store: ObjectStore, layout: TaskLayout, key: str) -> UploadState 
     codec = UploadCodec(layout.task_id, parsed.stage, parsed.file_id)
     try:
         blob = store.get(key)
-    except NotFound:
+    except NoSuchObject:
         return None
     assert blob is not None
     try:

@@ -33,13 +33,12 @@ from objmanifest.errors import (
     ConflictRetriesExhausted,
     CorruptShard,
     InvalidInput,
-    NotFound,
     ObjManifestError,
     StoreError,
     UnsupportedSchema,
 )
 from objmanifest.store import CREATE, OVERWRITE, MemoryStore, PutMode
-from objmanifest.store.errors import OutcomeUnknown, PreconditionFailed
+from objmanifest.store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 
 from ..make import at
 
@@ -290,7 +289,7 @@ class Rig:
         raw = MemoryStore(self.store.bucket, "p")
         try:
             blob = raw.get(key)
-        except NotFound:
+        except NoSuchObject:
             return None
         assert blob is not None
         return CODEC.decode(key, blob.body)
