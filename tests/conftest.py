@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,10 +35,12 @@ from objmanifest.engine.manifest import Manifest
 from tests.support.stores import (
     LAYOUT,
     SHARED_DIR,
+    STORES,
     Server,
     SharedServers,
     backend_names,
     backends,
+    lacks,
     layout_options,
     running,
     stop_all,
@@ -88,27 +91,70 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop(SHARED_DIR, None)
 
 
+def backend_of(item: pytest.Item) -> str | None:
+    """The backend a test runs on: its ``server`` or ``backend`` parameter (a conformance
+    test's may be ``(name, injection)``), or None."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    for name in ("server", "backend"):
+        value = callspec.params.get(name)
+        if value is not None:
+            return str(value[0] if isinstance(value, tuple) else value)
+    return None
+
+
+LACKING = "lacks "
+"""How the reason of a capability's strict xfail begins (the run's summary counts them)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run a test on ``memory`` only if it is a behaviour or conformance test that does not
-    need S3 itself (see the module's docstring); a test of a face whose backend does not
-    matter (``one_server``: the CLI, the MCP server, the web page's CLI) on the first S3
-    server only; under a shard layout other than the default, leave out the tests that name
-    a stage's own shard."""
+    """Run a test on ``memory`` only if it is a behaviour or conformance test that needs
+    neither S3 itself nor processes of its own (see the module's docstring), on a store of
+    another scheme (``file``, Azurite, fake-gcs-server) only if it is a behaviour or
+    conformance test that does not need S3; a test of a face whose backend does not matter
+    (``one_server``: the CLI, the MCP server, the web page's CLI) on the first S3 server only;
+    under a shard layout other than the default, leave out the tests that name a stage's own
+    shard. A test that ``needs`` a capability its backend's emulator lacks runs as a strict
+    xfail."""
     first_s3 = next(iter(backends()), None)
     kept, dropped = [], []
     for item in items:
-        callspec = getattr(item, "callspec", None)
-        on = callspec.params.get("server") if callspec is not None else None
-        applies = (
-            item.get_closest_marker("behaviour") or item.get_closest_marker("conformance")
-        ) and not item.get_closest_marker("s3_only")
-        once = item.get_closest_marker("one_server") and on not in (None, first_s3)
-        other_layout = LAYOUT != "stage" and item.get_closest_marker("stage_layout")
-        skip = (on == "memory" and not applies) or (once and not applies) or other_layout
+        on = backend_of(item)
+        suite = bool(item.get_closest_marker("behaviour") or item.get_closest_marker("conformance"))
+        s3_only = bool(item.get_closest_marker("s3_only"))
+        if on == "memory":
+            skip = not suite or s3_only or bool(item.get_closest_marker("processes"))
+        elif on in STORES:
+            skip = not suite or s3_only
+        else:
+            once = item.get_closest_marker("one_server") and on not in (None, first_s3)
+            skip = bool(once and not (suite and not s3_only))
+        if LAYOUT != "stage" and item.get_closest_marker("stage_layout"):
+            skip = True
         (dropped if skip else kept).append(item)
+        for mark in item.iter_markers("needs"):
+            covered = lacks(on or "").get(mark.args[0])
+            if covered is not None:
+                reason = f"{LACKING}{mark.args[0]} on {on}: covered by {covered}"
+                item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Count the tests that ran as strict xfails for a capability an emulator lacks, so that
+    none of them passes unseen."""
+    lacking = [
+        getattr(report, "wasxfail", "")
+        for report in terminalreporter.stats.get("xfailed", [])
+        if getattr(report, "wasxfail", "").startswith(LACKING)
+    ]
+    if lacking:
+        terminalreporter.section("capabilities the emulators lack (strict xfail)")
+        for reason, count in sorted(Counter(lacking).items()):
+            terminalreporter.line(f"{count:4d}  {reason}")
 
 
 @pytest.fixture(scope="session", params=backend_names())

@@ -41,7 +41,7 @@ from tests.support.breaking import BreakingFile
 from tests.support.faults import FaultProxy
 from tests.support.rawstore import get as raw_get
 from tests.support.rawstore import put as raw_put
-from tests.support.stores import BUCKET, LAYOUT, Server, layout_options
+from tests.support.stores import LAYOUT, Server, layout_options
 
 pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
 
@@ -186,7 +186,7 @@ def make_cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
     env = {
         **base_env(),
         **server.env,
-        "OBJMANIFEST_URL": f"s3://{BUCKET}/{prefix}",
+        "OBJMANIFEST_URL": server.url(prefix),
         "OBJMANIFEST_TASK": "job",
     }
     if server.name == "moto":

@@ -1,34 +1,30 @@
 """The conformance suite: every promise of the storage seam, one suite for every backend.
 
-Each test gets a fresh ``ObjectStore`` under a prefix of its own, from ``MemoryStore`` and
-from every S3 server the run has (moto and SeaweedFS, or the endpoint named by
-``OBJMANIFEST_TEST_ENDPOINT``), and holds it to the promises of ``objmanifest.store.base``
-with exact assertions. A backend that answers differently has a bug in its implementation
-(``s3.py`` or ``memory.py``), never a reason to loosen a test here. Faults are staged on
-every backend by ``FaultyStore``, the wrapper around any store (``MemoryStore`` is it around
-the in-process backend), and on a server also by a ``FaultProxy`` in front of it, so the
-S3 backend's own reading of a network's faults is held to the same promises.
+Each test gets a fresh ``ObjectStore`` under a prefix of its own, from ``MemoryStore``, from
+every store of another scheme the run has (``file://``, Azurite, fake-gcs-server) and from
+every S3 server (moto and SeaweedFS, or the endpoint named by ``OBJMANIFEST_TEST_ENDPOINT``),
+and holds it to the promises of ``objmanifest.store.base`` with exact assertions. A backend
+that answers differently has a bug in its implementation, never a reason to loosen a test
+here. Faults are staged on every backend by ``FaultyStore``, the wrapper around any store
+(``MemoryStore`` is it around the in-process backend), and on an S3 server also by a
+``FaultProxy`` in front of it. What is S3's own (MD5 part ETags, the multipart ETag, the
+5 MiB minimum part, the wire) is in ``test_conformance_s3.py``. A test of a capability an
+emulator does not enforce is marked ``needs(CAPABILITY)`` and runs there as a strict xfail.
 
     bash scripts/test.sh -m conformance
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
-import random
 import re
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from contextlib import nullcontext
 from datetime import datetime, timedelta, timezone
-from email.utils import parsedate_to_datetime
-from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
 
 from objmanifest.core import checksum
 from objmanifest.errors import InvalidInput, ObjManifestError, ReadBrokeOff, StoreError
@@ -36,15 +32,13 @@ from objmanifest.store import (
     CREATE,
     OVERWRITE,
     Blob,
-    ByteStream,
     FaultyStore,
     Head,
     Listed,
     MemoryStore,
     ObjectStore,
     PutMode,
-    S3Store,
-    make_client,
+    completed_from,
 )
 from objmanifest.store.errors import (
     NoSuchObject,
@@ -53,199 +47,33 @@ from objmanifest.store.errors import (
     PreconditionFailed,
     UploadGone,
 )
-from objmanifest.store.s3_client import CONTINUE_THRESHOLD
-from tests.support.faults import FaultProxy
-from tests.support.stores import BUCKET, Server, backends, refusal_breaks, running, verifies_digests
+from tests.support.conformance import (
+    MEMORY_BUCKET,
+    PART,
+    STALE,
+    THREADS,
+    Backend,
+    MiB,
+    assert_own_stream,
+    data,
+    faulted,
+    fresh_store,
+    make_backend,
+    md5,
+)
+from tests.support.stores import backends, other_stores
 
 pytestmark = [pytest.mark.conformance, pytest.mark.behaviour]
 
-MEMORY_BUCKET = "conformance"
-MiB = 1024 * 1024
-PART = 5 * MiB  # S3's smallest part (but the last)
-THREADS = 8
-STALE = '"00000000000000000000000000000000"'
-# botocore's ``total_max_attempts`` counts tries: 1 is no retry, so a lost answer reaches us.
-NO_RETRY: dict[str, Any] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
 
-
-def data(size: int, seed: int = 0) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
-def md5(body: bytes) -> str:
-    return hashlib.md5(body, usedforsecurity=False).hexdigest()
-
-
-# -- backends --------------------------------------------------------------------------------
-
-
-INJECTIONS = ("wrapper", "proxy")
-"""How faults reach a backend: ``FaultyStore`` around its store (every backend), or a
-``FaultProxy`` between an S3 store and its server (servers only)."""
-
-
-def faulted(test: Callable[..., None]) -> Callable[..., None]:
-    """Run ``test`` on every backend through the wrapper, and on every server through the
-    proxy too (``backend.injection`` says which)."""
-    cases = [("memory", "wrapper"), *((n, how) for n in backends() for how in INJECTIONS)]
-    return pytest.mark.parametrize(
-        "backend", cases, indirect=True, ids=["-".join(case) for case in cases]
-    )(test)
-
-
-@dataclass
-class Faulty:
-    """A store whose next calls can be made to fail the way a network fails them."""
-
-    store: ObjectStore
-    lose: Callable[[str, str], None]
-    """``lose(op, key)``: the next ``op`` ("put", "complete_upload" or "delete") of ``key`` is
-    applied and its answer lost."""
-    cut: Callable[[str, int], None]
-    """``cut(key, size)``: the body of the next read of ``key`` (``size`` bytes) breaks off
-    after half of them."""
-    fired: Callable[[], int]
-    """How many planned faults took effect."""
-    damage: Callable[[str, str, str, int], None]
-    """``damage(op, key, how, times)``: the bodies of the next ``times`` ``op`` ("put" or
-    "upload_part") of ``key`` are damaged on their way in (``how``: "flip" or "truncate")."""
-    verifies: bool
-    """Whether a whole object damaged on its way is refused (and sent again): always through
-    the wrapper; through the proxy, as the server does (``verifies_digests``)."""
-    refusal_breaks: bool = False
-    """Whether a refused damaged write leaves the object it would replace unreadable."""
-
-
-@dataclass
-class Backend:
-    """One implementation of the seam: ``MemoryStore`` or an S3 server, and how ``faulty``
-    plans faults on it (``INJECTIONS``)."""
-
-    name: str
-    server: Server | None = None
-    injection: str = "wrapper"
-    _client: Any = field(default=None, repr=False)
-
-    def connect(self, prefix: str) -> ObjectStore:
-        """A new store at ``prefix`` (with a clock of its own). The stores of one server
-        share one boto3 client: making a client takes longer than most tests here."""
-        if self.server is None:
-            return MemoryStore(MEMORY_BUCKET, prefix)
-        if self._client is None:
-            self._client = self.server.client()
-        return S3Store(self._client, BUCKET, prefix)
-
-    @contextmanager
-    def faulty(self, prefix: str) -> Iterator[Faulty]:
-        """The store at ``prefix``, with faults that can be planned: ``FaultyStore`` around
-        it (``MemoryStore`` is that already), or a ``FaultProxy`` (and a client that does
-        not retry) in front of a server."""
-        if self.injection == "wrapper":
-            wrapped = (
-                MemoryStore(MEMORY_BUCKET, prefix)
-                if self.server is None
-                else FaultyStore(self.connect(prefix))
-            )
-            faults = wrapped.faults
-
-            def lose(op: str, key: str) -> None:
-                faults.add(op, key, effect="lose")
-
-            def cut(key: str, size: int) -> None:
-                faults.add("open", key, effect="cut")
-
-            def fired() -> int:
-                return sum(1 - fault.times for fault in faults.planned)
-
-            def damage(op: str, key: str, how: str, times: int) -> None:
-                for _ in range(times):  # one fault each: ``fired`` counts faults used up
-                    faults.add(op, key, effect=how)  # type: ignore[arg-type]
-
-            yield Faulty(wrapped, lose, cut, fired, damage, verifies=True)
-            return
-        assert self.server is not None, "a proxy stands in front of a server"
-
-        with FaultProxy(self.server.endpoint_url) as proxy:
-            through = S3Store(make_client(proxy.endpoint_url, **NO_RETRY), BUCKET, prefix)
-            methods = {
-                "put": ("PUT", ""),
-                "complete_upload": ("POST", "?uploadId="),
-                "delete": ("DELETE", ""),
-            }
-
-            def lose_s3(op: str, key: str) -> None:
-                method, query = methods[op]
-                proxy.drop_response(method, f"/{BUCKET}/{through.full_key(key)}{query}")
-
-            def cut_s3(key: str, size: int) -> None:
-                proxy.cut_response("GET", f"/{BUCKET}/{through.full_key(key)}", size // 2)
-
-            def damage_s3(op: str, key: str, how: str, times: int) -> None:
-                path = f"/{BUCKET}/{through.full_key(key)}"
-                proxy.damage_request("PUT", path, times, how, once=False)
-
-            def fired_s3() -> int:
-                return proxy.dropped + proxy.cut + len(proxy.damaged)
-
-            yield Faulty(
-                through,
-                lose_s3,
-                cut_s3,
-                fired_s3,
-                damage_s3,
-                verifies=verifies_digests(self.name),
-                refusal_breaks=refusal_breaks(self.name),
-            )
-
-    @contextmanager
-    def small_pages(self, store: ObjectStore) -> Iterator[None]:
-        """List in pages of two (keys, uploads, parts), to go through every page boundary
-        without thousands of objects. A ``MemoryStore`` has no pages: nothing changes."""
-        if not isinstance(store, S3Store):
-            yield
-            return
-        limits = {"ListObjectsV2": "MaxKeys", "ListMultipartUploads": "MaxUploads"}
-        limits["ListParts"] = "MaxParts"
-
-        def limit(params: dict[str, Any], model: Any, **_: Any) -> None:
-            if model.name in limits:
-                params[limits[model.name]] = 2
-
-        events = store.client.meta.events
-        events.register("provide-client-params.s3", limit)
-        try:
-            yield
-        finally:
-            events.unregister("provide-client-params.s3", limit)
-
-
-@pytest.fixture(scope="session", params=["memory", *backends()])
+@pytest.fixture(scope="session", params=["memory", *other_stores(), *backends()])
 def backend(request: pytest.FixtureRequest) -> Backend:
-    """A backend by name; a test marked ``faulted`` names how its faults reach it too."""
-    name, injection = request.param if isinstance(request.param, tuple) else (request.param, "")
-    server = None if name == "memory" else running(name)
-    return Backend(name, server, injection or "wrapper")
-
-
-@pytest.fixture(scope="session", params=backends())
-def s3_server(request: pytest.FixtureRequest) -> Server:
-    return running(request.param)
+    return make_backend(request)
 
 
 @pytest.fixture
 def store(backend: Backend, prefix: str) -> Iterator[ObjectStore]:
-    """A fresh store under a prefix of its own; its unfinished uploads are aborted after."""
-    fresh = backend.connect(prefix)
-    yield fresh
-    for key, upload_id in list(fresh.list_uploads("")):
-        fresh.abort_upload(key, upload_id)
-
-
-def assert_own_stream(stream: object) -> None:
-    """The stream is our ``ByteStream``, not something of the backend's client library."""
-    assert isinstance(stream, ByteStream)
-    module = type(stream).__module__
-    assert not module.startswith(("botocore", "boto3", "urllib3", "s3transfer")), module
+    yield from fresh_store(backend, prefix)
 
 
 # -- objects -----------------------------------------------------------------------------------
@@ -506,7 +334,7 @@ def test_a_whole_object_damaged_on_its_way_is_refused_and_sent_again(
     if verifies:
         assert fired == 2  # two damaged sends refused, the third landed
         assert (blob.body, blob.etag, blob.metadata) == (body, etag, {"kind": kind})
-        assert checksum.bare_etag(etag) == md5(body)
+        assert store.head(key).etag == etag
     else:
         assert fired == 1  # taken as it arrived: nothing told the client
         assert blob.body != body and checksum.bare_etag(etag) == md5(blob.body)
@@ -533,25 +361,6 @@ def test_a_body_damaged_at_every_send_is_given_up_and_nothing_is_stored(
         assert store.head("always").etag == before
         return
     assert store.get("always") == Blob(b"before", before, {})
-
-
-@faulted
-def test_a_part_damaged_on_its_way_is_stored_with_the_etag_of_what_arrived(
-    backend: Backend, store: ObjectStore, prefix: str
-) -> None:
-    """A part carries no digest header: the store keeps what arrived, and its ETag (the MD5
-    of those bytes) is how the sender sees the damage and sends the part again."""
-    part = data(PART, seed=9)
-    with backend.faulty(prefix) as faulty:
-        upload_id = faulty.store.create_upload("big")
-        faulty.damage("upload_part", "big", "flip", 1)
-        damaged = faulty.store.upload_part("big", upload_id, 1, part)
-        assert faulty.fired() == 1
-        assert damaged != md5(part) and checksum.is_md5(damaged)
-        etag = faulty.store.upload_part("big", upload_id, 1, io.BytesIO(part).getvalue())
-        assert etag == md5(part)
-        faulty.store.complete_upload("big", upload_id, [etag])
-    assert store.get("big").body == part  # type: ignore[union-attr]
 
 
 # -- reads ---------------------------------------------------------------------------------------
@@ -707,11 +516,13 @@ def test_list_with_a_delimiter_rolls_up_subfolders(
 
 
 def test_multipart_upload_round_trip(backend: Backend, store: ObjectStore) -> None:
+    """Parts stored, listed with the ETags their uploads answered, invisible until the
+    completion makes them one object, which says it was made by that upload."""
     parts = [data(PART, seed=21), data(PART, seed=22), data(1000, seed=23)]
     upload_id = store.create_upload("mp/object")
     etags = [store.upload_part("mp/object", upload_id, n, p) for n, p in enumerate(parts, 1)]
-    assert etags == [md5(p) for p in parts]  # bare: no quotes
-    listed = {n: {md5(p): len(p)} for n, p in enumerate(parts, 1)}
+    assert len(set(etags)) == 3 and all(checksum.bare_etag(e) == e for e in etags)
+    listed = {n: {etag: len(p)} for n, (etag, p) in enumerate(zip(etags, parts, strict=True), 1)}
     assert store.list_parts("mp/object", upload_id) == listed
     with backend.small_pages(store):
         assert store.list_parts("mp/object", upload_id) == listed
@@ -720,13 +531,13 @@ def test_multipart_upload_round_trip(backend: Backend, store: ObjectStore) -> No
         store.head("mp/object")
 
     store.complete_upload("mp/object", upload_id, etags, mode=CREATE)
-    implied = checksum.multipart_etag(etags)
-    assert implied is not None and implied.endswith("-3")
     blob = store.get("mp/object")
     assert blob is not None
     assert blob.body == b"".join(parts)
-    assert checksum.bare_etag(blob.etag) == implied
-    assert store.head("mp/object") == Head(blob.etag, 2 * PART + 1000, {})
+    head = store.head("mp/object")
+    assert (head.etag, head.size, head.metadata) == (blob.etag, 2 * PART + 1000, {})
+    assert completed_from(head, upload_id, etags) is True
+    assert completed_from(head, "another-upload", etags[:2]) is False
     assert list(store.list_uploads("")) == []
     assert store.abort_upload("mp/object", upload_id) is False
     assert list(store.list("mp/")) == [Listed("mp/object")]
@@ -737,6 +548,7 @@ def one_part_upload(store: ObjectStore, key: str, body: bytes) -> tuple[str, str
     return upload_id, store.upload_part(key, upload_id, 1, body)
 
 
+@pytest.mark.needs("conditional_completion")
 def test_a_completion_where_an_object_exists_is_refused(store: ObjectStore) -> None:
     etag = store.put("taken", b"first", metadata={"who": "first"})
     upload_id, part = one_part_upload(store, "taken", b"second")
@@ -761,7 +573,7 @@ def test_a_completion_naming_a_part_not_stored_is_parts_rejected(store: ObjectSt
     store.complete_upload("parts", upload_id, [part])
     blob = store.get("parts")
     assert blob is not None and blob.body == body
-    assert checksum.bare_etag(blob.etag) == checksum.multipart_etag([part])
+    assert completed_from(store.head("parts"), upload_id, [part]) is True
 
 
 def test_an_aborted_upload_is_gone(store: ObjectStore) -> None:
@@ -810,17 +622,6 @@ def test_list_uploads_lists_open_uploads_under_the_prefix(
                 assert list(store.list_uploads("none/")) == []
     finally:
         other.abort_upload("up/a", other_id)
-
-
-def test_a_small_part_before_the_last_is_refused_at_completion(store: ObjectStore) -> None:
-    upload_id = store.create_upload("small")
-    first = store.upload_part("small", upload_id, 1, data(1000, seed=41))
-    last = store.upload_part("small", upload_id, 2, data(1000, seed=42))
-    with pytest.raises(StoreError) as info:
-        store.complete_upload("small", upload_id, [first, last])
-    assert "5 MiB" in str(info.value)
-    with pytest.raises(NoSuchObject):
-        store.head("small")
 
 
 # -- the clock ---------------------------------------------------------------------------------
@@ -965,89 +766,3 @@ def test_through_the_wrapper_a_read_whose_answer_is_lost_is_a_store_error(
             reads[op](key)
         assert type(lost.value) is StoreError and store.describe(key) in str(lost.value)
     assert faulty.faults.calls[op] == 2
-
-
-def test_s3_now_is_the_servers_date_asked_under_the_prefix_only(
-    s3_server: Server, prefix: str
-) -> None:
-    store = s3_server.connect(prefix)
-    sent: list[tuple[str, dict[str, Any]]] = []
-
-    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
-        sent.append((model.name, dict(params)))
-
-    def server_date() -> datetime:
-        response = s3_server.client().list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/", MaxKeys=1)
-        return parsedate_to_datetime(response["ResponseMetadata"]["HTTPHeaders"]["date"])
-
-    store.client.meta.events.register("provide-client-params.s3", record)
-    try:
-        before = server_date()
-        now = store.now()
-        after = server_date()
-        assert sent == [("ListObjectsV2", {"Bucket": BUCKET, "Prefix": f"{prefix}/", "MaxKeys": 1})]
-        again = store.now()  # the clock is known now: no second question
-        assert len(sent) == 1
-    finally:
-        store.client.meta.events.unregister("provide-client-params.s3", record)
-    # Date has whole seconds and is stamped before the answer leaves the server.
-    assert before - timedelta(seconds=1) <= now <= after + timedelta(seconds=2)
-    assert now <= again <= after + timedelta(seconds=3)
-
-
-# -- quirks each S3 store answers differently, one outcome above the seam ---------------------
-
-
-def test_s3_quirks_become_one_outcome(s3_server: Server, prefix: str) -> None:
-    store = s3_server.connect(prefix)
-    client = s3_server.client()
-    full = f"{prefix}/quirk"
-
-    def status(call: Callable[[], Any]) -> int:
-        with pytest.raises(ClientError) as info:
-            call()
-        return int(info.value.response["ResponseMetadata"]["HTTPStatusCode"])
-
-    # If-Match on a missing key: AWS and moto answer 404, SeaweedFS 412.
-    raw = status(lambda: client.put_object(Bucket=BUCKET, Key=full, Body=b"x", IfMatch=STALE))
-    assert raw in (404, 412)
-    with pytest.raises(PreconditionFailed):
-        store.put("quirk", b"x", mode=PutMode.update(STALE))
-    # A second create: 412, or 409 when the store saw the two race.
-    client.put_object(Bucket=BUCKET, Key=full, Body=b"first")
-    raw = status(lambda: client.put_object(Bucket=BUCKET, Key=full, Body=b"x", IfNoneMatch="*"))
-    assert raw in (409, 412)
-    with pytest.raises(PreconditionFailed):
-        store.put("quirk", b"x", mode=CREATE)
-
-
-# -- what goes on the wire (S3 only) --------------------------------------------------------
-
-
-def test_a_small_body_is_sent_at_once_and_a_large_one_asks_to_continue_first(
-    s3_server: Server, prefix: str
-) -> None:
-    """botocore sends ``Expect: 100-continue`` with every PutObject and UploadPart, so each
-    waits a round trip for the server's ``100 Continue``; the store's client keeps it only
-    for a body of ``CONTINUE_THRESHOLD`` or more. A refusal still arrives as itself."""
-    store = S3Store(make_client(s3_server.endpoint_url), BUCKET, prefix)
-    sent: list[tuple[str, str | None]] = []
-
-    def record(request: Any, **_: Any) -> None:
-        expect = request.headers.get("Expect")
-        sent.append((request.method, expect.decode() if isinstance(expect, bytes) else expect))
-
-    store.client.meta.events.register("before-send.s3", record)
-    small, large = data(1000, seed=41), data(CONTINUE_THRESHOLD, seed=42)
-    etag = store.put("small", small)
-    with pytest.raises(PreconditionFailed):
-        store.put("small", data(2000, seed=43), mode=PutMode.update(STALE))
-    store.put("large", large, mode=CREATE)
-    upload_id = store.create_upload("parts")
-    store.upload_part("parts", upload_id, 1, small)
-    store.abort_upload("parts", upload_id)
-    puts = [expect for method, expect in sent if method == "PUT"]
-    assert puts == [None, None, "100-continue", None]
-    assert store.get("small") == Blob(small, etag, {})
-    got = store.get("large")
-    assert got is not None and got.body == large

@@ -26,7 +26,7 @@ import objmanifest as om
 from objmanifest.cli import main
 from tests.support import rawstore
 from tests.support.faults import FaultProxy
-from tests.support.stores import BUCKET, Server
+from tests.support.stores import Server
 from tests.test_hostile_input import not_s3
 
 pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
@@ -89,7 +89,7 @@ def cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
     env = {
         **clean_env(),
         **server.env,
-        "OBJMANIFEST_URL": f"s3://{BUCKET}/{prefix}",
+        "OBJMANIFEST_URL": server.url(prefix),
         "OBJMANIFEST_TASK": "job",
     }
     return Cli(env, tmp_path)

@@ -34,13 +34,14 @@ class Context:
             url = self.opt("url")
             if not url:
                 raise UsageError(
-                    "no store given: pass --url s3://BUCKET/PREFIX or set OBJMANIFEST_URL"
+                    "no store given: pass --url s3://BUCKET/PREFIX (or az://CONTAINER/PREFIX, "
+                    "gs://BUCKET/PREFIX, file:///DIR) or set OBJMANIFEST_URL"
                 )
             if str(url).startswith("memory:"):
                 raise UsageError(
                     "memory:// stores live inside one process, and every objmanifest command "
-                    "is a process of its own: use an s3:// URL (`objmanifest serve` starts a "
-                    "local S3 server)"
+                    "is a process of its own: use an s3://, az://, gs:// or file:// URL "
+                    "(file:///DIR needs no server; `objmanifest serve` starts a local S3 server)"
                 )
             self._store = om.connect(str(url), endpoint_url=self.opt("endpoint_url"))
         return self._store

@@ -39,15 +39,17 @@ def add_globals(parser: argparse.ArgumentParser, suppress: bool) -> None:
     group.add_argument(
         "--url",
         default=default(os.environ.get(ENV_URL)),
-        metavar="s3://BUCKET/PREFIX",
-        help=f"where the tasks live (default: ${ENV_URL})",
+        metavar="URL",
+        help="where the tasks live: s3://BUCKET/PREFIX, az://CONTAINER/PREFIX, "
+        f"gs://BUCKET/PREFIX or file:///DIR (default: ${ENV_URL})",
     )
     group.add_argument(
         "--endpoint-url",
         default=default(None),
         metavar="URL",
-        help="S3 endpoint of a non-AWS store (default: $AWS_ENDPOINT_URL_S3, then "
-        "$AWS_ENDPOINT_URL)",
+        help="the store's endpoint: an S3 endpoint of a non-AWS store (default: "
+        "$AWS_ENDPOINT_URL_S3, then $AWS_ENDPOINT_URL), an Azure account URL "
+        "($AZURE_STORAGE_ACCOUNT_URL) or a GCS endpoint ($STORAGE_EMULATOR_HOST)",
     )
     group.add_argument(
         "--task",

@@ -15,13 +15,12 @@ means (that is ``NoSuchObject``, and each caller says it in its own words).
 
 from __future__ import annotations
 
-import re
-import unicodedata
-from typing import TYPE_CHECKING
-from urllib.parse import urlparse
+import importlib
+from typing import TYPE_CHECKING, Protocol, cast
 
 from ..core.runtime import Runtime
 from ..errors import InvalidInput
+from . import urls
 from .base import (
     CREATE,
     OVERWRITE,
@@ -36,22 +35,18 @@ from .base import (
     PrefixedStore,
     PutMode,
     StoreClock,
+    completed_from,
     list_keys,
 )
 from .faulty import Fault, Faults, FaultyStore
 from .memory import MemoryBackend, MemoryStore
 from .probe import PROBE_PREFIX, probe_conditional_writes
 from .s3 import S3Store
-from .s3_client import make_client, without_credentials
+from .s3_client import make_client
+from .urls import SCHEMES, StoreURL, without_credentials
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-SCHEMES = ("s3", "memory")
-
-_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
-"""What any S3 store could call a bucket (AWS today: 3-63 lowercase letters, digits, '.'
-and '-'; older buckets and other stores allow capitals and '_' too)."""
 
 __all__ = [
     "CREATE",
@@ -75,49 +70,29 @@ __all__ = [
     "PutMode",
     "S3Store",
     "StoreClock",
+    "StoreURL",
+    "completed_from",
     "connect",
     "list_keys",
     "make_client",
     "parse_url",
     "probe_conditional_writes",
+    "without_credentials",
 ]
 
 
 def parse_url(url: str) -> tuple[str, str, str]:
-    """``s3://bucket/prefix`` or ``memory://bucket/prefix`` -> (scheme, bucket, prefix)."""
-    if isinstance(url, str) and "@" in url.partition("://")[2].partition("/")[0]:
-        raise InvalidInput(
-            f"invalid bucket name in {without_credentials(url)!r}: a store URL names no "
-            "credentials, and this one has user info (before '@'); use s3://BUCKET[/PREFIX], "
-            "with the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS "
-            "profile: AWS_PROFILE)"
-        )
-    if isinstance(url, str) and any(unicodedata.category(c) == "Cc" for c in url):
-        raise InvalidInput(f"a store URL has no control characters (a newline, a tab ...): {url!r}")
-    try:
-        parsed = urlparse(url) if isinstance(url, str) else None
-    except ValueError:  # "Invalid IPv6 URL": a '[' in the bucket
-        parsed = None
-    if parsed is None or parsed.scheme not in SCHEMES or not parsed.netloc:
-        raise InvalidInput(
-            f"not a store URL: {url!r}; use s3://BUCKET[/PREFIX] (or memory://NAME[/PREFIX] "
-            "for an in-process store)"
-        )
-    if parsed.query or parsed.fragment or parsed.params:
-        raise InvalidInput(f"a store URL has no query or fragment: {without_credentials(url)!r}")
-    if not _BUCKET.fullmatch(parsed.netloc):
-        raise InvalidInput(
-            f"invalid bucket name {parsed.netloc!r} in {url!r}: a bucket name has letters, "
-            "digits, '.', '-' and '_' only (on AWS: 3-63 lowercase letters, digits, '.' and "
-            "'-'), such as s3://my-bucket/jobs"
-        )
-    prefix = parsed.path.strip("/")
-    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
-        raise InvalidInput(
-            f"the prefix of {url!r} has an empty, '.' or '..' segment; use a plain path "
-            "such as s3://BUCKET/jobs/nightly"
-        )
-    return parsed.scheme, parsed.netloc, prefix
+    """A store URL -> (scheme, bucket or container, prefix); for ``file:///DIR`` the bucket
+    is the directory and the prefix empty. One line naming the fix for a URL that breaks
+    its scheme's rules (``urls.parse``)."""
+    parsed = urls.parse(url)
+    return parsed.scheme, parsed.bucket, parsed.prefix
+
+
+BACKENDS = {"file": "file", "az": "azure", "gs": "gcs"}
+"""The schemes whose backend lives in a module of its own, opened by its ``open_store``
+when a URL names it: the cloud SDKs are optional extras, and a process that never opens
+such a URL never pays for importing them."""
 
 
 def connect(
@@ -128,14 +103,51 @@ def connect(
     client: S3Client | None = None,
     runtime: Runtime | None = None,
 ) -> ObjectStore:
-    """Open ``s3://bucket/prefix`` (or ``memory://bucket/prefix``).
+    """Open a store from its URL: ``s3://BUCKET/PREFIX``, ``az://CONTAINER/PREFIX``,
+    ``gs://BUCKET/PREFIX``, ``file:///DIR`` or ``memory://NAME/PREFIX``.
 
-    The endpoint comes from ``endpoint_url`` or the standard ``AWS_ENDPOINT_URL_S3`` /
-    ``AWS_ENDPOINT_URL``; pass ``client`` to use a boto3 client configured your own way.
-    ``memory://`` is an in-process store: every ``connect`` to the same bucket name in one
-    process sees the same objects, and nothing outlives the process.
+    ``endpoint_url`` is an S3 endpoint (default ``AWS_ENDPOINT_URL_S3`` /
+    ``AWS_ENDPOINT_URL``), an Azure account URL (default ``AZURE_STORAGE_ACCOUNT_URL``) or a
+    GCS endpoint (default ``STORAGE_EMULATOR_HOST``); a directory has none. ``client`` is a
+    boto3 client configured your own way, and ``region`` its region, for ``s3://`` only.
+    ``memory://`` is an in-process store: every ``connect`` to the same name in one process
+    sees the same objects, and nothing outlives the process.
     """
-    scheme, bucket, prefix = parse_url(url)
-    if scheme == "memory":
-        return MemoryStore(bucket, prefix, runtime=runtime)
-    return S3Store(client or make_client(endpoint_url, region), bucket, prefix, runtime=runtime)
+    parsed = urls.parse(url)
+    if parsed.scheme == "memory":
+        return MemoryStore(parsed.bucket, parsed.prefix, runtime=runtime)
+    if parsed.scheme == "s3":
+        made = client or make_client(endpoint_url, region)
+        return S3Store(made, parsed.bucket, parsed.prefix, runtime=runtime)
+    if client is not None or region is not None:
+        raise InvalidInput(
+            f"client= and region= are a boto3 client's, for s3:// URLs only, not {parsed}"
+        )
+    if parsed.scheme == "file" and endpoint_url:
+        raise InvalidInput(
+            f"a directory has no endpoint: drop endpoint_url (--endpoint-url) for {parsed}"
+        )
+    return _backend(parsed.scheme).open_store(parsed, endpoint_url=endpoint_url, runtime=runtime)
+
+
+class _Backend(Protocol):
+    """What a backend module gives ``connect``."""
+
+    def open_store(
+        self, url: StoreURL, *, endpoint_url: str | None, runtime: Runtime | None
+    ) -> ObjectStore: ...
+
+
+def _backend(scheme: str) -> _Backend:
+    """The module of a scheme's backend (``BACKENDS``); a missing SDK is named with the
+    extra that installs it."""
+    try:
+        return cast(_Backend, importlib.import_module(f".{BACKENDS[scheme]}", __name__))
+    except ImportError as e:
+        extra = urls.EXTRAS.get(scheme)
+        if extra is None:
+            raise
+        raise InvalidInput(
+            f"{scheme}:// stores need the {extra} extra, and {e.name or 'its SDK'} is not "
+            f"installed: pip install 'objmanifest[{extra}]'"
+        ) from e

@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import BinaryIO, ClassVar, Literal, Protocol, TypeVar, cast, runtime_checkable
 
+from ..core import checksum
 from ..core.runtime import DEFAULT, Runtime
 from ..errors import StoreError
 from .errors import BodyDamaged
@@ -72,11 +73,17 @@ class Blob:
 
 @dataclass(frozen=True)
 class Head:
-    """An object's ETag, size and user metadata, without its bytes."""
+    """An object's ETag, size and user metadata, without its bytes.
+
+    ``completed_upload``: the id of the multipart upload whose completion made the object,
+    where the store records it with the object (the stores whose ETag does not say which
+    parts made it: Azure, GCS, a directory); None on S3, whose multipart ETag says it.
+    """
 
     etag: str
     size: int
     metadata: dict[str, str]
+    completed_upload: str | None = None
 
 
 @dataclass(frozen=True)
@@ -191,7 +198,8 @@ class ObjectStore(Protocol):
 
         ``PreconditionFailed`` when the condition fails, ``UploadGone``, ``PartsRejected``
         when a named part is not stored with that ETag, ``OutcomeUnknown`` when no answer
-        came back.
+        came back. Whether the object at ``key`` afterwards is this completion's is told
+        by ``completed_from`` on its ``Head``.
         """
         ...
 
@@ -248,6 +256,20 @@ def read_whole(body: bytes | BinaryIO | PartBody) -> bytes:
         chunks.append(bytes(chunk))
         length -= len(chunk)
     return b"".join(chunks)
+
+
+def completed_from(head: Head, upload_id: str, etags: Sequence[str]) -> bool | None:
+    """Whether the object ``head`` describes was made by completing ``upload_id`` with
+    exactly the parts ``etags`` (numbered 1..N): by the upload id the store recorded with
+    the object, else by S3's multipart ETag (the MD5 of the parts' MD5s, and their count).
+    None when neither can tell (part ETags that are not MD5s, as under SSE-KMS): the caller
+    then judges by what else it knows."""
+    if head.completed_upload is not None:
+        return head.completed_upload == upload_id
+    implied = checksum.multipart_etag(etags)
+    if implied is None:
+        return None
+    return checksum.bare_etag(head.etag) == implied
 
 
 def list_keys(store: ObjectStore, prefix: str) -> Iterator[str]:

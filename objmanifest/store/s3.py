@@ -55,7 +55,7 @@ from .s3_answers import (
     connection_problem,
     error_code,
 )
-from .s3_client import without_credentials
+from .urls import without_credentials
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -14,6 +14,7 @@ from botocore.config import Config
 from botocore.utils import determine_content_length
 
 from ..errors import InvalidInput
+from .urls import without_credentials
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -96,22 +97,6 @@ def make_client(
             f"before-sign.s3.{operation}", _continue_only_for_large_bodies, unique_id=unique_id
         )
     return client
-
-
-def without_credentials(url: str) -> str:
-    """``url`` as it may be shown: any user info (``user:password@``), query and fragment
-    replaced by ``***``, whatever else is wrong with it."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    shown = f"{scheme}{sep}{authority}{slash}{path}"
-    for mark in ("?", "#"):
-        if mark in shown:
-            shown = shown.partition(mark)[0] + mark + "***"
-    return shown
 
 
 def check_endpoint(endpoint_url: str) -> str:

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -143,28 +144,84 @@ def refusal_breaks(name: str) -> bool:
     return name == "endpoint" and DIGESTS == "refusal-breaks"
 
 
+S3_SERVERS = ("moto", "seaweedfs", "endpoint")
+"""The backends that speak the S3 API (a test of S3 itself, marked ``s3_only``, runs on
+these alone)."""
+
+STORES = ("file", "azurite", "fakegcs")
+"""The backends of the other URL schemes: ``file://`` (a directory, no server), ``az://``
+on Azurite and ``gs://`` on fake-gcs-server (CI starts both; a newcomer without node runs
+memory, file, moto and SeaweedFS)."""
+
+
 def backends() -> list[str]:
     """The names of the S3 servers the suites run against."""
-    return [n for n in backend_names() if n != "memory"]
+    return [n for n in backend_names() if n in S3_SERVERS]
+
+
+def other_stores() -> list[str]:
+    """The backends of the run that are neither in-process nor S3 (``STORES``)."""
+    return [n for n in backend_names() if n in STORES]
 
 
 @dataclass
 class Server:
-    """A running S3 endpoint the tests can reach, with the environment to reach it."""
+    """A backend the tests can reach: an S3 endpoint, or a store of another scheme, with the
+    environment a process needs to reach it.
+
+    ``scheme`` is the URL scheme of its stores; ``root`` the directory under which each
+    prefix of a ``file`` backend is a store of its own (``LACKS`` says what its emulator
+    does not enforce)."""
 
     name: str
     endpoint_url: str
     env: dict[str, str] = field(default_factory=dict)
-    local: servers.LocalS3 | None = None
+    local: Any = None
+    scheme: str = "s3"
+    root: str = ""
+    bucket: str = BUCKET
+
+    @property
+    def s3(self) -> bool:
+        """Whether it speaks the S3 API (a boto3 client, a fault proxy in front of it)."""
+        return self.scheme == "s3"
 
     def client(self):  # type: ignore[no-untyped-def]
-        assert self.name != "memory", "an in-process store has no S3 client"
+        assert self.s3, f"{self.name} is no S3 server: it has no S3 client"
         return om.store.make_client(self.endpoint_url, region=self.env.get("AWS_DEFAULT_REGION"))
+
+    def url(self, prefix: str) -> str:
+        """The URL of the store at ``prefix`` (for ``file``, its directory, made if need be)."""
+        if self.scheme == "file":
+            directory = Path(self.root, prefix)
+            directory.mkdir(parents=True, exist_ok=True)
+            return f"file://{directory}"
+        return f"{self.scheme}://{self.bucket}/{prefix}"
 
     def connect(self, prefix: str, endpoint_url: str | None = None) -> Any:
         if self.name == "memory":
             return memory_store(prefix)
-        return om.connect(f"s3://{BUCKET}/{prefix}", endpoint_url=endpoint_url or self.endpoint_url)
+        if self.scheme == "file":
+            return om.connect(self.url(prefix))
+        return om.connect(self.url(prefix), endpoint_url=endpoint_url or self.endpoint_url)
+
+
+CAPABILITIES: dict[str, str] = {
+    "conditional_completion": "a multipart completion refused where an object exists",
+}
+"""Capabilities of the seam a test may be marked as needing (``needs(CAPABILITY)``), each
+with what it is."""
+
+LACKS: dict[str, dict[str, str]] = {}
+"""Backend -> the capabilities its emulator does not enforce, each with the test that
+covers that capability instead (a transport double that enforces it, or the real service).
+A test that needs one runs there as a strict xfail: it must fail, so an emulator that
+learns the capability is noticed; the run's summary counts them."""
+
+
+def lacks(backend: str) -> dict[str, str]:
+    """The capabilities ``backend`` lacks (``LACKS``)."""
+    return LACKS.get(backend, {})
 
 
 _running: dict[str, Server] = {}
@@ -233,9 +290,25 @@ def _shared(name: str, directory: Path) -> Server:
     return Server(name, ready["endpoint_url"], ready["env"])
 
 
+STARTS: dict[str, Callable[[], Server]] = {
+    "file": lambda: Server(
+        "file", "", scheme="file", root=tempfile.mkdtemp(prefix="objmanifest-file-store-")
+    ),
+}
+"""How each backend that is neither in-process nor S3 is started (``STORES``): a server of
+its own and its container or bucket made, or, for ``file``, a directory of this process's
+(every prefix a store of its own under it, which other processes reach through the URL)."""
+
+
 def _start(name: str) -> Server:
     if name == "memory":
         return Server(name, "")
+    if name in STARTS:
+        server = STARTS[name]()
+        os.environ.update(server.env)
+        return server
+    if name in STORES:
+        raise pytest.UsageError(f"the {name} backend is not wired into the test suites yet")
     shared_dir = os.environ.get(SHARED_DIR)
     if name in SHARED and shared_dir:
         server = _shared(name, Path(shared_dir))

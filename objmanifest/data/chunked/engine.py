@@ -27,7 +27,7 @@ from ...cas.policy import Command
 from ...core import checksum
 from ...core.model import Claim, Stored
 from ...errors import LeaseLost, ObjManifestError, SourceChanged, StoreError
-from ...store import Head, ObjectStore
+from ...store import Head, ObjectStore, completed_from
 from ...store.errors import (
     NoSuchObject,
     OutcomeUnknown,
@@ -202,8 +202,8 @@ class Upload:
         if head is None or not parts:
             return None
         numbers_ok = [p[0] for p in parts] == list(range(1, len(parts) + 1))
-        implied = checksum.multipart_etag(p[3] for p in parts)
-        if not numbers_ok or implied is None or checksum.bare_etag(head.etag) != implied:
+        made = completed_from(head, doc.upload_id or "", [p[3] for p in parts])
+        if not numbers_ok or made is not True:
             return None
         if head.size != self.source.size or sum(p[1] for p in parts) != head.size:
             return None
@@ -316,17 +316,16 @@ class Upload:
             log.warning("%s: upload %s vanished before completion", self.claim.file_id, doc.key)
             raise RestartUpload()
         size = sum(p[1] for p in parts)
-        implied = checksum.multipart_etag(etags)
-        ours = head.size == size and (
-            checksum.bare_etag(head.etag) == implied if implied is not None else answered
-        )
+        made = completed_from(head, doc.upload_id, etags)
+        ours = head.size == size and (made if made is not None else answered)
         if not ours:
             log.warning(
-                "%s: %s holds other bytes (ETag %s, not %s); starting a new upload",
+                "%s: %s holds other bytes (ETag %s, not the completion of upload %s); "
+                "starting a new upload",
                 self.claim.file_id,
                 self.store.describe(doc.key),
                 head.etag,
-                implied,
+                doc.upload_id,
             )
             raise RestartUpload()
         return True
