@@ -354,7 +354,7 @@ def test_the_cli_prints_each_policy_and_the_docs_show_the_agents(capsys: Any) ->
         assert main(["iam-policy", "--json", "--for", role, "--url", "s3://work/jobs"]) == 0
         assert json.loads(capsys.readouterr().out) == permissions.policy("work", "jobs", role)
     assert main(["iam-policy", "--url", "memory://m/x"]) == 2
-    assert "an IAM policy is for an s3:// URL" in capsys.readouterr().err
+    assert "there is no cloud access policy for memory://m/x" in capsys.readouterr().err
     page = (ROOT / "docs" / "stores.md").read_text()
     shown = page.split("objmanifest iam-policy --url s3://work/jobs\n```\n\n```json\n")[1]
     assert json.loads(shown.split("\n```")[0]) == permissions.policy("work", "jobs", "agent")

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 import objmanifest as om
-from objmanifest.store import PROBE_PREFIX, parse_url, permissions
+from objmanifest.store import PROBE_PREFIX, access_policy, permissions
 from objmanifest.store.probe import Check, ProbeReport, probe_store
 
 from ..wire.errors import UsageError
@@ -147,10 +147,7 @@ def cmd_iam_policy(ctx: Context) -> int:
     url = ctx.opt("url")
     if not url:
         raise UsageError("no store given: pass --url s3://BUCKET/PREFIX or set OBJMANIFEST_URL")
-    scheme, bucket, prefix = parse_url(str(url))
-    if scheme != "s3":
-        raise om.InvalidInput(f"an IAM policy is for an s3:// URL, not {url!r}")
-    document = permissions.policy(bucket, prefix, ctx.args.role)
+    document = access_policy(str(url), ctx.args.role)
     if ctx.out.json_mode:
         ctx.out.emit_json(document)
     else:

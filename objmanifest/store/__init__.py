@@ -16,7 +16,7 @@ means (that is ``NoSuchObject``, and each caller says it in its own words).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..core.runtime import Runtime
 from ..errors import InvalidInput
@@ -71,6 +71,7 @@ __all__ = [
     "S3Store",
     "StoreClock",
     "StoreURL",
+    "access_policy",
     "completed_from",
     "connect",
     "list_keys",
@@ -128,6 +129,31 @@ def connect(
             f"a directory has no endpoint: drop endpoint_url (--endpoint-url) for {parsed}"
         )
     return _backend(parsed.scheme).open_store(parsed, endpoint_url=endpoint_url, runtime=runtime)
+
+
+POLICIES = {"s3": "permissions"}
+"""The schemes with a least-privilege access policy (``access_policy``), and the module of
+this package that writes it (a function ``policy(bucket, prefix, role)``)."""
+
+
+def access_policy(url: str, role: str) -> dict[str, Any]:
+    """The least-privilege access policy of ``role`` (``agent`` or ``admin``) for the store
+    ``url`` names, in its cloud's own form: an AWS IAM policy, an Azure custom role, a GCS
+    custom role with an IAM condition. It sends no request."""
+    parsed = urls.parse(url)
+    if parsed.scheme not in POLICIES:
+        raise InvalidInput(
+            f"there is no cloud access policy for {parsed}: "
+            + (
+                "a directory is confined by its own permissions (the agents' user or group "
+                "needs read and write access to it, and nobody else)"
+                if parsed.scheme == "file"
+                else f"use {urls.FORMS}"
+            )
+        )
+    module = importlib.import_module(f".{POLICIES[parsed.scheme]}", __name__)
+    document: dict[str, Any] = module.policy(parsed.bucket, parsed.prefix, role)
+    return document
 
 
 class _Backend(Protocol):

@@ -56,7 +56,6 @@ STORE_ACTIONS: Mapping[str, frozenset[str]] = {
     "put_digested": frozenset({"s3:PutObject"}),
     "delete": frozenset({"s3:DeleteObject"}),
     "list": frozenset({"s3:ListBucket"}),
-    "list_keys": frozenset({"s3:ListBucket"}),
     "now": frozenset({"s3:ListBucket"}),
     "create_upload": frozenset({"s3:PutObject"}),
     # asks whether the upload is gone when an answer is unclear
