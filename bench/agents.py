@@ -5,7 +5,7 @@ same instant as the others, for a fixed time.
 A job produces entries of one stage: ``claim(stage=)`` + ``put`` of a small payload (batch
 1), or ``claim_many(stage, limit=B)`` + ``put_many`` (batch B), in ``threads`` threads of
 the process (each its own agent). It reports the entries it made ready, each operation's
-latency, and the commits and lost races of its process (``task.docs.stats``).
+latency, and the commits and lost races of its process (``task.request_counts()``).
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ def produce(job: dict[str, Any], conn: Connection) -> dict[str, Any]:
     store = _store(job["endpoint"], job["bucket"], job["prefix"])
     task = om.Task.open(store, job["task_id"])
     stage: str = job["stage"]
-    for shard in task.layout.shards_of(stage):  # warm: the agent has seen its shards
-        task.read_shard(shard)
+    task.shards(task.shard_names(stage))  # warm: the agent has seen its shards
     threads = int(job.get("threads", 1))
     batch = int(job.get("batch", 1))
     many = bool(job.get("many", batch > 1))
@@ -58,8 +57,7 @@ def produce(job: dict[str, Any], conn: Connection) -> dict[str, Any]:
         time.sleep(pause)
     deadline = start_at + float(job["duration"])
     cpu0 = os.times()
-    stats = task.docs.stats
-    commits0, conflicts0 = stats.commits, stats.conflicts
+    before = task.request_counts()
     latencies: list[float] = []
     ends: list[float] = []
     entries = [0]
@@ -118,14 +116,15 @@ def produce(job: dict[str, Any], conn: Connection) -> dict[str, Any]:
     for t in pool:
         t.join()
     cpu1 = os.times()
+    after = task.request_counts()
     return {
         "cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
         "entries": entries[0],
         "latencies": latencies,
         "last_end": max(ends) if ends else start_at,
         "start_at": start_at,
-        "commits": stats.commits - commits0,
-        "conflicts": stats.conflicts - conflicts0,
+        "commits": after["commits"] - before["commits"],
+        "conflicts": after["conflicts"] - before["conflicts"],
         "errors": dict(errors),
         "ran_out": ran_out[0],
     }

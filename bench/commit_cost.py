@@ -32,6 +32,7 @@ if __package__ in (None, ""):
 import objmanifest as om
 from bench.common import Bench, bench_context, fmt, ms, new_prefix, pct, say
 from objmanifest.core import checksum
+from tests.support.internals import engine
 
 
 def one_run(b: Bench, rounds: int, entries: int) -> dict[str, Any]:
@@ -41,11 +42,11 @@ def one_run(b: Bench, rounds: int, entries: int) -> dict[str, Any]:
     agent = task.agent("bench")
     claim = agent.claim(stage="s")
     assert claim is not None
-    key, codec = task.layout.shard(claim.shard), task.codec(claim.shard)
+    key, codec = engine(task).layout.shard(claim.shard), engine(task).codec(claim.shard)
 
     def written() -> bytes:
         """The body of the version the last commit wrote (encoded again, untimed)."""
-        return codec.encode(task.docs.cached(key, codec))
+        return codec.encode(engine(task).docs.cached(key, codec))
 
     client, bucket = store.client, store.bucket
     raw_key = store.full_key("raw/object.json")

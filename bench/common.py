@@ -28,6 +28,7 @@ import objmanifest as om  # noqa: E402
 from objmanifest.local import servers  # noqa: E402
 from objmanifest.store import make_client  # noqa: E402
 from tests.support.faults import FaultProxy  # noqa: E402
+from tests.support.internals import engine  # noqa: E402
 
 BUCKET = "objmanifest-bench"
 
@@ -70,7 +71,7 @@ def create_task(
 
 def shard_count(task: om.Task) -> int:
     """How many shard objects the task's stages live in."""
-    return len({shard for stage in task.stages for shard in task.layout.shards_of(stage)})
+    return len({shard for stage in task.stages for shard in engine(task).layout.shards_of(stage)})
 
 
 # -- the server and its proxies ----------------------------------------------------------------

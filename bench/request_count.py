@@ -30,6 +30,7 @@ import objmanifest as om
 from bench.common import Bench, bench_context, fmt, layout_support, new_prefix, say
 from objmanifest.cas.blocks import BLOCK
 from tests.support.faults import FaultProxy
+from tests.support.internals import engine
 
 LIMIT = 3
 """Requests a produced entry cannot do without: the claim's PUT, the data PUT, the ready PUT."""
@@ -104,7 +105,7 @@ def run(b: Bench, entries: int = 200, batch: int = 100) -> dict[str, Any]:
         task.flush_journal()
         phases.append(_phase("consume", proxy.requests[start:], len(produced)))
 
-        blocks = len(list(store.list_keys(task.layout.journal_prefix)))
+        blocks = len(list(store.list_keys(engine(task).layout.journal_prefix)))
 
     first = phases[0]
     result = {

@@ -21,6 +21,7 @@ from bench.common import Bench, create_task, fmt, layout_support, ms, new_prefix
 from objmanifest.cas.blocks import BLOCK
 from objmanifest.core.model import Shard
 from tests.support.faults import FaultProxy
+from tests.support.internals import engine
 
 PER_PARTITION = 1_000
 LIVE = 1_000
@@ -124,16 +125,16 @@ def run(b: Bench, sizes: list[int], rounds: int = 20) -> dict[str, Any]:
     points = []
     for s in setups:
         shard = s.claim.shard
-        current = s.task.read_shard(shard)
-        encode_s, whole_s = encode_times(s.task.codec(shard), current)
+        current = engine(s.task).read_shard(shard)
+        encode_s, whole_s = encode_times(engine(s.task).codec(shard), current)
         point = {
             "layout": s.layout,
             "entries": s.entries,
-            "shards": len(s.task.layout.shards_of("s")),
+            "shards": len(engine(s.task).layout.shards_of("s")),
             "rounds": rounds,
             "commit_median_ms": ms(statistics.median(s.times)),
             "commit_p90_ms": ms(pct(s.times, 90)),
-            "shard_bytes": len(s.task.codec(shard).encode(current)),
+            "shard_bytes": len(engine(s.task).codec(shard).encode(current)),
             "live": len(current.entries),
             "archived": len(current.archived or {}),
             "declare_s": round(s.declare_s, 2),

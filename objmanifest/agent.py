@@ -19,7 +19,8 @@ from .core.leases import Renewer, held_by_another
 from .core.model import Claim, Entry, Stored
 from .core.names import check_agent, error_text
 from .data import sources, transfer
-from .engine import consuming, producing
+from .engine import consuming, producing, reads
+from .engine.declaring import lookup_for, resumed
 from .engine.manifest import Manifest
 from .errors import (
     ChecksumMismatch,
@@ -56,16 +57,26 @@ class Agent:
     same logical worker: a claim is bound to the name and the epoch.
     """
 
-    def __init__(self, task: Manifest, name: str, role: str | None = None) -> None:
-        self.task = task
-        self.name = check_agent("agent name", name)
-        self.role = name if role is None or role == "" else check_agent("consumer role", role)
+    def __init__(self, engine: Manifest, name: str, role: str | None = None) -> None:
+        self._engine = engine
+        self._name = check_agent("agent name", name)
+        self._role = name if role is None or role == "" else check_agent("consumer role", role)
         self._homes: dict[str, tuple[str, bool]] = {}
         """Per split stage, the partition its claims by stage start at, and whether it was
         settled there by a claim that lost no race (``_home_of``)."""
 
     def __repr__(self) -> str:
-        return f"Agent({self.name!r}, role={self.role!r}, task={self.task.task_id!r})"
+        return f"Agent({self.name!r}, role={self.role!r}, task={self._engine.task_id!r})"
+
+    @property
+    def name(self) -> str:
+        """The agent's name: every claim and commit of this agent carries it."""
+        return self._name
+
+    @property
+    def role(self) -> str:
+        """The consumer role this agent marks entries with named consumers as."""
+        return self._role
 
     # -- claiming ----------------------------------------------------------------------
 
@@ -77,17 +88,19 @@ class Agent:
                 raise InvalidInput("claim() needs a file id, or stage= to take any entry of it")
             claims = self.claim_many(stage=stage, limit=1)
             return claims[0] if claims else None
-        task = self.task
-        stage_of = task.stage_of(file_id)
+        engine = self._engine
+        stage_of = engine.stage_of(file_id)
         if stage is not None and stage != stage_of:
             raise NotClaimable(file_id, f"it belongs to stage {stage_of!r}, not {stage!r}")
-        shard = task.layout.shard_of(stage_of, file_id)
-        current = task.claim_base(shard)
+        shard = engine.layout.shard_of(stage_of, file_id)
+        current = engine.claim_base(shard)
         wanted = [current.entries[file_id]] if file_id in current.entries else []
-        result = task.docs.commit(
-            task.layout.shard(shard),
-            task.codec(shard),
-            commands.ClaimEntry(file_id, self.name, task.rules, task.lookup_for(shard, wanted)),
+        result = engine.docs.commit(
+            engine.layout.shard(shard),
+            engine.codec(shard),
+            commands.ClaimEntry(
+                file_id, self.name, engine.rules, lookup_for(engine, shard, wanted)
+            ),
         )
         if isinstance(result, NotClaimable):
             raise result
@@ -97,18 +110,18 @@ class Agent:
         """Claim up to ``limit`` claimable entries of ``stage`` in one commit per shard."""
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidInput(f"limit must be a whole number of at least 1, not {limit!r}")
-        task = self.task
-        task.check_stage(stage)  # refuses an unknown stage, without a request
-        shards = task.layout.shards_of(stage)
-        only = stage if task.layout.single else None
+        engine = self._engine
+        engine.check_stage(stage)  # refuses an unknown stage, without a request
+        shards = engine.layout.shards_of(stage)
+        only = stage if engine.layout.single else None
         claims: list[Claim] = []
         start, exploring = self._home_of(stage, shards)
         ahead, passed = shards[start:] + shards[:start], list[str]()
-        now = task.store.now() if exploring else None
+        now = engine.store.now() if exploring else None
         while ahead or passed:
             looking = bool(ahead)
             shard = ahead.pop(0) if ahead else passed.pop(0)
-            current = task.claim_base(shard)
+            current = engine.claim_base(shard)
             if (
                 looking
                 and now is not None
@@ -116,17 +129,17 @@ class Agent:
             ):
                 passed.append(shard)  # another agent works here: look further first
                 continue
-            lookups = task.lookup_for(shard, current.entries.values())
-            key = task.layout.shard(shard)
-            began = task.store.runtime.monotonic()
-            found = task.docs.commit(
+            lookups = lookup_for(engine, shard, current.entries.values())
+            key = engine.layout.shard(shard)
+            began = engine.store.runtime.monotonic()
+            found = engine.docs.commit(
                 key,
-                task.codec(shard),
-                commands.ClaimAny(self.name, limit - len(claims), task.rules, lookups, only),
+                engine.codec(shard),
+                commands.ClaimAny(self.name, limit - len(claims), engine.rules, lookups, only),
             )
             claims += found
             if found and len(shards) > 1:
-                self._settle_home(stage, shards, shard, task.docs.lost_since(key, began))
+                self._settle_home(stage, shards, shard, engine.docs.lost_since(key, began))
             if len(claims) >= limit:
                 break
         return claims
@@ -145,7 +158,7 @@ class Agent:
 
     def _random_index(self, n: int) -> int:
         """A random whole number in [0, n), from the runtime's randomness."""
-        return int(self.task.store.runtime.random() * n) % n
+        return int(self._engine.store.runtime.random() * n) % n
 
     def _settle_home(self, stage: str, shards: list[str], shard: str, lost: bool) -> None:
         """Stay where claims were found, unless a race for it was lost on the way: another
@@ -163,12 +176,12 @@ class Agent:
     def _check_holder(self, claim: Claim) -> Claim:
         """``claim``, if it is this agent's, routed to the shard its entry lives in (a claim
         rebuilt by another process from its printed fields names only its stage)."""
-        if claim.agent != self.name or claim.task_id != self.task.task_id:
+        if claim.agent != self.name or claim.task_id != self._engine.task_id:
             raise LeaseLost(
                 f"claim on {claim.file_id!r} belongs to agent {claim.agent!r} of task "
-                f"{claim.task_id!r}, not to {self.name!r} of {self.task.task_id!r}"
+                f"{claim.task_id!r}, not to {self.name!r} of {self._engine.task_id!r}"
             )
-        return self.task.routed(claim)
+        return self._engine.routed(claim)
 
     def resume(self, file_id: str, epoch: int) -> Claim:
         """The claim this agent got on ``file_id`` at ``epoch``, rebuilt (by a later process,
@@ -183,16 +196,16 @@ class Agent:
 
     def resume_many(self, held: Iterable[tuple[str, int]]) -> list[Claim]:
         """``resume`` for each (file id, epoch), reading the index and each shard once."""
-        return self.task.resumed(self.name, list(held))
+        return resumed(self._engine, self.name, list(held))
 
     def renew(self, claim: Claim) -> Claim:
         """Move the lease forward (``LeaseLost`` if the claim was fenced)."""
         claim = self._check_holder(claim)
-        task = self.task
-        return task.docs.commit(
-            task.layout.shard(claim.shard),
-            task.codec(claim.shard),
-            commands.Renew(claim, task.rules),
+        engine = self._engine
+        return engine.docs.commit(
+            engine.layout.shard(claim.shard),
+            engine.codec(claim.shard),
+            commands.Renew(claim, engine.rules),
         )
 
     def put(
@@ -229,7 +242,7 @@ class Agent:
         no longer matters: the put ends with the commit's outcome.
         """
         claim = self._check_holder(claim)
-        task = self.task
+        engine = self._engine
         interrupted = checkpoint(
             stop,
             f"the put of {claim.file_id!r} (epoch {claim.epoch}) was stopped before its ready "
@@ -237,14 +250,17 @@ class Agent:
             "it, or leave it to a takeover once the lease expires",
         )
         interrupted()
-        config = task.transfer.with_overrides(part_size, concurrency, threshold)
+        config = engine.transfer.with_overrides(part_size, concurrency, threshold)
         renewer = Renewer(
-            lambda: self.renew(claim), task.lease_seconds / 3, claim.file_id, task.store.runtime
+            lambda: self.renew(claim),
+            engine.header.lease_seconds / 3,
+            claim.file_id,
+            engine.store.runtime,
         )
         with renewer:
             try:
                 stored = producing.store_data(
-                    task,
+                    engine,
                     claim,
                     data,
                     config,
@@ -263,7 +279,7 @@ class Agent:
             entry = self._finish(claim, stored)
         except LeaseLost:
             if stored.parts_key is None:
-                producing.drop_fenced_object(task, stored.key)
+                producing.drop_fenced_object(engine, stored.key)
             raise
         if progress is not None:
             progress(stored.size, stored.size)
@@ -301,14 +317,14 @@ class Agent:
         failed. The other claims become ready whatever happened to one.
 
         Refused before anything is sent: claims and datas of different lengths, a claim
-        of another agent or task, an entry claimed twice in the batch (``InvalidInput``),
+        of another agent or engine, an entry claimed twice in the batch (``InvalidInput``),
         data of a type ``put`` does not take (``TypeError``).
 
         ``stop`` is checked as ``put`` checks it: once set before the ready commits,
         ``Interrupted`` is raised for the whole batch and every entry stays writing under
         its claim.
         """
-        batch = producing.check_batch(self.task, self.name, claims, datas)
+        batch = producing.check_batch(self._engine, self.name, claims, datas)
         if not batch:
             return []
         interrupted = checkpoint(
@@ -318,18 +334,21 @@ class Agent:
             "leave them to a takeover once the leases expire",
         )
         interrupted()
-        task = self.task
-        config = task.transfer.with_overrides(part_size, concurrency, threshold)
+        engine = self._engine
+        config = engine.transfer.with_overrides(part_size, concurrency, threshold)
         leases = producing.Leases(self.renew, [claim for claim, _ in batch])
         renewer = Renewer(
-            leases.renew, task.lease_seconds / 3, f"{len(batch)}-claims", task.store.runtime
+            leases.renew,
+            engine.header.lease_seconds / 3,
+            f"{len(batch)}-claims",
+            engine.store.runtime,
         )
         with renewer:
             in_memory = concurrency is None and all(
                 isinstance(data, (bytes, bytearray, memoryview)) for _, data in batch
             )
             uploaded = producing.upload_many(
-                task,
+                engine,
                 self.renew,
                 batch,
                 config,
@@ -339,23 +358,25 @@ class Agent:
                 in_memory,
             )
         interrupted()  # the last checkpoint: past it the ready commits are sent
-        return producing.finish_many(task, self.name, uploaded)
+        return producing.finish_many(engine, self.name, uploaded)
 
     def _finish(self, claim: Claim, stored: Stored) -> Entry:
-        task = self.task
-        return task.docs.commit(
-            task.layout.shard(claim.shard), task.codec(claim.shard), commands.Finish(claim, stored)
+        engine = self._engine
+        return engine.docs.commit(
+            engine.layout.shard(claim.shard),
+            engine.codec(claim.shard),
+            commands.Finish(claim, stored),
         )
 
     def fail(self, claim: Claim, reason: str) -> Entry:
         """Give the entry up: it becomes failed (claimable again) or dead. ``reason`` is
         stored in the entry, cut to ``names.MAX_ERROR_CHARS`` (1024) characters."""
         claim = self._check_holder(claim)
-        task = self.task
-        return task.docs.commit(
-            task.layout.shard(claim.shard),
-            task.codec(claim.shard),
-            commands.Fail(claim, error_text(reason), task.rules),
+        engine = self._engine
+        return engine.docs.commit(
+            engine.layout.shard(claim.shard),
+            engine.codec(claim.shard),
+            commands.Fail(claim, error_text(reason), engine.rules),
         )
 
     # -- lifecycle verbs: release ---------------------------------------------
@@ -366,9 +387,9 @@ class Agent:
         if the claim was fenced. A chunked entry's upload is kept for the next holder to
         adopt. For a worker told to stop, or one that decides not to do the work."""
         claim = self._check_holder(claim)
-        task = self.task
-        return task.docs.commit(
-            task.layout.shard(claim.shard), task.codec(claim.shard), verbs.Release(claim)
+        engine = self._engine
+        return engine.docs.commit(
+            engine.layout.shard(claim.shard), engine.codec(claim.shard), verbs.Release(claim)
         )
 
     # -- consuming ---------------------------------------------------------------------
@@ -438,11 +459,11 @@ class Agent:
         verified, before it is put in place at ``dest`` and before it is marked: once set,
         ``Interrupted`` is raised, nothing is marked and ``dest`` is as it was.
         """
-        task = self.task
+        engine = self._engine
         if part_size is not None:
             transfer.check_part_size(part_size)
         target = None if dest is None else transfer.check_destination(dest, parents)
-        config = task.transfer.with_overrides(concurrency=concurrency)
+        config = engine.transfer.with_overrides(concurrency=concurrency)
         left = "" if dest is None else f" and {os.fspath(dest)!r} was left as it was"
         interrupted = checkpoint(
             stop,
@@ -451,32 +472,33 @@ class Agent:
         )
         for _ in range(5):
             interrupted()
-            entry = task.entry(file_id)
+            entry = reads.entry(engine, file_id)
             consumer = self._consumer(entry)
             changes.check_consumable(entry, consumer)
             try:
                 result = consuming.fetch(
-                    task, entry, target, config, part_size, progress, interrupted
+                    engine, entry, target, config, part_size, progress, interrupted
                 )
             except DataChanged:
                 continue  # produced again while we looked: read the new data
             except ChecksumMismatch as e:
-                raise consuming.mismatch(task, entry, e, self.name) from None
+                raise consuming.mismatch(engine, entry, e, self.name) from None
             except NotFound as e:  # the data is gone: as bad as wrong data, produce it again
-                now = task.entry(file_id)
+                now = reads.entry(engine, file_id)
                 if now.data_removed_at is not None:  # gc removed it after its retention
                     changes.check_consumable(now, consumer)  # raises DataRemoved
                 mismatch = ChecksumMismatch(f"{file_id!r}: {e}")
-                raise consuming.mismatch(task, entry, mismatch, self.name) from None
+                raise consuming.mismatch(engine, entry, mismatch, self.name) from None
             except ReadBrokeOff as e:
+                where = engine.store.describe(entry.key or "")
                 raise StoreError(
-                    f"reading the data of {file_id!r} from {task.store.describe(entry.key or '')} "
-                    f"broke off ({e}); nothing was marked, consume it again"
+                    f"reading the data of {file_id!r} from {where} broke off ({e}); nothing "
+                    "was marked, consume it again"
                 ) from e
             if target is None:
                 interrupted()  # with dest, checked before the file was put in place
             try:
-                marked = consuming.mark(task, entry, consumer, self.name)
+                marked = consuming.mark(engine, entry, consumer, self.name)
             except DataChanged:
                 continue  # produced again while we read it: read the new data
             return result if isinstance(result, bytes) else marked

@@ -31,7 +31,6 @@ import pytest
 from hypothesis import settings
 
 import objmanifest as om
-from objmanifest.engine.manifest import Manifest
 from tests.support.stores import (
     LAYOUT,
     SHARED_DIR,
@@ -59,7 +58,7 @@ def _session_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under ``OBJMANIFEST_TEST_LAYOUT``, tasks created in this process take its layout."""
     if LAYOUT == "stage":
         return
-    create = Manifest.create.__func__  # type: ignore[attr-defined]
+    create = om.Task.create.__func__  # type: ignore[attr-defined]
 
     def create_in_layout(
         cls: Any, store: Any, task_id: str, stages: Any, *a: Any, **kw: Any
@@ -69,7 +68,7 @@ def _session_layout(monkeypatch: pytest.MonkeyPatch) -> None:
             kw.update(layout_options(stages))
         return create(cls, store, task_id, stages, *a, **kw)
 
-    monkeypatch.setattr(Manifest, "create", classmethod(create_in_layout))
+    monkeypatch.setattr(om.Task, "create", classmethod(create_in_layout))
 
 
 _SHARED_KEY = pytest.StashKey[SharedServers]()

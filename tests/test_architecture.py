@@ -1,6 +1,12 @@
 """The structure ARCHITECTURE.md describes, checked on the code itself (no server needed).
 
-* Layers: a module imports only from its own layer or the layers below it.
+* Layers: a module imports only from its own layer or the layers below it; each module's
+  layer is its package's row in ARCHITECTURE.md's table (the one copy of the layers).
+* Faces use the public API: a module above the public face imports, of the library below
+  it, only public names (see ``test_a_face_imports_only_public_names``).
+* ``Task`` and ``Agent`` offer exactly the members the API reference presents.
+* No import cycle hidden behind ``TYPE_CHECKING``, no private name imported from another
+  module.
 * No import inside a function (one documented exception: the demo's run machinery).
 * botocore and boto3 stay in the S3 store (and the tooling that starts local servers).
 * Exceptions are defined in an ``errors.py`` only: the public tree at the root, each
@@ -18,8 +24,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import builtins
+import importlib
 import re
 import threading
+import types
 import uuid
 from pathlib import Path
 
@@ -27,32 +35,28 @@ import pytest
 
 import objmanifest as om
 import objmanifest.errors as public_errors
-from objmanifest.aio import AsyncTask
+from objmanifest.aio import AsyncAgent, AsyncTask
 from objmanifest.store import errors as outcomes
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "objmanifest"
 
-LAYERS: list[tuple[str, ...]] = [
-    ("errors",),
-    ("core",),
-    ("store",),
-    ("cas",),
-    ("journal",),
-    ("data",),
-    ("ops",),
-    ("engine",),
-    ("__init__", "task", "agent", "metrics"),
-    ("aio",),
-    ("local",),
-    ("wire",),
-    ("cli", "demo", "web", "mcp", "__main__"),
-]
-"""The packages bottom to top (the public face's modules are one layer): a module's package,
-the first part of its name below ``objmanifest``, decides its layer; a package imports only
-its own modules and the packages below it."""
 
-LAYER = {name: n for n, names in enumerate(LAYERS) for name in names}
+def layer_table() -> dict[str, int]:
+    """The layer of each package (or root module), as ARCHITECTURE.md's code map gives it:
+    its table's rows ``| N | `core/` ... |``, bottom to top."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    table = text[text.index("## Code map") : text.index("Module by module")]
+    layers: dict[str, int] = {}
+    for number, names in re.findall(r"^\| (\d+) \| ([^|]+) \|", table, re.MULTILINE):
+        for name in re.findall(r"`([^`]+)`", names):
+            layers[name.removesuffix("/").removesuffix(".py")] = int(number)
+    return layers
+
+
+LAYER = layer_table()
+"""A module's package, the first part of its name below ``objmanifest``, decides its layer;
+a package imports only its own modules and the packages below it."""
 
 FUNCTION_IMPORTS = {
     ("objmanifest/demo/__init__.py", "main"),
@@ -90,7 +94,12 @@ def top(name: str) -> str:
 
 def imported(path: Path) -> list[tuple[str, ast.AST]]:
     """Every objmanifest module ``path`` imports (relative imports resolved)."""
-    tree = ast.parse(path.read_text())
+    return imported_source(path.read_text(), path)
+
+
+def imported_source(source: str, path: Path) -> list[tuple[str, ast.AST]]:
+    """Every objmanifest module ``source`` (the text of ``path``) imports."""
+    tree = ast.parse(source)
     here = module_name(path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     found: list[tuple[str, ast.AST]] = []
@@ -118,8 +127,9 @@ def rel(path: Path) -> str:
 
 
 def test_every_module_has_a_layer() -> None:
+    assert len(set(LAYER.values())) >= 10 and LAYER["core"] < LAYER["engine"] < LAYER["cli"]
     unknown = {top(module_name(p)) for p in modules()} - set(LAYER)
-    assert unknown == set(), f"add these to LAYERS (and to ARCHITECTURE.md): {unknown}"
+    assert unknown == set(), f"add these to ARCHITECTURE.md's layer table: {unknown}"
 
 
 @pytest.mark.parametrize("path", modules(), ids=rel)
@@ -156,6 +166,306 @@ def test_botocore_stays_in_the_s3_store(path: Path) -> None:
     text = path.read_text()
     uses = any(line.startswith(("import boto", "from boto")) for line in text.splitlines())
     assert not uses or rel(path) in BOTO_ALLOWED
+
+
+# -- the faces use the public API -------------------------------------------------------------
+
+FACE = LAYER["task"]
+"""The public face's layer: ``Task``, ``Agent``, ``metrics`` and the package itself."""
+
+PUBLIC_MODULES = ("objmanifest", "objmanifest.errors", "objmanifest.metrics")
+"""Modules of the library a face may import whole; the packages above the public face (aio,
+local, wire and the faces) are open to each other too."""
+
+PUBLIC_TYPES = {
+    "Shard": "Task.shard, Task.shards",
+    "TaskHeader": "Task.header",
+    "EntryNote": "TaskStatus.blocked, .overdue, .dead ...",
+    "DamageNote": "TaskStatus.damaged",
+    "Deleted": "Task.delete",
+    "WaitPlan": "Task.wait_plan",
+    "Source": "Agent.put",
+    "Progress": "Agent.put, Agent.consume",
+    "Repeating": "Runtime.every",
+}
+"""Types the public calls take or return that ``objmanifest.__all__`` does not name: a face
+may import them from their modules to annotate with them (each is checked to be named by a
+public signature or field)."""
+
+FACE_TOOLS: dict[tuple[str, str | None], str] = {
+    ("objmanifest.core.names", "check_file_id"): "a file id checked before it names a path "
+    "(put-many --dir, the MCP server's --root)",
+    ("objmanifest.core.settings", "check_settings"): "init checks its options before its "
+    "first request (--exist-ok reads the task first)",
+    ("objmanifest.core.settings", "check_retention"): "init, as above",
+    ("objmanifest.core.settings", "check_timing"): "init compares --retry-backoff and "
+    "--deadline with an existing task's, as create would take them",
+    ("objmanifest.core.leases", "Renewer"): "the demo's worker holds its claim while it works",
+    ("objmanifest.store.errors", "NoSuchObject"): "the demo's audit heads a data object "
+    "through the public ObjectStore, which answers a missing key with it",
+    ("objmanifest.store", "PROBE_PREFIX"): "doctor: the probe of the store itself, no task",
+    ("objmanifest.store", "access_policy"): "iam-policy prints the access policy of a URL",
+    ("objmanifest.store.permissions", None): "doctor names the permission a refused call lacked",
+    ("objmanifest.store.probe", "Check"): "doctor",
+    ("objmanifest.store.probe", "ProbeReport"): "doctor",
+    ("objmanifest.store.probe", "probe_store"): "doctor",
+}
+"""What faces take from inside the library besides the public API, each with its reason:
+the library's own rules for what a user types (one rule, one message, before a request),
+the tools of the commands about the store itself (``doctor``, ``iam-policy``), and what
+the demo holds a claim with or audits a store call by."""
+
+
+def face_modules() -> list[Path]:
+    """Every module above the public face, and the face's own ``metrics``."""
+    return [p for p in modules() if LAYER[top(module_name(p))] > FACE or p.stem == "metrics"]
+
+
+def open_to(path: Path, target: str) -> bool:
+    """Whether ``path`` may import the module ``target`` whole: a public module, or one of
+    the packages above the public face (the face's own, aio, local, wire, other faces)."""
+    if target in PUBLIC_MODULES:
+        return True
+    name = top(target)
+    return name in LAYER and LAYER[name] > FACE and target != "objmanifest"
+
+
+def library_imports(path: Path, source: str | None = None) -> list[tuple[str, str | None, int]]:
+    """What ``path`` (or ``source``, as if it were at ``path``) imports of the library:
+    (module, name, line), with name None for a module imported whole (``import
+    objmanifest.x``, ``from objmanifest import wire``)."""
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: list[tuple[str, str | None, int]] = []
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
+        if isinstance(node, ast.Import):
+            found += [(a.name, None, node.lineno) for a in node.names if top_level(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], *filter(None, [base])])
+            if not top_level(base):
+                continue
+            for alias in node.names:
+                value = getattr(importlib.import_module(base), alias.name, None)
+                if isinstance(value, types.ModuleType):
+                    found.append((f"{base}.{alias.name}", None, node.lineno))
+                else:
+                    found.append((base, alias.name, node.lineno))
+    return found
+
+
+def top_level(module: str) -> bool:
+    return module == "objmanifest" or module.startswith("objmanifest.")
+
+
+def face_imports(path: Path, source: str | None = None) -> list[str]:
+    """What ``path`` imports from inside the library that is not public: ``module.name``."""
+    exported = {*om.__all__, "__version__"}
+    found = []
+    for module, name, line in library_imports(path, source):
+        if open_to(path, module):
+            continue
+        if name is None:
+            if (module, None) not in FACE_TOOLS:
+                found.append(f"{module} (line {line})")
+            continue
+        value = getattr(importlib.import_module(module), name, None)
+        public = name in exported and value is getattr(om, name, object())
+        if not (public or name in PUBLIC_TYPES or (module, name) in FACE_TOOLS):
+            found.append(f"{module}.{name} (line {line})")
+    return found
+
+
+@pytest.mark.parametrize("path", face_modules(), ids=rel)
+def test_a_face_imports_only_public_names(path: Path) -> None:
+    """A face (aio, local, wire, cli, web, mcp, demo, and metrics) imports, of the library
+    below it, only the package itself and ``objmanifest.errors`` and ``objmanifest.metrics``
+    whole, and from any other module only names of ``objmanifest.__all__`` (the same
+    objects), the types public signatures name (``PUBLIC_TYPES``), or what ``FACE_TOOLS``
+    lists with its reason. Nothing of ``engine``, ``cas``, ``journal``, ``data`` or ``ops``
+    but the public names they define."""
+    assert face_imports(path) == [], f"{rel(path)} reaches past the public API"
+
+
+@pytest.mark.parametrize("path", face_modules(), ids=rel)
+def test_a_face_uses_only_exported_names_of_the_package(path: Path) -> None:
+    """``om.NAME`` in a face names something of ``objmanifest.__all__``."""
+    tree = ast.parse(path.read_text())
+    aliases = {
+        a.asname or a.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for a in node.names
+        if a.name == "objmanifest"
+    }
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in aliases
+    }
+    dunders = {name for name in used if name.startswith("__")}
+    assert used - dunders - set(om.__all__) == set(), rel(path)
+
+
+def public_annotations() -> str:
+    """The text of every annotation of the public API: signatures of the members of the
+    classes ``objmanifest`` exports and of ``objmanifest.aio``, and their models' fields."""
+    texts = []
+    classes = [getattr(om, n) for n in om.__all__ if isinstance(getattr(om, n), type)]
+    for cls in [*classes, AsyncTask, AsyncAgent]:
+        for member in vars(cls).values():
+            if isinstance(member, property):
+                member = member.fget
+            member = getattr(member, "__func__", member)
+            texts += [str(a) for a in getattr(member, "__annotations__", {}).values()]
+        for field in getattr(cls, "model_fields", {}).values():
+            texts.append(str(field.annotation))
+    return "\n".join(texts)
+
+
+def test_the_public_types_a_face_may_import_are_named_by_the_public_api() -> None:
+    text = public_annotations()
+    unnamed = [name for name in PUBLIC_TYPES if not re.search(rf"\b{name}\b", text)]
+    assert unnamed == []
+    assert not set(PUBLIC_TYPES) & set(om.__all__)
+
+
+def test_the_face_tools_are_still_used() -> None:
+    """Each entry of ``FACE_TOOLS`` is imported by some face (an unused one is removed)."""
+    used = {(module, name) for path in face_modules() for module, name, _ in library_imports(path)}
+    assert set(FACE_TOOLS) <= used
+
+
+def test_the_checker_sees_a_face_reaching_into_the_engine() -> None:
+    planted = (
+        "from ..engine.status import look\nfrom ..core.model import Entry, Shard\n"
+        "from objmanifest.cas.policy import Codec\nimport objmanifest.journal.history\n"
+        "from ..wire.shapes import iso\nfrom .. import Task, errors\n"
+    )
+    found = face_imports(PACKAGE / "web" / "planted.py", planted)
+    assert [f.split(" ")[0] for f in found] == [
+        "objmanifest.engine.status.look",
+        "objmanifest.cas.policy.Codec",
+        "objmanifest.journal.history",
+    ]
+
+
+REFERENCE = ROOT / "docs" / "reference.md"
+
+
+def presented(name: str) -> set[str]:
+    """The members the API reference presents for ``objmanifest.NAME``."""
+    found = re.search(
+        rf"::: objmanifest\.{name}\n    options:\n      members:\n((?:        - \w+\n)+)",
+        REFERENCE.read_text(),
+    )
+    assert found, f"docs/reference.md lists no members of {name}"
+    return set(re.findall(r"- (\w+)", found.group(1)))
+
+
+def public_members(obj: object) -> set[str]:
+    return {n for n in dir(obj) if not n.startswith("_")}
+
+
+def test_task_and_agent_offer_exactly_the_members_the_reference_presents() -> None:
+    """A helper made public on ``Task`` or ``Agent`` (on the class or on an object) is an
+    API nobody documented: it fails here until the reference presents it (and aio has its
+    twin), or it is made private."""
+    store = om.MemoryStore("architecture", f"members-{uuid.uuid4().hex}")
+    task = om.Task.create(store, "t", ["a"], lease_seconds=30)
+    agent = task.agent("p")
+    assert public_members(om.Task) == public_members(task) == presented("Task")
+    assert public_members(om.Agent) == public_members(agent) == presented("Agent")
+
+
+@pytest.mark.parametrize("path", modules(), ids=rel)
+def test_no_import_cycle_hides_behind_type_checking(path: Path) -> None:
+    """An import of the library under ``if TYPE_CHECKING:`` is a cycle the layers do not
+    show (only third-party stubs may sit there)."""
+    tree = ast.parse(path.read_text())
+    hidden = [
+        target
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in node.body
+        for target, _ in imported_in(inner, path)
+    ]
+    assert hidden == [], rel(path)
+
+
+def imported_in(node: ast.AST, path: Path) -> list[tuple[str, ast.AST]]:
+    """The library modules the import ``node`` names (none if it is not one)."""
+    if not isinstance(node, (ast.Import, ast.ImportFrom)):
+        return []
+    probe = ast.Module(body=[node], type_ignores=[])
+    return [(t, n) for t, n in imported_source(ast.unparse(probe), path)]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the library -> the modules it imports at its top level (a package
+    imported, or imported from, stands for its ``__init__``)."""
+    known = {module_name(p) for p in modules()}
+    graph: dict[str, set[str]] = {}
+    for path in modules():
+        tree = ast.parse(path.read_text())
+        inside = {
+            id(node)
+            for fn in ast.walk(tree)
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for node in ast.walk(fn)
+        }
+        edges = set()
+        for target, node in imported(path):
+            if id(node) in inside:
+                continue  # the documented optional extras, loaded when a command runs
+            while target not in known and "." in target:
+                target = target.rpartition(".")[0]
+            edges.add(target)
+        graph[module_name(path)] = edges - {module_name(path)}
+    return graph
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """The modules of the library form no cycle (the engine's modules once imported
+    ``Manifest`` back from the module that imported them)."""
+    graph = import_graph()
+    done: set[str] = set()
+
+    def cycle_from(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return None
+        for target in sorted(graph.get(module, ())):
+            found = cycle_from(target, [*path, module])
+            if found:
+                return found
+        done.add(module)
+        return None
+
+    cycles = [c for m in sorted(graph) if (c := cycle_from(m, []))]
+    assert cycles == []
+
+
+PRIVATE_IMPORTS = {("objmanifest/core/verbs.py", "objmanifest.core.changes")}
+"""``core.verbs`` shares the holder check and the entry update of ``core.changes`` (and
+``scripts/mutants.py`` plants its bugs in them by name)."""
+
+
+@pytest.mark.parametrize("path", modules(), ids=rel)
+def test_no_private_name_is_imported_from_another_module(path: Path) -> None:
+    private = [
+        f"{target}.{alias.name}"
+        for target, node in imported(path)
+        if isinstance(node, ast.ImportFrom) and (rel(path), target) not in PRIVATE_IMPORTS
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert private == [], rel(path)
 
 
 ERROR_MODULES = sorted(PACKAGE.rglob("errors.py"))
@@ -241,7 +551,7 @@ def test_shard_index_knows_nothing_of_objmanifest() -> None:
 SYNC_OBJECTS = {"task", "agent", "store", "Task", "Agent", "Manifest"}
 """Names whose methods do I/O: the sync Task, Agent and store a coroutine wraps."""
 
-PURE_ON_THE_LOOP: set[str] = set()
+PURE_ON_THE_LOOP = {"wait_plan", "shard_names"}
 """Methods of the sync task that only check arguments or build an error (no I/O)."""
 
 

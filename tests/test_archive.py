@@ -9,6 +9,7 @@ import pytest
 
 import objmanifest as om
 from objmanifest.core import commands
+from tests.support.internals import engine
 from tests.support.rawstore import delete as raw_delete
 from tests.support.rawstore import put as raw_put
 
@@ -152,8 +153,8 @@ def test_archiver_dying_between_its_writes_loses_nothing(task: om.Task) -> None:
         raise Died
 
     with pytest.raises(Died):
-        task.archives.archive_shard(task.shard("collect"), 0, dies)
-    left = [r.key for r in task.store.list(task.layout.archive_of("collect"))]
+        engine(task).archives.archive_shard(task.shard("collect"), 0, dies)
+    left = [r.key for r in task.store.list(engine(task).layout.archive_of("collect"))]
     assert len(left) == 1  # the archive object was written, the shard commit was not
     # nothing lost, nothing twice: the entries are live, found once, no map names the object
     shard = task.shard("collect")
@@ -169,7 +170,7 @@ def test_archiver_dying_between_its_writes_loses_nothing(task: om.Task) -> None:
     shard = task.shard("collect")
     assert shard.entries == {}
     assert {ref.archive for ref in (shard.archived or {}).values()} == {
-        task.layout.parse_archive(left[0], "collect")
+        engine(task).layout.parse_archive(left[0], "collect")
     }
     assert task.entry("b").state is om.State.consumed
     assert task.status().stages["collect"]["consumed"] == 2
@@ -188,9 +189,11 @@ def test_an_entry_changed_after_the_archive_object_stays_live(task: om.Task) -> 
     shard = task.shard("collect")
     stale = dict(shard.entries)
     stale["a"] = stale["a"].model_copy(update={"error": "an older copy"})
-    archive_id = task.archives.write("collect", stale, task.store.now())
-    moved = task.docs.commit(
-        task.shard_key("collect"), task.codec("collect"), commands.Archive(archive_id, stale)
+    archive_id = engine(task).archives.write("collect", stale, task.store.now())
+    moved = engine(task).docs.commit(
+        engine(task).shard_key("collect"),
+        engine(task).codec("collect"),
+        commands.Archive(archive_id, stale),
     )
     assert moved == ["d"]
     assert set(task.shard("collect").entries) == {"a"}

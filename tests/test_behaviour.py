@@ -20,6 +20,7 @@ import objmanifest as om
 from objmanifest.engine.commands import DeclareInIndex
 from objmanifest.errors import ReadBrokeOff
 from objmanifest.store import make_client
+from tests.support.internals import engine
 from tests.support.rawstore import delete as raw_delete
 from tests.support.rawstore import get as raw_get
 from tests.support.rawstore import put as raw_put
@@ -206,7 +207,9 @@ def test_bad_file_ids_are_refused(task: om.Task, file_id: str) -> None:
 def test_interrupted_declare_is_finished_by_declaring_again(task: om.Task) -> None:
     # A crash after the index commit, before the shard commit: simulate the index part only.
     half = om.Declaration(file_id="half", stage="collect")
-    task.docs.commit(task.index_key, task.index_codec, DeclareInIndex([half]))
+    engine(task).docs.commit(
+        engine(task).index_key, engine(task).index_codec, DeclareInIndex([half])
+    )
     with pytest.raises(om.NotFound, match="declare it again"):
         task.entry("half")
     task.declare("half", stage="collect")
@@ -559,7 +562,7 @@ def test_checksum_mismatch_past_max_retries_is_dead_and_blocks_dependents(
 @pytest.mark.stage_layout
 def test_corrupt_shard_is_reported_and_left_alone(task: om.Task) -> None:
     task.declare("a", stage="collect")
-    key = task.shard_key("collect")
+    key = engine(task).shard_key("collect")
     raw_put(task.store, key, b"{not json")
     fresh = om.Task.open(task.store, "job")
     for act in (
@@ -587,7 +590,7 @@ def test_corrupt_shard_is_reported_and_left_alone(task: om.Task) -> None:
 @pytest.mark.stage_layout
 def test_newer_schema_is_refused_and_left_alone(task: om.Task) -> None:
     task.declare("a", stage="collect")
-    key = task.shard_key("collect")
+    key = engine(task).shard_key("collect")
     body = json.loads(raw_get(task.store, key))
     body["schema_version"] = 99
     raw_put(task.store, key, json.dumps(body).encode())
@@ -611,7 +614,7 @@ def test_a_bad_index_is_reported_through_the_task_and_left_alone(
     task: om.Task, problem: str
 ) -> None:
     task.declare("a", stage="collect")
-    key = task.index_key
+    key = engine(task).index_key
     if problem == "corrupt":
         bad = b'{"schema_version": 1, "stages": '
         error, match = om.CorruptShard, rf"{re.escape(task.store.describe(key))} is corrupt"
@@ -623,7 +626,7 @@ def test_a_bad_index_is_reported_through_the_task_and_left_alone(
         error, match = om.UnsupportedSchema, rf"{where} has schema_version 99"
     raw_put(task.store, key, bad)
     fresh = om.Task.open(task.store, "job")
-    shards = {s: raw_get(task.store, task.shard_key(s)) for s in ("collect",)}
+    shards = {s: raw_get(task.store, engine(task).shard_key(s)) for s in ("collect",)}
     for act in (
         lambda: fresh.entry("a"),
         lambda: fresh.declare("b", stage="collect"),
@@ -635,14 +638,14 @@ def test_a_bad_index_is_reported_through_the_task_and_left_alone(
             act()
         assert caught.value.key == key
         assert raw_get(task.store, key) == bad  # never overwritten
-    assert {s: raw_get(task.store, task.shard_key(s)) for s in shards} == shards
+    assert {s: raw_get(task.store, engine(task).shard_key(s)) for s in shards} == shards
     assert [e.file_id for e in fresh.entries()] == ["a"]  # nothing declared past the index
 
 
 @pytest.mark.stage_layout
 def test_unknown_fields_survive_a_rewrite(task: om.Task) -> None:
     task.declare("a", stage="collect")
-    key = task.shard_key("collect")
+    key = engine(task).shard_key("collect")
     body = json.loads(raw_get(task.store, key))
     body["future_field"] = {"kept": True}
     body["entries"]["a"]["future_note"] = "kept too"
@@ -661,11 +664,11 @@ def test_warm_commit_is_one_put_and_unchanged_read_is_304(task: om.Task) -> None
     with requests(task.store) as seen:
         agent.renew(claim)
     assert seen == Counter({"PutObject": 1})
-    reads_before = task.docs.stats.not_modified
+    reads_before = engine(task).docs.stats.not_modified
     with requests(task.store) as seen:
         task.entry("a")
     assert seen == Counter({"GetObject": 2})  # index and shard, both conditional
-    assert task.docs.stats.not_modified == reads_before + 2
+    assert engine(task).docs.stats.not_modified == reads_before + 2
 
 
 @pytest.mark.stage_layout
@@ -677,9 +680,9 @@ def test_stale_cache_costs_a_retry_not_a_wrong_answer(store: om.ObjectStore) -> 
     two = om.Task.open(store, "two-views")
     theirs = two.agent("two").claim("a")  # `one` has a stale cache now
     assert theirs is not None
-    conflicts = one.docs.stats.conflicts
+    conflicts = engine(one).docs.stats.conflicts
     renewed = one.agent("one").renew(mine)  # tried on the stale copy: 412, re-read, retry
-    assert one.docs.stats.conflicts == conflicts + 1
+    assert engine(one).docs.stats.conflicts == conflicts + 1
     assert renewed.epoch == mine.epoch
     entries = {e.file_id: e for e in one.entries("s")}
     assert (entries["a"].owner, entries["b"].owner) == ("two", "one")  # both changes kept
@@ -759,7 +762,7 @@ def test_threads_race_at_the_store_and_each_entry_is_produced_once(task: om.Task
                 errors.append(e)
         finally:
             with lock:
-                conflicts.append(mine.docs.stats.conflicts)
+                conflicts.append(engine(mine).docs.stats.conflicts)
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(threads_n)]
     for t in threads:

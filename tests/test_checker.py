@@ -39,6 +39,7 @@ from tests.support.checker import (
     check,
     summary,
 )
+from tests.support.internals import engine
 from tests.support.stores import ManualClock
 
 
@@ -66,10 +67,10 @@ class Run:
 
     def doctor(self, name: str, actor: str, file_id: str, **fields: Any) -> None:
         task = self.task
-        shard = task.layout.shard_of(task.stage_of(file_id), file_id)
-        task.docs.commit(
-            task.layout.shard(shard),
-            task.codec(shard),
+        shard = engine(task).layout.shard_of(task.stage_of(file_id), file_id)
+        engine(task).docs.commit(
+            engine(task).layout.shard(shard),
+            engine(task).codec(shard),
             Doctor(name, actor, file_id, tuple(fields.items())),
         )
 
@@ -140,7 +141,7 @@ def test_a_change_by_a_fenced_holder(run: Run) -> None:
     assert new is not None and new.epoch == old.epoch + 1
     run.log.record("q", CLAIM, file_id="b", epoch=new.epoch)
     assert run.found(settled=False) == {}
-    key = run.task.layout.data("make", "b", old.epoch)
+    key = engine(run.task).layout.data("make", "b", old.epoch)
     run.doctor("finish", "p", "b", state=State.ready, owner=None, key=key, checksum="xxh3-128:0")
     assert run.found(settled=False) == {FENCED_CHANGE: 2}  # a stale holder, an old key
 
@@ -207,7 +208,7 @@ def test_an_entry_blocked_behind_a_dead_dependency_is_settled(run: Run) -> None:
 
 
 def test_a_journal_with_a_gap(run: Run) -> None:
-    key = run.task.layout.shard("make")
+    key = engine(run.task).layout.shard("make")
     blob = run.task.store.get(key)
     assert blob is not None
     doc = json.loads(blob.body)

@@ -33,6 +33,7 @@ from objmanifest.data import chunked as chunked
 from objmanifest.data import transfer
 from objmanifest.store.errors import PartsRejected
 from tests.support.breaking import BreakingFile, BreakingStream
+from tests.support.internals import engine
 from tests.support.rawstore import get as raw_get
 from tests.support.rawstore import put as raw_put
 from tests.support.rawstore import requests as requests
@@ -76,7 +77,7 @@ def uploads(store: om.ObjectStore) -> list[tuple[str, str]]:
 
 
 def state_of(task: om.Task, file_id: str) -> chunked.UploadState:
-    key = task.layout.upload_state("make", file_id)
+    key = engine(task).layout.upload_state("make", file_id)
     blob = task.store.get(key)
     assert blob is not None
     return chunked.UploadCodec(task.task_id, "make", file_id).decode(key, blob.body)
@@ -257,7 +258,7 @@ def test_large_file_round_trip_in_parts(
     assert entry.key == "job/data/make/big@1"
     assert entry.parts_key == "job/uploads/make/big.json"
     assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1] == (size, size)
-    shard = task.store.get(task.shard_key("make"))
+    shard = task.store.get(engine(task).shard_key("make"))
     assert shard is not None and len(shard.body) < 2000  # the part list is not in the shard
     assert len(state_of(task, "big").parts) == parts
     assert uploads(store) == []

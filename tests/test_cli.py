@@ -39,6 +39,7 @@ from objmanifest.wire import exits
 from objmanifest.wire.polling import poll
 from tests.support.breaking import BreakingFile
 from tests.support.faults import FaultProxy
+from tests.support.internals import engine
 from tests.support.rawstore import get as raw_get
 from tests.support.rawstore import put as raw_put
 from tests.support.stores import LAYOUT, Server, layout_options
@@ -665,7 +666,7 @@ def _scenarios(
     produce(task, "r", b"for checkers")
     broken = om.Task.create(store, "broken", stages=["collect"])
     broken.declare("x", "collect")
-    raw_put(store, broken.shard_key("collect", "x"), b"{ this is not json")
+    raw_put(store, engine(broken).shard_key("collect", "x"), b"{ this is not json")
     data = tmp_path / "data.bin"
     data.write_bytes(b"data")
     out = str(tmp_path / "out")
@@ -706,7 +707,7 @@ def test_every_exit_code_is_reached(cli: Cli, task: om.Task, tmp_path: Path) -> 
     exists = by_args[("init", "collect", "--exist-ok")]
     assert exists["error"] == "AlreadyExists" and "with other settings" in exists["message"]
     assert by_args[("declare", "a", "--stage", "write")]["error"] == "DeclarationConflict"
-    broken_key = om.Task.open(task.store, "broken").shard_key("collect", "x")
+    broken_key = engine(om.Task.open(task.store, "broken")).shard_key("collect", "x")
     assert by_args[("--task", "broken", "status")]["key"] == broken_key
     assert task.entry("bad").state is om.State.failed  # a mismatch sends it back
     assert not (tmp_path / "bad").exists()  # nothing unverified is left behind
@@ -756,7 +757,7 @@ def test_a_manifest_from_a_newer_objmanifest_exits_12_and_is_left_alone(
     cli: Cli, task: om.Task
 ) -> None:
     task.declare("a", "collect")
-    shard_key = task.shard_key("collect", "a")
+    shard_key = engine(task).shard_key("collect", "a")
     shard = json.loads(raw_get(task.store, shard_key))
     shard["schema_version"] = 99
     newer_shard = json.dumps(shard).encode()
@@ -1211,9 +1212,9 @@ def test_log_lineage_and_follow_show_the_journal(cli: Cli, task: om.Task, tmp_pa
     assert history[-1]["checksum"] == task.entry("raw").checksum
     records = cli.json("log", "--by", "a")["records"]
     assert [r["command"] for r in records] == ["claim", "finish"]
-    assert all(r["object_key"] == task.shard_key("collect", "raw") for r in records)
+    assert all(r["object_key"] == engine(task).shard_key("collect", "raw") for r in records)
     text = cli.run("log", "--stage", "write").text
-    write_shard = task.shard_key("write", "out").removeprefix("job/")
+    write_shard = engine(task).shard_key("write", "out").removeprefix("job/")
     assert re.search(rf"{re.escape(write_shard)} v\d+  declare  -  out: pending", text), text
     assert "raw" not in text  # the one shard of a task holds every stage: only write's
     graph = cli.json("lineage", "out")
@@ -1235,7 +1236,7 @@ def test_log_lineage_and_follow_show_the_journal(cli: Cli, task: om.Task, tmp_pa
             record = json.loads(line) if line else {}
             if any(t["item"] == "late" for t in record.get("transitions", [])):
                 late.append(record["object_key"].rsplit("/", 1)[-1])
-        late_shard = task.shard_key("collect", "late").rsplit("/", 1)[-1]
+        late_shard = engine(task).shard_key("collect", "late").rsplit("/", 1)[-1]
         assert sorted(late) == sorted([late_shard, "index.json"])
     finally:
         follower.kill()
@@ -1259,7 +1260,7 @@ def test_repair_rebuilds_a_corrupt_shard_and_says_what_it_restored(
     producer.put(first, b"bytes of a")
     held = cli.json("claim", "b", "--agent", "fetcher")
     # Every shard a or b lives in (one, or two on a split stage), garbled.
-    keys = sorted({task.shard_key("collect", "a"), task.shard_key("collect", "b")})
+    keys = sorted({engine(task).shard_key("collect", "a"), engine(task).shard_key("collect", "b")})
     garbled = b'{"schema_version": 2, "task_id": "job", "stage": "collect", "entr'
     for key in keys:
         raw_put(store, key, garbled)
@@ -1324,7 +1325,7 @@ def test_repair_rebuilds_a_corrupt_shard_and_says_what_it_restored(
 def test_gc_dry_run_then_gc_report_and_json(cli: Cli, task: om.Task, tmp_path: Path) -> None:
     cli.run("declare", "raw", "--stage", "collect")
     cli.run("claim", "raw", "--agent", "a")
-    stale = task.layout.data("collect", "raw", 1)
+    stale = engine(task).layout.data("collect", "raw", 1)
     transfer.upload(task.store, stale, b"abandoned")
     cli.run("fail", "raw", "gave up", "--agent", "a", "--epoch", "1")
     cli.run("claim", "raw", "--agent", "a")
@@ -1367,7 +1368,7 @@ def test_archive_moves_old_terminal_entries(cli: Cli, task: om.Task, tmp_path: P
     report = cli.json("archive", "--older-than", "0")
     assert report["archived"]["collect"] == ["raw"]
     [key] = report["objects"]
-    shard = task.shard_key("collect", "raw").rsplit("/", 1)[-1].removesuffix(".json")
+    shard = engine(task).shard_key("collect", "raw").rsplit("/", 1)[-1].removesuffix(".json")
     assert key.startswith(f"job/archive/{shard}/") and key.endswith(".json")
     assert cli.run("archive", "--older-than", "0").text.strip() == "archived 0 entries"
     assert task.entry("raw").state is om.State.consumed

@@ -11,6 +11,7 @@ import pytest
 import objmanifest as om
 from objmanifest.cli import batch
 from tests import test_cli
+from tests.support.internals import engine
 from tests.test_cli import Cli, E
 
 pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
@@ -51,7 +52,7 @@ def test_put_many_finishes_what_claim_limit_printed(
         fid: (om.State.ready, 1, "w") for fid in ids
     }
     finishes = [r for r in task.log() if r.command == "finish_many"]
-    shards = {task.shard_key("collect", fid) for fid in ids}
+    shards = {engine(task).shard_key("collect", fid) for fid in ids}
     assert len(finishes) == len(shards), "one commit for the batch per shard"
     assert sorted(t.item for r in finishes for t in r.transitions) == ids
     reader = task.agent("reader")

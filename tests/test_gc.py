@@ -17,13 +17,14 @@ from objmanifest.data import transfer
 from objmanifest.store import PROBE_PREFIX
 from objmanifest.store.errors import NoSuchObject
 from tests.support.breaking import BreakingFile
+from tests.support.internals import engine
 from tests.support.rawstore import put as raw_put
 
 pytestmark = pytest.mark.behaviour
 
 
 def data_keys(task: om.Task) -> set[str]:
-    return {row.key for row in task.store.list(task.layout.data_prefix)}
+    return {row.key for row in task.store.list(engine(task).layout.data_prefix)}
 
 
 def exists(task: om.Task, key: str) -> bool:
@@ -38,7 +39,7 @@ def failed_put(task: om.Task, agent: om.Agent, file_id: str) -> str:
     """A holder that wrote its bytes and gave up before making the entry ready."""
     claim = agent.claim(file_id)
     assert claim is not None
-    key = task.layout.data(claim.stage, claim.file_id, claim.epoch)
+    key = engine(task).layout.data(claim.stage, claim.file_id, claim.epoch)
     transfer.upload(task.store, key, b"abandoned " + file_id.encode())
     agent.fail(claim, "gave up")
     return key
@@ -65,9 +66,11 @@ def test_gc_removes_data_of_fenced_holders_and_keeps_referenced_and_live(task: o
     stale_b = failed_put(task, p, "b")
     live = p.claim("b")  # the live holder writes its key, not yet ready
     assert live is not None
-    live_key = task.layout.data("collect", "b", live.epoch)
+    live_key = engine(task).layout.data("collect", "b", live.epoch)
     transfer.upload(task.store, live_key, b"B")
-    other = task.layout.beside(task.layout.data("collect", "c", 1), "feedfacefeedface")
+    other = engine(task).layout.beside(
+        engine(task).layout.data("collect", "c", 1), "feedfacefeedface"
+    )
     produce(p, "c", b"C")  # same epoch, another key of that holder: garbage once ready
     transfer.upload(task.store, other, b"C2")
 
@@ -86,12 +89,12 @@ def test_gc_aborts_unadoptable_uploads_and_removes_fenced_upload_objects(task: o
     task.declare_many([("a", "collect"), ("b", "collect")])
     claim = p.claim("a")
     assert claim is not None
-    orphan = task.layout.data("collect", "a", claim.epoch)
+    orphan = engine(task).layout.data("collect", "a", claim.epoch)
     task.store.create_upload(orphan)  # its starter died before recording it
     p.fail(claim, "died")
     claim = p.claim("b")
     assert claim is not None
-    completed = task.layout.data("collect", "b", claim.epoch)
+    completed = engine(task).layout.data("collect", "b", claim.epoch)
     upload_id = task.store.create_upload(completed)
     etag = task.store.upload_part(completed, upload_id, 1, b"fenced parts")
     task.store.complete_upload(completed, upload_id, [etag])
@@ -102,7 +105,7 @@ def test_gc_aborts_unadoptable_uploads_and_removes_fenced_upload_objects(task: o
     report = task.gc()
     assert removed(report, "upload") == {orphan}
     assert removed(report, "fenced_upload_object") == {completed}
-    assert list(task.store.list_uploads(task.layout.data_prefix)) == []
+    assert list(task.store.list_uploads(engine(task).layout.data_prefix)) == []
     assert not exists(task, completed)
     c = task.agent("c")
     assert (c.consume("a"), c.consume("b")) == (b"A", b"B")
@@ -115,10 +118,10 @@ def test_gc_removes_finished_probe_objects_and_reports_unknown_keys(task: om.Tas
     task.store.put(running, b"create:nonce")
     task.declare("a", "collect")
     strange = [
-        f"{task.layout.data_prefix}collect/no-epoch",
-        f"{task.layout.root}notes.txt",
-        task.layout.data("collect", "ghost", 1),  # no such entry (archived, perhaps)
-        task.layout.data("collect", "a", 7),  # an epoch its entry never had
+        f"{engine(task).layout.data_prefix}collect/no-epoch",
+        f"{engine(task).layout.root}notes.txt",
+        engine(task).layout.data("collect", "ghost", 1),  # no such entry (archived, perhaps)
+        engine(task).layout.data("collect", "a", 7),  # an epoch its entry never had
     ]
     for key in strange:
         raw_put(task.store, key, b"not ours")
@@ -128,7 +131,10 @@ def test_gc_removes_finished_probe_objects_and_reports_unknown_keys(task: om.Tas
     assert not exists(task, done) and exists(task, running)
     kept = {k.key: k.reason for k in report.kept}
     assert set(kept) >= {running, *strange}
-    assert kept[task.layout.data("collect", "ghost", 1)] == "its entry is not in the live shard"
+    assert (
+        kept[engine(task).layout.data("collect", "ghost", 1)]
+        == "its entry is not in the live shard"
+    )
     assert all(exists(task, key) for key in strange)
     task.store.delete(running)
 
@@ -139,17 +145,20 @@ def test_gc_dry_run_removes_nothing_and_reports_the_same(task: om.Task) -> None:
     stale = failed_put(task, p, "a")
     claim = p.claim("b")
     assert claim is not None
-    orphan = task.layout.data("collect", "b", claim.epoch)
+    orphan = engine(task).layout.data("collect", "b", claim.epoch)
     task.store.create_upload(orphan)
     p.fail(claim, "died")
     produce(p, "a", b"A")
     task.store.put(PROBE_PREFIX + "2" * 32, b"current:x")
-    before = (data_keys(task), list(task.store.list_uploads(task.layout.data_prefix)))
+    before = (data_keys(task), list(task.store.list_uploads(engine(task).layout.data_prefix)))
 
     dry = task.gc(dry_run=True)
     assert dry.dry_run and removed(dry, "fenced_data") == {stale}
     assert removed(dry, "upload") == {orphan} and len(removed(dry, "probe")) == 1
-    assert (data_keys(task), list(task.store.list_uploads(task.layout.data_prefix))) == before
+    assert (
+        data_keys(task),
+        list(task.store.list_uploads(engine(task).layout.data_prefix)),
+    ) == before
     assert exists(task, PROBE_PREFIX + "2" * 32)
 
     real = task.gc()
@@ -247,11 +256,11 @@ def test_gc_in_a_loop_during_a_pipeline_keeps_every_entry_and_removes_the_garbag
                 with lock:
                     first = claim.file_id not in failed_once and int(claim.file_id[1:]) % 3 == 0
                     failed_once.add(claim.file_id)
-                key = task.layout.data("collect", claim.file_id, claim.epoch)
+                key = engine(task).layout.data("collect", claim.file_id, claim.epoch)
                 if first:  # a failed put: bytes written, then given up
                     transfer.upload(task.store, key, b"junk")
                     if int(claim.file_id[1:]) % 2 == 0:
-                        task.store.create_upload(task.layout.beside(key, "2"))
+                        task.store.create_upload(engine(task).layout.beside(key, "2"))
                     agent.fail(claim, "failed put")
                 else:
                     agent.put(claim, body_of(claim.file_id))
@@ -285,7 +294,7 @@ def test_gc_in_a_loop_during_a_pipeline_keeps_every_entry_and_removes_the_garbag
     for t in [*workers, gc_thread]:
         t.start()
     # the zombie writes while the pipeline runs, and is refused
-    zkey = task.layout.data("collect", "f00", zclaim.epoch)
+    zkey = engine(task).layout.data("collect", "f00", zclaim.epoch)
     transfer.upload(task.store, zkey, b"zombie bytes")
     with pytest.raises(om.LeaseLost):
         zombie.put(zclaim, b"zombie bytes again")
@@ -300,7 +309,7 @@ def test_gc_in_a_loop_during_a_pipeline_keeps_every_entry_and_removes_the_garbag
     entries = {e.file_id: e for e in task.entries()}
     assert {e.state for e in entries.values()} <= {om.State.ready, om.State.consumed}
     assert data_keys(task) == {e.key for e in entries.values()}  # the garbage is gone
-    assert list(task.store.list_uploads(task.layout.data_prefix)) == []
+    assert list(task.store.list_uploads(engine(task).layout.data_prefix)) == []
     removed_all = {i.key for r in [*reports, final] for i in r.removed}
     assert zkey in removed_all or not exists(task, zkey)
     assert any(i.kind == "fenced_data" for r in [*reports, final] for i in r.removed)
@@ -343,7 +352,7 @@ def test_gc_keeps_an_upload_and_a_completed_object_a_later_holder_may_adopt(
     with pytest.raises(om.StoreError, match="died before its finish"):
         first.put(claim, data, part_size=PART, threshold=MiB)
     monkeypatch.setattr(om.Agent, "_finish", real_finish)
-    completed = task.layout.data("collect", "big", claim.epoch)
+    completed = engine(task).layout.data("collect", "big", claim.epoch)
     assert exists(task, completed)
     first.fail(claim, "died")
 
@@ -354,7 +363,7 @@ def test_gc_keeps_an_upload_and_a_completed_object_a_later_holder_may_adopt(
     with pytest.raises(OSError, match="the producer died"):
         first.put(claim, broken, part_size=PART, threshold=MiB, concurrency=1)
     first.fail(claim, "died")
-    open_key = task.layout.data("collect", "open", claim.epoch)
+    open_key = engine(task).layout.data("collect", "open", claim.epoch)
 
     assert task.gc().removed == []
     second = task.agent("second")
@@ -362,7 +371,7 @@ def test_gc_keeps_an_upload_and_a_completed_object_a_later_holder_may_adopt(
     assert all(c is not None and c.epoch == 2 for c in again.values())
     assert task.gc().removed == []  # writing at epoch 2: epoch 1's recorded key still kept
     assert exists(task, completed)
-    assert len(list(task.store.list_uploads(task.layout.data_prefix))) == 1
+    assert len(list(task.store.list_uploads(engine(task).layout.data_prefix))) == 1
     for file_id, c in again.items():
         assert c is not None
         entry = second.put(c, data, part_size=PART, threshold=MiB)

@@ -24,8 +24,10 @@ import pytest
 
 import objmanifest as om
 from objmanifest.core.names import MAX_AGENT_BYTES, MAX_ERROR_CHARS
+from objmanifest.engine.manifest import Manifest
 from objmanifest.store.errors import NoSuchObject
 from tests.support import rawstore
+from tests.support.internals import engine
 
 MiB = 1024 * 1024
 LEASE_MESSAGE = "lease_seconds must be a number of seconds above 0 and at most 2592000"
@@ -229,7 +231,7 @@ def test_a_long_fail_reason_is_cut_to_the_documented_length() -> None:
     entry = agent.fail(claim, "x" * 120_000)
     assert entry.error is not None and len(entry.error) == MAX_ERROR_CHARS == 1024
     assert entry.error.endswith("[cut to 1024 of 120000 characters]")
-    shard = task.store.get(task.shard_key("collect"))
+    shard = task.store.get(engine(task).shard_key("collect"))
     # The cut reason is kept twice: in the entry and in the journal record of the commit.
     assert shard is not None and b"x" * MAX_ERROR_CHARS not in shard.body
     assert shard.body.count(b"[cut to 1024 of 120000 characters]") == 2
@@ -256,7 +258,7 @@ def test_a_long_fail_reason_is_cut_to_the_documented_length() -> None:
 def test_a_corrupt_shard_names_its_full_address_and_is_never_overwritten(
     task: om.Task, body: bytes, problem: str
 ) -> None:
-    key = task.shard_key("collect")
+    key = engine(task).shard_key("collect")
     rawstore.put(task.store, key, body)
     address = task.store.describe(key)
     assert address.startswith(task.store.url) and address.endswith("/job/shards/collect.json")
@@ -271,11 +273,11 @@ def test_a_corrupt_shard_names_its_full_address_and_is_never_overwritten(
 
 @pytest.mark.behaviour
 def test_a_corrupt_header_or_index_says_how_to_repair_it(task: om.Task) -> None:
-    rawstore.put(task.store, task.index_key, b"\x00\x01binary")
+    rawstore.put(task.store, engine(task).index_key, b"\x00\x01binary")
     with pytest.raises(om.CorruptShard, match="objmanifest repair") as caught:
         task.declare("a", "collect")
-    assert task.store.describe(task.index_key) in str(caught.value)
-    header = om.Task.header_key("job")
+    assert task.store.describe(engine(task).index_key) in str(caught.value)
+    header = Manifest.header_key("job")
     rawstore.put(task.store, header, b'{"schema_version": 0}')
     with pytest.raises(om.CorruptShard, match="objmanifest init` again") as opened:
         om.Task.open(task.store, "job")
@@ -415,7 +417,7 @@ def test_claim_many_refuses_a_bool_limit() -> None:
 def test_an_id_in_a_shard_but_not_in_the_index_is_refused_until_repaired(task: om.Task) -> None:
     task.declare("a", "collect")
     task.declare("b", "write", depends_on=["a"])
-    task.store.delete(task.index_key)  # by hand
+    task.store.delete(engine(task).index_key)  # by hand
     with pytest.raises(om.CorruptShard, match="lacks 'a', which shard 'collect' holds") as caught:
         task.declare("a", "check")
     assert "objmanifest repair" in str(caught.value)
@@ -439,7 +441,7 @@ def test_an_id_in_the_index_but_in_no_shard_is_flagged_and_a_rerun_finishes_it(
 ) -> None:
     task.declare("a", "collect")
     task.declare("c", "write")
-    task.store.delete(task.shard_key("collect"))
+    task.store.delete(engine(task).shard_key("collect"))
     status = task.status()
     assert [(n.file_id, n.stage, n.reason) for n in status.unfinished] == [
         ("a", "collect", "declared, not yet in its shard: rerun the declare")
@@ -465,7 +467,7 @@ def test_the_loser_of_two_concurrent_puts_of_one_claim_aborts_its_upload(
     first_store, second_store = server.connect(store.prefix), server.connect(store.prefix)
     first, second = om.Task.open(first_store, "job"), om.Task.open(second_store, "job")
     second_read, first_began, second_began = threading.Event(), threading.Event(), threading.Event()
-    state_key = task.layout.upload_state("make", "big")
+    state_key = engine(task).layout.upload_state("make", "big")
 
     def after(store: om.ObjectStore, method: str, done: threading.Event, key: str) -> None:
         """Set ``done`` once ``method`` on ``key`` has answered (a read, even NoSuchObject; a

@@ -49,10 +49,12 @@ from objmanifest.core.model import (
 )
 from objmanifest.core.names import MAX_FILE_ID_BYTES, check_agent, check_file_id, check_name
 from objmanifest.data.chunked.state import UploadCodec
+from objmanifest.engine.manifest import Manifest
 from objmanifest.store import parse_url
 from objmanifest.store.s3_client import check_endpoint
 from tests.support import rawstore
 from tests.support.breaking import BreakingFile
+from tests.support.internals import engine
 
 MiB = 1024 * 1024
 PART = 5 * MiB
@@ -304,12 +306,12 @@ def samples() -> dict[str, tuple[Any, str, bytes]]:
     with pytest.raises(OSError, match="disk on fire"):
         agent.put(claim, BreakingFile(data, PART, "disk on fire"), part_size=PART, threshold=MiB)  # type: ignore[arg-type]
     keys = {
-        "shard": (task.codec("collect"), task.shard_key("collect")),
-        "index": (task.index_codec, task.index_key),
-        "header": (HeaderCodec("job"), om.Task.header_key("job")),
+        "shard": (engine(task).codec("collect"), engine(task).shard_key("collect")),
+        "index": (engine(task).index_codec, engine(task).index_key),
+        "header": (HeaderCodec("job"), Manifest.header_key("job")),
         "upload": (
             UploadCodec("job", "collect", "big"),
-            task.layout.upload_state("collect", "big"),
+            engine(task).layout.upload_state("collect", "big"),
         ),
     }
     found = {}

@@ -30,6 +30,7 @@ from objmanifest.core import checksum
 from objmanifest.data import transfer
 from objmanifest.data.chunked import UploadCodec
 from tests.support.faults import FaultProxy
+from tests.support.internals import engine
 from tests.support.stores import (
     BUCKET,
     Server,
@@ -296,7 +297,7 @@ def test_damaged_parts_are_sent_again_and_the_entry_verifies_whole(
     assert out.read_bytes() == data
     state = UploadCodec("job", "make", "big").decode(
         "s",
-        clean.store.get(clean.layout.upload_state("make", "big")).body,  # type: ignore[union-attr]
+        clean.store.get(engine(clean).layout.upload_state("make", "big")).body,  # type: ignore[union-attr]
     )
     assert state.whole == (state.upload_id, entry.whole_checksum)
     assert all(p[3] == checksum.bare_etag(p[3]) for p in state.parts)
@@ -411,18 +412,18 @@ def test_a_whole_checksum_not_sealed_for_the_upload_is_not_trusted(
 def forge_whole(task: om.Task, whole: str, *, bind: bool) -> None:
     """Change the entry's recorded whole checksum (and, with ``bind``, the upload state's
     seal of it) behind the manifest's back, as bad metadata or an older release would."""
-    shard_key = task.layout.shard(task.layout.shard_of("make", "big"))
+    shard_key = engine(task).layout.shard(engine(task).layout.shard_of("make", "big"))
     blob = task.store.get(shard_key)
     assert blob is not None
     old = task.entry("big").whole_checksum
     assert old is not None
     task.store.put(shard_key, blob.body.replace(old.encode(), whole.encode()))
     if bind:
-        state_key = task.layout.upload_state("make", "big")
+        state_key = engine(task).layout.upload_state("make", "big")
         state = task.store.get(state_key)
         assert state is not None
         task.store.put(state_key, state.body.replace(old.encode(), whole.encode()))
-    task.docs.forget(shard_key)
+    engine(task).docs.forget(shard_key)
 
 
 def test_in_order_hashes_parts_finished_in_any_order_from_any_thread() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 import objmanifest as om
 from objmanifest.cas.blocks import BLOCK
+from tests.support.internals import engine
 from tests.support.rawstore import requests as requests
 
 pytestmark = pytest.mark.behaviour
@@ -60,8 +61,8 @@ def test_one_commit_per_process_keeps_the_journal_bounded_and_trimmable(
     # Each object whose first block ends 40 versions or more before its newest one lets go
     # of that block (the index always; a stage's shard unless its partitions share the 90).
     droppable = 0
-    for key, codec in task.journaled_objects():
-        journal = codec.journal(task.docs.read(key, codec))
+    for key, codec in engine(task).journaled_objects():
+        journal = codec.journal(engine(task).docs.read(key, codec))
         assert journal is not None and len(journal[1]) < 2 * BLOCK, key
         newest = max((r.version for r in journal[1]), default=0)
         droppable += BLOCK if newest - BLOCK >= 40 else 0

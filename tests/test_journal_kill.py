@@ -19,6 +19,7 @@ from pathlib import Path
 
 import objmanifest as om
 from tests.support.faults import FaultProxy
+from tests.support.internals import engine
 from tests.support.stores import Server
 
 WORKER = Path(__file__).parent / "workers" / "journal.py"
@@ -88,17 +89,17 @@ def test_writers_killed_at_every_point_of_the_sequence_lose_no_record(
 
     reader = om.Task.open(store, "job")
     for key, codec in [
-        (reader.shard_key("s"), reader.codec("s")),
-        (reader.index_key, reader.index_codec),
+        (engine(reader).shard_key("s"), engine(reader).codec("s")),
+        (engine(reader).index_key, engine(reader).index_codec),
     ]:
-        records = reader.journal.records(key, codec)
-        doc = reader.docs.read(key, codec)
+        records = engine(reader).journal.records(key, codec)
+        doc = engine(reader).docs.read(key, codec)
         newest = codec.version(doc)
         assert [r.version for r in records] == list(range(1, newest + 1)), key
         ids = list(codec.commit_ids(doc))
         assert [r.commit_id for r in records[-len(ids) :]] == ids
         assert newest > 32, key  # blocks were written and records left the object
-        assert list(store.list(reader.layout.journal_of(key)))
+        assert list(store.list(engine(reader).layout.journal_of(key)))
         carried = codec.journal(doc)
         assert carried is not None and len(carried[1]) <= 2 * 32
     # Every entry a worker saw ready has its making in the journal.

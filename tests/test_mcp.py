@@ -32,6 +32,7 @@ import objmanifest as om
 from objmanifest.mcp import server as mcp_server
 from objmanifest.mcp.tools import MAX_INLINE, Session, confine
 from objmanifest.wire import exits
+from tests.support.internals import engine
 from tests.support.stores import Server, memory_store
 from tests.test_cli import (
     MOTO_ONLY,
@@ -548,7 +549,7 @@ def test_a_lease_lost_in_the_background_is_told_on_the_next_call(
                 "holder",
                 claimed["epoch"],
                 task.store.now(),
-                shard=task.layout.shard_of("draft", "f.txt"),
+                shard=engine(task).layout.shard_of("draft", "f.txt"),
             )
             task.agent("holder").release(stale)
             assert task.agent("rival").claim("f.txt") is not None

@@ -15,6 +15,7 @@ from objmanifest.core import verbs
 from objmanifest.data.chunked import UploadCodec
 from objmanifest.ops import deletion
 from tests.support.breaking import BreakingFile
+from tests.support.internals import engine
 
 pytestmark = pytest.mark.behaviour
 
@@ -114,7 +115,7 @@ def test_a_released_chunked_entry_keeps_its_upload_for_the_next_holder(
             concurrency=1,
         )  # type: ignore[arg-type]
     agent.release(claim)
-    key = task.layout.upload_state("make", "big")
+    key = engine(task).layout.upload_state("make", "big")
     blob = store.get(key)
     assert blob is not None
     state = UploadCodec("job", "make", "big").decode(key, blob.body)
@@ -177,8 +178,8 @@ def test_undeclare_removes_a_pending_entry_from_its_shard_and_the_index(task: om
     assert task.status().unfinished == [] and task.status().unindexed == []
     records = [r for r in task.log() if r.command == "undeclare"]
     assert [(r.object_key, [t.item for t in r.transitions]) for r in records] == [
-        (task.shard_key("collect"), ["a"]),
-        (task.index_key, ["a"]),
+        (engine(task).shard_key("collect"), ["a"]),
+        (engine(task).index_key, ["a"]),
     ]
     with pytest.raises(om.NotFound):
         task.undeclare("a")
@@ -189,7 +190,9 @@ def test_undeclare_removes_a_pending_entry_from_its_shard_and_the_index(task: om
 @pytest.mark.stage_layout
 def test_undeclare_finishes_an_interrupted_one(task: om.Task) -> None:
     task.declare("a", stage="collect")
-    task.docs.commit(task.shard_key("collect"), task.codec("collect"), verbs.Undeclare("a"))
+    engine(task).docs.commit(
+        engine(task).shard_key("collect"), engine(task).codec("collect"), verbs.Undeclare("a")
+    )
     assert task.status().unfinished != []  # in the index only: it does not look healthy
     assert task.undeclare("a") is None
     assert "a" not in task.index() and task.status().unfinished == []
@@ -287,8 +290,10 @@ def test_a_half_deleted_task_is_refused_and_finished_by_deleting_again(
     store: om.ObjectStore,
 ) -> None:
     task = full_task(store)
-    task.docs.commit(task.layout.header, HeaderCodec("job"), deletion.MarkDeleting())
-    store.delete(task.shard_key("make"))  # the delete crashed after this
+    engine(task).docs.commit(
+        engine(task).layout.header, HeaderCodec("job"), deletion.MarkDeleting()
+    )
+    store.delete(engine(task).shard_key("make"))  # the delete crashed after this
     with pytest.raises(om.NotFound, match=r"task 'job' at .* is being deleted \(since"):
         om.Task.open(store, "job")
     assert om.Task.list(store) == []
@@ -300,7 +305,7 @@ def test_a_half_deleted_task_is_refused_and_finished_by_deleting_again(
 
 def test_leftovers_without_a_header_are_deleted_too(store: om.ObjectStore) -> None:
     task = full_task(store)
-    store.delete(task.layout.header)  # crashed after the header, or a late writer
+    store.delete(engine(task).layout.header)  # crashed after the header, or a late writer
     assert om.Task.list(store) == []
     with pytest.raises(om.NotFound):
         om.Task.open(store, "job")

@@ -20,6 +20,7 @@ import objmanifest as om
 from objmanifest.core import checksum
 from objmanifest.core.layout import TaskLayout, partition_of
 from objmanifest.core.model import READERS
+from tests.support.internals import engine
 from tests.support.rawstore import delete as raw_delete
 from tests.support.rawstore import get as raw_get
 from tests.support.stores import Server
@@ -116,13 +117,13 @@ def test_a_split_stage_is_one_stage_to_its_readers(store: om.ObjectStore) -> Non
     assert (header["schema_version"], header["requires"]) == (3, READERS[3])
     assert header["partitions"] == {"collect": 4}
     names = [f"collect~{n}" for n in range(4)]
-    assert task.layout.shards_of("collect") == names
+    assert engine(task).layout.shards_of("collect") == names
 
     # Each entry lives in the partition its id hashes to, and only there.
     for name in names:
-        held = set(task.read_shard(name).entries)
+        held = set(engine(task).read_shard(name).entries)
         assert held == {f for f in ids if names[partition_of(f, 4)] == name}, name
-    assert set(task.read_shard("write").entries) == {f"w-{f}" for f in ids}
+    assert set(engine(task).read_shard("write").entries) == {f"w-{f}" for f in ids}
 
     claimed = produce_all(task, "collect")
     assert sum(claimed.values()) == 40 and set(claimed) == set(names)
@@ -140,12 +141,12 @@ def test_a_split_stage_is_one_stage_to_its_readers(store: om.ObjectStore) -> Non
 
     # Another client opens the same layout from the header.
     other = om.Task.open(store, "job")
-    assert other.layout == task.layout
+    assert engine(other).layout == engine(task).layout
     assert other.entry("item-07").state is om.State.ready
     with pytest.raises(om.InvalidInput, match="split into 4 partitions"):
-        task.shard_key("collect")
+        engine(task).shard_key("collect")
     assert (
-        task.shard_key("collect", "item-07")
+        engine(task).shard_key("collect", "item-07")
         == f"job/shards/{names[partition_of('item-07', 4)]}.json"
     )
 
@@ -195,7 +196,7 @@ def test_the_task_layout_keeps_stages_apart(store: om.ObjectStore) -> None:
     assert json.loads(raw_get(store, "job/task.json"))["layout"] == "task"
     task.declare_many([(f"c{i}", "collect") for i in range(5)])
     task.declare_many([(f"w{i}", "write", [f"c{i}"]) for i in range(5)])
-    assert sorted(task.read_shard("_task").entries) == sorted(
+    assert sorted(engine(task).read_shard("_task").entries) == sorted(
         [*(f"c{i}" for i in range(5)), *(f"w{i}" for i in range(5))]
     )
     agent = task.agent("a")
@@ -225,15 +226,15 @@ def test_a_deleted_partition_is_rebuilt_from_its_journal(store: om.ObjectStore) 
     task.declare_many([(fid, "collect") for fid in ids])
     produce_all(task, "collect")
     task.flush_journal()
-    lost = task.layout.shard_of("collect", "f0")
-    held = set(task.read_shard(lost).entries)
+    lost = engine(task).layout.shard_of("collect", "f0")
+    held = set(engine(task).read_shard(lost).entries)
     raw_delete(store, f"job/shards/{lost}.json")
 
     report = om.Task.open(store, "job").repair()
     (rebuilt,) = report.objects
     assert rebuilt.key == f"job/shards/{lost}.json" and rebuilt.action == "rebuilt"
     again = om.Task.open(store, "job")
-    assert set(again.read_shard(lost).entries) == held
+    assert set(engine(again).read_shard(lost).entries) == held
     # The other partitions are as they were; the rebuilt one's entries are ready or, where
     # their last records were in the lost object, claimable again: nothing is lost.
     states = {fid: again.entry(fid).state for fid in ids}
@@ -275,7 +276,7 @@ def test_producer_processes_on_a_split_stage_make_each_entry_ready_exactly_once(
         data = payload(fid, name, epoch)
         assert (entry.state, entry.owner, entry.epoch, entry.key) == (om.State.ready, name, 1, key)
         assert entry.checksum == checksum.of_bytes(data)
-        assert fid in now.read_shard(now.layout.shard_of(STAGE, fid)).entries
+        assert fid in engine(now).read_shard(engine(now).layout.shard_of(STAGE, fid)).entries
         assert now.agent("reader").consume(fid) == data
 
 

@@ -26,6 +26,7 @@ import objmanifest as om
 from objmanifest.cli import main
 from objmanifest.store import PROBE_PREFIX, permissions
 from objmanifest.store.probe import probe_store
+from tests.support.internals import engine
 from tests.support.stores import ManualClock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,7 +288,7 @@ def admin_commands(task: om.Task) -> dict[str, Any]:
     """What only an operator runs, each a function of the task."""
 
     def repair(task: om.Task) -> None:
-        task.store.put(task.shard_key("write"), b"{not json")
+        task.store.put(engine(task).shard_key("write"), b"{not json")
         assert task.repair().objects
 
     def trim(task: om.Task) -> None:

@@ -29,6 +29,7 @@ import objmanifest as om
 from objmanifest.core import checksum
 from objmanifest.store import make_client
 from tests.support.faults import FaultProxy, ignoring_conditions
+from tests.support.internals import engine
 from tests.support.stores import Server
 
 WORKER = Path(__file__).parent / "workers" / "agent.py"
@@ -448,11 +449,11 @@ def test_a_write_whose_response_is_lost_is_applied_exactly_once(
         assert proxy.dropped == drops == 5
         shard_drops = 4
         if client_retries:  # botocore's retry met our own write: a 412 we recognised
-            assert task.docs.stats.conflicts == shard_drops
-            assert task.docs.stats.lost_responses == 0
+            assert engine(task).docs.stats.conflicts == shard_drops
+            assert engine(task).docs.stats.lost_responses == 0
         else:  # the error reached our loop, which read back and found its commit
-            assert task.docs.stats.lost_responses == shard_drops
-            assert task.docs.stats.conflicts == 0
+            assert engine(task).docs.stats.lost_responses == shard_drops
+            assert engine(task).docs.stats.conflicts == 0
 
     final = state()
     # declare, claim a, claim b, ready a, claim c, ready c, fail b: one version each

@@ -15,6 +15,7 @@ import pytest
 
 import objmanifest as om
 from objmanifest.cas.blocks import BLOCK
+from tests.support.internals import engine
 from tests.support.rawstore import delete as raw_delete
 from tests.support.rawstore import get as raw_get
 from tests.support.rawstore import keys
@@ -102,7 +103,7 @@ def test_a_damaged_shard_or_index_is_named_by_status_and_repaired(
     store: om.ObjectStore, which: str, how: str
 ) -> None:
     task, held = busy(store)
-    key = task.shard_key("collect", "a") if which == "shard" else task.index_key
+    key = engine(task).shard_key("collect", "a") if which == "shard" else engine(task).index_key
     body = spoil(store, key, how)
     reopened = om.Task.open(store, "job")
     if body is not None:
@@ -127,7 +128,7 @@ def test_a_damaged_journal_block_is_named_by_repair_and_said_lost(
     store: om.ObjectStore, how: str, shard_lost: bool
 ) -> None:
     task, held = busy(store)
-    shard_key = task.shard_key("collect", "a")
+    shard_key = engine(task).shard_key("collect", "a")
     blocks = sorted(k for k in keys(store, "job/journal/") if "/shards/" in k and "-" in k)
     (block,) = [k for k in blocks if k.endswith(f"-{BLOCK:012d}.json") and "000000000001-" in k]
     assert om.Task.open(store, "job").repair(dry_run=True).clean

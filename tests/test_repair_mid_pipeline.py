@@ -15,6 +15,7 @@ import objmanifest as om
 from objmanifest.cas.blocks import BLOCK
 from objmanifest.ops.replay import RECORDS_AT_RISK
 from objmanifest.store.errors import NoSuchObject
+from tests.support.internals import engine
 from tests.support.rawstore import delete as raw_delete
 from tests.support.rawstore import get as raw_get
 from tests.support.rawstore import put as raw_put
@@ -132,7 +133,7 @@ def damage(store: om.ObjectStore, key: str, how: str) -> bytes | None:
 def test_a_damaged_shard_is_rebuilt_from_its_journal(store: om.ObjectStore, how: str) -> None:
     p = mid_pipeline(store)
     task = p.task
-    key = task.shard_key("collect")
+    key = engine(task).shard_key("collect")
     damaged = damage(store, key, how)
     reopened = om.Task.open(store, "job")
 
@@ -215,7 +216,7 @@ def test_a_rebuilt_shard_keeps_claim_ready_and_retry_times(store: om.ObjectStore
     assert all(before[f].ready_at is not None for f in ("r", "c"))
     assert before["f"].retry_at is not None and before["w"].claimed_at is not None
 
-    damage(store, task.shard_key("collect"), "delete")
+    damage(store, engine(task).shard_key("collect"), "delete")
     reopened = om.Task.open(store, "job")
     (obj,) = reopened.repair().objects
     assert obj.action == "rebuilt" and obj.records == BLOCK
@@ -229,7 +230,7 @@ def test_a_rebuilt_shard_keeps_claim_ready_and_retry_times(store: om.ObjectStore
     with pytest.raises(om.NotClaimable, match="backing off until"):
         reopened.agent("b").claim("f")
     # Rebuilt again (the repair's own record carries the times): still the same.
-    damage(store, reopened.shard_key("collect"), "garble")
+    damage(store, engine(reopened).shard_key("collect"), "garble")
     again = om.Task.open(store, "job")
     again.repair()
     for f in ("r", "c", "f"):
@@ -240,7 +241,7 @@ def test_a_rebuilt_shard_keeps_claim_ready_and_retry_times(store: om.ObjectStore
 @pytest.mark.stage_layout
 def test_a_damaged_index_is_rebuilt_from_the_shards(store: om.ObjectStore, how: str) -> None:
     p = mid_pipeline(store)
-    key = p.task.index_key
+    key = engine(p.task).index_key
     damaged = damage(store, key, how)
     reopened = om.Task.open(store, "job")
     assert [o.action for o in reopened.repair(dry_run=True).objects] == ["would rebuild"]
@@ -266,7 +267,7 @@ def test_a_damaged_index_is_rebuilt_from_the_shards(store: om.ObjectStore, how: 
 def test_an_object_of_a_newer_release_is_left_alone(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["collect"])
     task.declare("x", "collect")
-    key = task.shard_key("collect")
+    key = engine(task).shard_key("collect")
     body = json.dumps({"schema_version": 99, "task_id": "job", "stage": "collect"}).encode()
     raw_put(store, key, body)
     (obj,) = task.repair().objects

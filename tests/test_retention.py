@@ -14,6 +14,7 @@ import pytest
 import objmanifest as om
 from objmanifest.core.model import RetentionMarker
 from objmanifest.journal.retention import MarkerCodec, TrimJournal
+from tests.support.internals import engine
 from tests.support.rawstore import get as raw_get
 from tests.support.rawstore import put as raw_put
 
@@ -30,21 +31,23 @@ def _commit_until(task: om.Task, version: int) -> om.Claim:
     agent = task.agent("a")
     claim = agent.claim("f")
     assert claim is not None
-    key, codec = task.shard_key("collect"), task.codec("collect")
-    while codec.version(task.docs.cached(key, codec)) != version:
+    key, codec = engine(task).shard_key("collect"), engine(task).codec("collect")
+    while codec.version(engine(task).docs.cached(key, codec)) != version:
         agent.renew(claim)
     return claim
 
 
 def _versions(task: om.Task) -> list[int]:
-    key = task.shard_key("collect")
-    return [r.version for r in task.journal.records(key, task.codec("collect"))]
+    key = engine(task).shard_key("collect")
+    return [r.version for r in engine(task).journal.records(key, engine(task).codec("collect"))]
 
 
 def _blocks(task: om.Task) -> list[tuple[int, int]]:
     found = []
-    for key in task.store.list_keys(task.layout.journal_of(task.shard_key("collect"))):
-        ref = task.layout.parse_block(key)
+    for key in task.store.list_keys(
+        engine(task).layout.journal_of(engine(task).shard_key("collect"))
+    ):
+        ref = engine(task).layout.parse_block(key)
         if ref is not None:
             found.append((ref.first, ref.last))
     return sorted(found)
@@ -76,7 +79,7 @@ def test_a_count_bound_drops_whole_old_blocks_and_readers_say_so(store: om.Objec
     task.flush_journal()
     task.agent("a").renew(claim)  # v103: knows every whole block is stored, carries 97..103
     task.flush_journal()
-    key = task.shard_key("collect")
+    key = engine(task).shard_key("collect")
     assert _versions(task) == list(range(1, 104))
     assert _blocks(task) == [(1, 32), (33, 64), (65, 96)]
     live_before = task.shard("collect").journal
@@ -109,7 +112,11 @@ def test_an_age_bound_never_drops_a_block_the_live_object_carries(store: om.Obje
     _commit_until(task, 96)  # the block 65..96 starts once v96 landed: v96 carries it
     task.flush_journal()
     assert task.trim_journal() == []  # nothing is an hour old
-    newest = task.journal.records(task.shard_key("collect"), task.codec("collect"))[-1].at
+    newest = (
+        engine(task)
+        .journal.records(engine(task).shard_key("collect"), engine(task).codec("collect"))[-1]
+        .at
+    )
     while task.store.now() < newest + timedelta(seconds=1):
         task.store.runtime.sleep(0.05)  # until the store's clock is past every record
     live = {r.version for r in task.shard("collect").journal}
@@ -129,17 +136,17 @@ def test_a_trim_that_died_after_saying_is_finished_by_the_next(store: om.ObjectS
     task.flush_journal()
     task.agent("a").renew(claim)
     task.flush_journal()
-    key = task.shard_key("collect")
+    key = engine(task).shard_key("collect")
     planned = task.trim_journal(dry_run=True)
-    marker_key = task.layout.journal_retention(key)
+    marker_key = engine(task).layout.journal_retention(key)
     # The trim said what it drops, then died before deleting the block.
-    task.docs.commit(marker_key, MarkerCodec(key), TrimJournal(tuple(planned)))
+    engine(task).docs.commit(marker_key, MarkerCodec(key), TrimJournal(tuple(planned)))
     assert (1, 32) in _blocks(task)
     assert _versions(task) == list(range(33, 104))  # readers skip what the marker names
     assert _ranges(task.dropped()) == [(key, 1, 32, 32)]
     assert task.trim_journal() == []  # nothing new is dropped ...
     assert _blocks(task) == [(33, 64), (65, 96)]  # ... and the leftover block is gone
-    marker = task.docs.read(marker_key, MarkerCodec(key))
+    marker = engine(task).docs.read(marker_key, MarkerCodec(key))
     assert isinstance(marker, RetentionMarker) and marker.dropped[0].records == 32
 
 
@@ -193,7 +200,7 @@ def test_a_corrupt_marker_is_named_and_nothing_is_deleted(store: om.ObjectStore)
     task.flush_journal()
     task.agent("a").renew(claim)
     task.flush_journal()
-    marker_key = task.layout.journal_retention(task.shard_key("collect"))
+    marker_key = engine(task).layout.journal_retention(engine(task).shard_key("collect"))
     raw_put(store, marker_key, b"not json")
     with pytest.raises(om.CorruptShard, match="retention"):
         task.log()

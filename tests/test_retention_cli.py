@@ -7,6 +7,7 @@ import pytest
 
 import objmanifest as om
 from tests import test_cli
+from tests.support.internals import engine
 from tests.test_cli import Cli
 
 pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
@@ -33,7 +34,7 @@ def test_init_trim_and_log_say_what_retention_dropped(cli: Cli, store: om.Object
     task.flush_journal()
     agent.renew(claim)  # v103 carries 97..103 only
     task.flush_journal()
-    key = task.shard_key("collect", "f")
+    key = engine(task).shard_key("collect", "f")
 
     dry = cli.json("--task", "r", "trim", "--dry-run")
     assert dry["dry_run"] and dry["records"] == 32

@@ -21,6 +21,7 @@ from objmanifest.store.errors import NoSuchObject, OutcomeUnknown
 from objmanifest.store.memory import MemoryStore
 from objmanifest.task import Task
 from tests.support import checker, sim
+from tests.support.internals import engine
 from tests.support.stores import ManualClock
 
 CI_SEEDS = sim.seeds_of(os.environ.get("OBJMANIFEST_SIM_SEEDS", "0-19"))
@@ -104,7 +105,7 @@ def test_a_fenced_put_whose_cleanup_delete_answer_is_lost_is_still_lease_lost(
         task.agent("old").put(old, b"late bytes")  # type: ignore[arg-type]
     assert store.faults.calls["delete"] == deletes + 1
     with pytest.raises(NoSuchObject):  # the delete was applied all the same
-        store.head(task.layout.data("make", "a", 1))
+        store.head(engine(task).layout.data("make", "a", 1))
 
 
 def test_gc_whose_delete_answer_is_lost_reports_it_and_lets_nothing_out(
@@ -112,7 +113,7 @@ def test_gc_whose_delete_answer_is_lost_reports_it_and_lets_nothing_out(
 ) -> None:
     """Seed 3: ``gc`` removing a fenced holder's data lost the delete's answer."""
     task, _ = fenced_holder(store, clock)
-    fenced = task.layout.data("make", "a", 1)
+    fenced = engine(task).layout.data("make", "a", 1)
     store.put(fenced, b"a fenced holder's bytes")
     store.faults.add("delete", fenced, effect="lose")
     report = task.gc()

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 import objmanifest as om
+from tests.support.internals import engine
 
 pytestmark = pytest.mark.behaviour
 
@@ -25,7 +26,7 @@ def test_a_pool_of_threads_produces_every_entry_once_in_fewer_writes_than_commit
     ids = [f"raw/{i}" for i in range(ENTRIES)]
     task.declare_many([(f, "collect") for f in ids])
     task.shard("collect")  # cached: every thread starts from the same version
-    before = replace(task.docs.stats)
+    before = replace(engine(task).docs.stats)
     start = threading.Barrier(THREADS)
 
     def work(n: int) -> list[om.Claim]:
@@ -40,7 +41,7 @@ def test_a_pool_of_threads_produces_every_entry_once_in_fewer_writes_than_commit
     with ThreadPoolExecutor(THREADS) as pool:
         produced = [c for done in pool.map(work, range(THREADS)) for c in done]
 
-    after = task.docs.stats
+    after = engine(task).docs.stats
     commits = after.commits - before.commits
     writes = after.writes - before.writes
     counts = Counter(c.file_id for c in produced)

@@ -30,6 +30,7 @@ from objmanifest.web.security import (
 )
 from objmanifest.web.views import Site
 from tests.support import rawstore
+from tests.support.internals import engine
 from tests.support.rawstore import requests as requests
 
 LOCAL = "http://127.0.0.1"
@@ -123,12 +124,12 @@ def test_the_board_counts_each_stage_and_partition_as_the_shards_hold_them(job: 
         "dead": 1,
     }
     # Each partition counts the entries routed to it, and together they make the stage.
-    assert [p["shard"] for p in collect["partitions"]] == job.layout.shards_of("collect")
+    assert [p["shard"] for p in collect["partitions"]] == engine(job).layout.shards_of("collect")
     for part in collect["partitions"]:
         mine = [
             e
             for e in job.entries("collect")
-            if job.layout.shard_of("collect", e.file_id) == part["shard"]
+            if engine(job).layout.shard_of("collect", e.file_id) == part["shard"]
         ]
         assert part["total"] == len(mine)
         assert part["counts"]["ready"] == sum(e.state is om.State.ready for e in mine)
@@ -220,7 +221,7 @@ def test_a_stages_entries_show_holder_epoch_lease_retries_size_and_checksum(job:
         assert row["retries"] == entry.retry_count
         assert row["size"] == entry.size
         assert row["checksum"] == entry.checksum
-        assert row["partition"] == job.layout.shard_of("collect", fid)
+        assert row["partition"] == engine(job).layout.shard_of("collect", fid)
     assert rows["raw/e.json"]["size"] == len(b"data of raw/e.json")
     assert rows["raw/e.json"]["checksum"].startswith("xxh3-128:")
     d = rows["raw/f.json"]
@@ -326,11 +327,11 @@ def test_an_idle_board_costs_one_conditional_get_per_shard_the_index_and_the_hea
     etag = client.get("/api/tasks/job").headers["etag"]  # warm: the journal is read once
     client.get("/api/tasks/job/stages/collect")
     client.get(api_path("job", "out/r.md"))
-    stats = site.task("job").docs.stats
+    stats = engine(site.task("job")).docs.stats
     reads, not_modified = stats.reads, stats.not_modified
-    names = job.layout.all_shards(job.stages)
+    names = engine(job).layout.all_shards(job.stages)
     # A partition nothing was routed to does not exist: each refresh meets its 404 twice.
-    missing = sum(1 for n in names if not job.read_shard(n).version)
+    missing = sum(1 for n in names if not engine(job).read_shard(n).version)
     polls = 5
     with requests(job.store) as seen:
         for _ in range(polls):
@@ -393,7 +394,7 @@ def test_one_snapshot_serves_every_client_within_the_interval(job: om.Task) -> N
         for client in clients:
             client.get("/api/tasks/job")
     # Once, for all: each shard, the index, and the header (is it still this task?).
-    assert seen["GetObject"] == len(job.layout.all_shards(job.stages)) + 2
+    assert seen["GetObject"] == len(engine(job).layout.all_shards(job.stages)) + 2
 
 
 # -- without a task: the tasks under the URL -------------------------------------------------

@@ -15,7 +15,8 @@ from ..core.model import (
     Claim,
     Entry,
 )
-from ..data import sources, transfer
+from ..data.sources import Source
+from ..data.transfer import Progress
 from ..errors import Interrupted, ObjManifestError
 from .pool import Pool
 
@@ -92,12 +93,12 @@ class AsyncAgent:
     async def put(
         self,
         claim: Claim,
-        data: sources.Source,
+        data: Source,
         *,
         part_size: int | None = None,
         concurrency: int | None = None,
         threshold: int | None = None,
-        progress: transfer.Progress | None = None,
+        progress: Progress | None = None,
     ) -> Entry:
         """``Agent.put``. Cancelled, it stops before the ready commit (the entry stays
         writing under the claim), or, if the commit was sent, waits for its outcome."""
@@ -119,7 +120,7 @@ class AsyncAgent:
     async def put_many(
         self,
         claims: Iterable[Claim],
-        datas: Iterable[sources.Source],
+        datas: Iterable[Source],
         *,
         part_size: int | None = None,
         concurrency: int | None = None,
@@ -158,7 +159,7 @@ class AsyncAgent:
         *,
         part_size: int | None = None,
         concurrency: int | None = None,
-        progress: transfer.Progress | None = None,
+        progress: Progress | None = None,
         parents: bool = False,
     ) -> bytes: ...
     @overload
@@ -169,7 +170,7 @@ class AsyncAgent:
         *,
         part_size: int | None = None,
         concurrency: int | None = None,
-        progress: transfer.Progress | None = None,
+        progress: Progress | None = None,
         parents: bool = False,
     ) -> Entry: ...
 
@@ -180,7 +181,7 @@ class AsyncAgent:
         *,
         part_size: int | None = None,
         concurrency: int | None = None,
-        progress: transfer.Progress | None = None,
+        progress: Progress | None = None,
         parents: bool = False,
     ) -> bytes | Entry:
         """``Agent.consume``. Cancelled, it stops before the data is put in place and

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -22,10 +22,10 @@ from ..core.model import (
     TaskHeader,
     TaskStatus,
 )
-from ..data import transfer
-from ..engine.status import WAIT_FIRST_DELAY, WAIT_GROWTH, WAIT_MAX_DELAY, WaitPlan
+from ..core.waiting import WaitPlan
+from ..data.transfer import TransferConfig
 from ..journal.history import Dropped, Lineage, Transition
-from ..ops import deletion
+from ..ops.deletion import Deleted
 from ..ops.gc import GcReport
 from ..ops.reports import RepairReport
 from ..store import ObjectStore
@@ -152,7 +152,7 @@ class AsyncTask:
         return self.task.max_retries
 
     @property
-    def transfer(self) -> transfer.TransferConfig:
+    def transfer(self) -> TransferConfig:
         return self.task.transfer
 
     def agent(self, name: str, role: str | None = None) -> AsyncAgent:
@@ -182,6 +182,16 @@ class AsyncTask:
     async def shard(self, stage: str) -> Shard:
         return await self._pool.run(lambda: self.task.shard(stage))
 
+    async def shard_names(self, stage: str | None = None, file_id: str | None = None) -> list[str]:
+        """``Task.shard_names`` (names only: no I/O, so it runs on the loop)."""
+        return self.task.shard_names(stage, file_id)
+
+    async def shards(
+        self, names: Iterable[str] | None = None, *, cached: bool = False
+    ) -> dict[str, Shard]:
+        chosen = None if names is None else list(names)
+        return await self._pool.run(lambda: self.task.shards(chosen, cached=cached))
+
     async def index(self) -> shard_index.ShardIndex:
         return await self._pool.run(self.task.index)
 
@@ -208,12 +218,10 @@ class AsyncTask:
     ) -> dict[str, State]:
         """``Task.wait``, sleeping on the loop between looks (each look one read of each
         stage's shard in the pool); ``timeout`` is measured on the loop's clock."""
-        task = self.task
-        plan = WaitPlan.of(task, stages, until, timeout)
+        plan = self.task.wait_plan(stages, until, timeout)
         loop = asyncio.get_running_loop()
         start = loop.time()
-        delay = WAIT_FIRST_DELAY
-        while True:
+        for delay in plan.delays():
             found, waiting = await self.outstanding(plan.stages, until)
             if not waiting:
                 return found
@@ -224,7 +232,16 @@ class AsyncTask:
                 on_wait(waiting)
                 on_wait = None
             await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * WAIT_GROWTH, WAIT_MAX_DELAY)
+        raise AssertionError("a plan's delays never end")
+
+    async def wait_plan(
+        self,
+        stages: Iterable[str] | None = None,
+        until: str = "ready",
+        timeout: float | None = None,
+    ) -> WaitPlan:
+        """``Task.wait_plan`` (arguments checked: no I/O, so it runs on the loop)."""
+        return self.task.wait_plan(stages, until, timeout)
 
     async def outstanding(
         self, stages: Iterable[str] | None = None, until: str = "ready"
@@ -278,13 +295,11 @@ class AsyncTask:
     async def undeclare(self, file_id: str) -> Entry | None:
         return await self._pool.run(lambda: self.task.undeclare(file_id))
 
-    async def delete(self, force: bool = False) -> deletion.Deleted:
+    async def delete(self, force: bool = False) -> Deleted:
         return await self._pool.run(lambda: self.task.delete(force))
 
     @staticmethod
-    async def delete_by_id(
-        store: ObjectStore, task_id: str, *, force: bool = False
-    ) -> deletion.Deleted:
+    async def delete_by_id(store: ObjectStore, task_id: str, *, force: bool = False) -> Deleted:
         pool = Pool.of(store, 1, None)
         try:
             return await pool.run(lambda: Task.delete_by_id(store, task_id, force=force))
@@ -293,22 +308,40 @@ class AsyncTask:
 
     # -- history -----------------------------------------------------------------------
 
-    async def history(self, file_id: str) -> list[Transition]:
-        return await self._pool.run(lambda: self.task.history(file_id))
+    async def history(
+        self, file_id: str, *, after: dict[str, int] | None = None
+    ) -> list[Transition]:
+        return await self._pool.run(lambda: self.task.history(file_id, after=after))
 
     async def log(
         self,
         since: datetime | None = None,
         stage: str | None = None,
         agent: str | None = None,
+        *,
+        after: dict[str, int] | None = None,
     ) -> list[JournalRecord]:
-        return await self._pool.run(lambda: self.task.log(since, stage, agent))
+        return await self._pool.run(lambda: self.task.log(since, stage, agent, after=after))
+
+    async def stage_logs(
+        self,
+        shards: Mapping[str, Shard],
+        seen: dict[str, tuple[str | None, int]],
+        since: datetime | None = None,
+        *,
+        skip_damaged: bool = False,
+    ) -> dict[str, list[JournalRecord]]:
+        return await self._pool.run(
+            lambda: self.task.stage_logs(shards, seen, since, skip_damaged=skip_damaged)
+        )
 
     async def lineage(self, file_id: str) -> Lineage:
         return await self._pool.run(lambda: self.task.lineage(file_id))
 
-    async def dropped(self, file_id: str | None = None) -> list[Dropped]:
-        return await self._pool.run(lambda: self.task.dropped(file_id))
+    async def dropped(
+        self, file_id: str | None = None, *, stage: str | None = None
+    ) -> list[Dropped]:
+        return await self._pool.run(lambda: self.task.dropped(file_id, stage=stage))
 
     async def flush_journal(self) -> None:
         await self._pool.run(self.task.flush_journal)

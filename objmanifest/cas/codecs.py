@@ -89,6 +89,19 @@ def load_json(key: str, body: bytes, supported: int) -> dict[str, Any]:
     return data
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def decode_model(key: str, body: bytes, supported: int, model: type[M], what: str) -> M:
+    """``body`` as a ``model`` (a JSON object of a supported ``schema_version``), or
+    ``CorruptShard`` saying it is not ``what`` and why (``UnsupportedSchema`` if newer)."""
+    data = load_json(key, body, supported)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise CorruptShard(key, f"not {what}: {schema_problems(e)}") from None
+
+
 def remembered(commits: tuple[str, ...], commit_id: str) -> tuple[str, ...]:
     """The last ``COMMITS_KEPT`` commit ids once ``commit_id`` wrote a version: the members
     of a group commit share their write's id, which is remembered once (so a group never
@@ -512,11 +525,7 @@ class HeaderCodec:
     repair: ClassVar[str] = HEADER_REPAIR
 
     def decode(self, key: str, body: bytes) -> TaskHeader:
-        data = load_json(key, body, HEADER_SCHEMA)
-        try:
-            header = TaskHeader.model_validate(data)
-        except ValidationError as e:
-            raise CorruptShard(key, f"not a task header: {schema_problems(e)}") from None
+        header = decode_model(key, body, HEADER_SCHEMA, TaskHeader, "a task header")
         if header.task_id != self.task_id:
             raise CorruptShard(key, f"it is the header of task {header.task_id!r}")
         return header

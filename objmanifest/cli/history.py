@@ -6,14 +6,11 @@ from __future__ import annotations
 import re
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 import objmanifest as om
-from objmanifest.journal.history import record_dict, transitions_of
 
-from ..cas.policy import Codec
-from ..engine.settings import check_retention
 from ..wire.errors import UsageError
+from ..wire.shapes import record_json
 from .context import Context
 from .render import (
     history_view,
@@ -62,35 +59,30 @@ def cmd_log(ctx: Context) -> int:
     is committed from then on (Ctrl-C stops it)."""
     task = ctx.task()
     file_id: str | None = ctx.opt("file_id")
-    stage: str | None = ctx.opt("stage")
+    stage: str | None = ctx.opt("stage") if file_id is None else None
     since = since_time(task, ctx.opt("since"))
     agent: str | None = ctx.opt("by")
+    steps: list[om.Transition] = []
+    records: list[om.JournalRecord] = []
     if file_id is not None:
-        stage = task.stage_of(file_id)
-        shard = task.layout.shard_of(stage, file_id)
-        objects: list[tuple[str, Codec[Any]]] = [(task.layout.shard(shard), task.codec(shard))]
+        steps = [
+            t
+            for t in task.history(file_id)
+            if (since is None or t.at >= since) and (agent is None or t.actor == agent)
+        ]
+        dropped = task.dropped(file_id)
     else:
-        if stage is not None:
-            task.check_stage(stage)  # NotFound, naming the stages, for a stage the task lacks
-        objects = task.journal.of_stage(task.journaled_objects(), stage)
-    stage_of = task.stage_namer() if file_id is None else None
-    records = task.journal.log(
-        since=since,
-        agent=agent,
-        objects=objects,
-        stage=stage if file_id is None else None,
-        stage_of=stage_of,
-    )
-    dropped = [d for key, _ in objects for d in task.journal.dropped(key)]
+        records = task.log(since, stage, agent)
+        dropped = task.dropped(stage=stage)
     said = [d.line() for d in dropped]
     if not ctx.opt("follow"):
         gone = [d.to_dict() for d in dropped]
         journaled, chosen = (
-            task.schema_version >= 2,
+            task.header.objects_schema >= 2,
             [
                 f"{flag} {value}"
                 for flag, value in (
-                    ("--stage", ctx.opt("stage") if file_id is None else None),
+                    ("--stage", stage),
                     ("--by", agent),
                     ("--since", ctx.opt("since")),
                 )
@@ -98,7 +90,6 @@ def cmd_log(ctx: Context) -> int:
             ],
         )
         if file_id is not None:
-            steps = transitions_of(file_id, records)
             ctx.out.result(
                 {"file_id": file_id, "history": [t.to_dict() for t in steps], "dropped": gone},
                 *said,
@@ -107,9 +98,8 @@ def cmd_log(ctx: Context) -> int:
                 ),
             )
         else:
-            records_json = [record_dict(r) for r in records]
             ctx.out.result(
-                {"records": records_json, "dropped": gone},
+                {"records": [record_json(r) for r in records], "dropped": gone},
                 *said,
                 *log_view(records, journaled=journaled, filters=chosen, dropped=bool(dropped)),
             )
@@ -117,32 +107,37 @@ def cmd_log(ctx: Context) -> int:
     for line in said:
         ctx.out.note(line)
     seen: dict[str, int] = {}
-    for record in records:
-        if record.object_key is not None:
-            seen[record.object_key] = max(seen.get(record.object_key, 0), record.version)
+    done = [(r.object_key, r.version) for r in records] + [(t.object_key, t.version) for t in steps]
+    for key, version in done:
+        if key:
+            seen[key] = max(seen.get(key, 0), version)
     interval = float(ctx.opt("interval", 2.0))
     while True:
+        for step in steps:
+            if agent is None or step.actor == agent:
+                _print_step(ctx, step)
         for record in records:
-            if agent is not None and record.actor != agent:
-                continue
-            _print_record(ctx, record, file_id)
+            if agent is None or record.actor == agent:
+                _print_record(ctx, record)
         time.sleep(interval)
-        if file_id is None:  # new upload states appear
-            objects = task.journal.of_stage(task.journaled_objects(), stage)
-        records = task.journal.narrowed(task.journal.newer(seen, objects), stage, stage_of)
+        if file_id is not None:
+            steps = task.history(file_id, after=seen)
+        else:
+            records = task.log(stage=stage, after=seen)
 
 
-def _print_record(ctx: Context, record: om.JournalRecord, file_id: str | None) -> None:
-    """One followed record: a JSON line with ``--json``, else a line of text."""
-    if file_id is not None:
-        for step in transitions_of(file_id, [record]):
-            if ctx.out.json_mode:
-                ctx.out.json_line(step.to_dict())
-            else:
-                ctx.out.line(transition_line(step))
-        return
+def _print_step(ctx: Context, step: om.Transition) -> None:
+    """One followed transition of an entry: a JSON line with ``--json``, else a line."""
     if ctx.out.json_mode:
-        ctx.out.json_line(record_dict(record))
+        ctx.out.json_line(step.to_dict())
+    else:
+        ctx.out.line(transition_line(step))
+
+
+def _print_record(ctx: Context, record: om.JournalRecord) -> None:
+    """One followed record: a JSON line with ``--json``, else a line of text."""
+    if ctx.out.json_mode:
+        ctx.out.json_line(record_json(record))
     else:
         ctx.out.line(record_line(record))
 
@@ -156,12 +151,13 @@ def cmd_lineage(ctx: Context) -> int:
 def cmd_migrate(ctx: Context) -> int:
     task = ctx.task()
     moved = task.migrate()
+    schema = task.header.objects_schema
     line = (
-        f"moved task {task.task_id!r} to schema {task.schema_version}: {len(moved)} object(s)"
+        f"moved task {task.task_id!r} to schema {schema}: {len(moved)} object(s)"
         if moved
-        else f"task {task.task_id!r} is at schema {task.schema_version} already"
+        else f"task {task.task_id!r} is at schema {schema} already"
     )
-    ctx.out.result({"schema_version": task.schema_version, "moved": moved}, line)
+    ctx.out.result({"schema_version": schema, "moved": moved}, line)
     return 0
 
 
@@ -169,7 +165,6 @@ def cmd_trim(ctx: Context) -> int:
     """Drop the journal blocks beyond the task's retention (or the options'), and say what."""
     task = ctx.task()
     seconds, versions = ctx.opt("keep_seconds"), ctx.opt("keep_versions")
-    check_retention(seconds, versions)
     if seconds is None and versions is None:
         seconds, versions = task.header.journal_keep_seconds, task.header.journal_keep_versions
         if seconds is None and versions is None:

@@ -9,7 +9,7 @@ import contextlib
 import objmanifest as om
 
 from ..core.model import TaskHeader
-from ..engine.settings import check_retention, check_settings, check_timing
+from ..core.settings import check_retention, check_settings, check_timing
 from ..wire.errors import UsageError
 from ..wire.shapes import jsonable
 from .context import STAGES_ARROW, Context

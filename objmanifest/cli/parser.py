@@ -15,7 +15,7 @@ from objmanifest import __version__
 
 from ..wire.errors import UsageError
 from .options import add_agent, add_globals, add_holder, add_wait
-from .parser_tools import _demo, _mcp, _serve, _store_checks, _web
+from .parser_tools import add_demo, add_mcp, add_serve, add_store_checks, add_web
 from .values import (
     number,
     partition_count,
@@ -474,13 +474,13 @@ def build(argv: Sequence[str] = ()) -> Parser:
     _views(sub, parents)
     _history(sub, parents)
     _verbs(sub, parents)
-    _serve(sub, parents)
-    _demo(sub)
+    add_serve(sub, parents)
+    add_demo(sub)
     _retention(sub, parents)
     _gc(sub, parents)
-    _web(sub, parents)
-    _mcp(sub, parents)
-    _store_checks(sub, parents)
+    add_web(sub, parents)
+    add_mcp(sub, parents)
+    add_store_checks(sub, parents)
     return parser
 
 

@@ -20,7 +20,7 @@ from .values import (
 )
 
 
-def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+def add_serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
         parents=parents,
@@ -57,7 +57,7 @@ def _serve(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
 
 
-def _web(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+def add_web(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     """The status page."""
     p = sub.add_parser(
         "web",
@@ -89,7 +89,7 @@ def _web(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
 
 
-def _mcp(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+def add_mcp(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     """The MCP server for LLM agents."""
     p = sub.add_parser(
         "mcp",
@@ -126,7 +126,7 @@ def _mcp(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
 
 
-def _demo(sub: Any) -> None:
+def add_demo(sub: Any) -> None:
     """``demo`` takes its options from ``objmanifest.demo``.
 
     Of the global options only ``--debug`` applies to it here; ``--json`` and
@@ -151,7 +151,7 @@ def _demo(sub: Any) -> None:
             action.default = argparse.SUPPRESS
 
 
-def _store_checks(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+def add_store_checks(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     """What the store enforces (``doctor``) and the permissions objmanifest needs."""
     p = sub.add_parser(
         "doctor",

@@ -16,11 +16,14 @@ from rich.text import Text
 from rich.tree import Tree
 
 import objmanifest as om
-from objmanifest.journal.history import Lineage, LineageNode, Transition
 from objmanifest.local.styles import ATTENTION_STYLES, STATE_STYLES
 
-from ..core.model import EntryNote, JournalRecord, State
-from ..wire.shapes import iso
+from ..core.model import EntryNote
+
+
+def text_time(at: datetime | None) -> str:
+    """A time as a line of text shows it ("-" for none)."""
+    return at.isoformat() if at is not None else "-"
 
 
 def claim_line(claim: om.Claim) -> str:
@@ -30,8 +33,8 @@ def claim_line(claim: om.Claim) -> str:
 
 
 def state_text(state: om.State | str) -> Text:
-    known = State(state) if state in {s.value for s in State} else None
-    value = state.value if isinstance(state, State) else str(state)
+    known = om.State(state) if state in {s.value for s in om.State} else None
+    value = state.value if isinstance(state, om.State) else str(state)
     return Text(value, style=STATE_STYLES[known] if known is not None else "")
 
 
@@ -46,15 +49,15 @@ def entry_view(entry: om.Entry) -> RenderableType:
         ("state", state_text(entry.state)),
         ("owner", entry.owner or "-"),
         ("epoch", str(entry.epoch)),
-        ("lease_expires_at", iso(entry.lease_expires_at)),
+        ("lease_expires_at", text_time(entry.lease_expires_at)),
         ("retry_count", str(entry.retry_count)),
         *(
-            (("retry_at", f"{iso(entry.retry_at)} (backing off until then)"),)
+            (("retry_at", f"{text_time(entry.retry_at)} (backing off until then)"),)
             if entry.retry_at
             else ()
         ),
-        *((("claimed_at", iso(entry.claimed_at)),) if entry.claimed_at else ()),
-        *((("ready_at", iso(entry.ready_at)),) if entry.ready_at else ()),
+        *((("claimed_at", text_time(entry.claimed_at)),) if entry.claimed_at else ()),
+        *((("ready_at", text_time(entry.ready_at)),) if entry.ready_at else ()),
         ("depends_on", ", ".join(entry.depends_on) or "-"),
         ("consumers", ", ".join(entry.consumers) or "(queue: first consumer takes it)"),
         ("consumed_by", ", ".join(entry.consumed_by) or "-"),
@@ -62,20 +65,20 @@ def entry_view(entry: om.Entry) -> RenderableType:
         ("checksum", entry.checksum or "-"),
         ("key", entry.key or "-"),
         ("error", Text(entry.error, style="red") if entry.error else "-"),
-        ("declared_at", iso(entry.declared_at)),
-        ("updated_at", iso(entry.updated_at)),
+        ("declared_at", text_time(entry.declared_at)),
+        ("updated_at", text_time(entry.updated_at)),
     ]
     shown = {name for name, _ in rows}
     for name, value in entry.model_dump().items():  # chunking fields, newer versions' fields
         if name not in shown and value is not None:
-            rows.append((name, iso(value) if isinstance(value, datetime) else str(value)))
+            rows.append((name, text_time(value) if isinstance(value, datetime) else str(value)))
     for name, value in rows:
         grid.add_row(name, value if isinstance(value, Text) else Text(value))
     return grid
 
 
 def _count(n: int, state: str) -> Text:
-    return Text(str(n), style=STATE_STYLES[State(state)] if n else "dim")
+    return Text(str(n), style=STATE_STYLES[om.State(state)] if n else "dim")
 
 
 def counts_table(status: om.TaskStatus) -> Table:
@@ -140,7 +143,7 @@ def status_view(status: om.TaskStatus) -> RenderableType:
         ("task ", "dim"),
         (status.task_id, "bold"),
         ("  store time ", "dim"),
-        iso(status.store_time),
+        text_time(status.store_time),
         "  ",
         (progress, "green" if progress == "finished" else "yellow"),
     )
@@ -184,21 +187,22 @@ def _change_text(item: str, before: str | None, after: str, epoch: int | None) -
     return f"{item}: {moved}" + (f" (epoch {epoch})" if epoch else "")
 
 
-def record_line(record: JournalRecord) -> str:
+def record_line(record: om.JournalRecord) -> str:
     """``TIME  OBJECT vVERSION  COMMAND  ACTOR  item: before -> after (epoch N); ...``"""
     changes = "; ".join(
         _change_text(c.item, c.before, c.after, c.epoch) for c in record.transitions
     )
     actor = record.actor or "-"
-    return f"{iso(record.at)}  {record.object_key} v{record.version}  {record.command}  {actor}" + (
-        f"  {changes}" if changes else ""
+    return (
+        f"{text_time(record.at)}  {record.object_key} v{record.version}  {record.command}  {actor}"
+        + (f"  {changes}" if changes else "")
     )
 
 
-def transition_line(step: Transition) -> str:
+def transition_line(step: om.Transition) -> str:
     """``TIME  vVERSION  COMMAND  ACTOR  before -> after  epoch N  retries N  error``"""
     moved = f"{step.from_state} -> {step.to_state}" if step.from_state else step.to_state
-    parts = [iso(step.at), f"v{step.version}", step.command, step.actor or "-", moved]
+    parts = [text_time(step.at), f"v{step.version}", step.command, step.actor or "-", moved]
     if step.epoch:
         parts.append(f"epoch {step.epoch}")
     if step.retry_count:
@@ -224,7 +228,7 @@ def _none_because(journaled: bool, filters: list[str], dropped: bool) -> str:
 
 
 def log_view(
-    records: list[JournalRecord],
+    records: list[om.JournalRecord],
     *,
     journaled: bool = True,
     filters: list[str] | None = None,
@@ -239,7 +243,7 @@ def log_view(
 
 def history_view(
     file_id: str,
-    steps: list[Transition],
+    steps: list[om.Transition],
     *,
     journaled: bool = True,
     filters: list[str] | None = None,
@@ -252,7 +256,7 @@ def history_view(
     return [transition_line(t) for t in steps]
 
 
-def lineage_view(graph: Lineage) -> RenderableType:
+def lineage_view(graph: om.Lineage) -> RenderableType:
     """The upstream tree of the root, each node with its producer and checksum (a node
     reached twice is shown once, then referred to)."""
     tree = Tree(_node_text(graph.nodes[graph.root]))
@@ -270,7 +274,7 @@ def lineage_view(graph: Lineage) -> RenderableType:
     return tree
 
 
-def _node_text(node: LineageNode) -> Text:
+def _node_text(node: om.LineageNode) -> Text:
     text = Text(node.file_id, style="bold")
     text.append("  ")
     text.append_text(state_text(node.state) if node.state else Text("undeclared", style="dim"))

@@ -23,7 +23,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 import objmanifest as om
 from objmanifest.local import servers
-from objmanifest.store import make_client
 
 from ..local.errors import SetupError
 
@@ -120,7 +119,8 @@ def _ensure_bucket(store: om.S3Store) -> None:
 def open_target(s: Settings) -> Iterator[Target]:
     """The store to run against: the given endpoint, or an embedded server stopped after."""
     if s.endpoint_url:
-        store = om.S3Store(make_client(s.endpoint_url), s.bucket, "")
+        store = om.connect(f"s3://{s.bucket}", endpoint_url=s.endpoint_url)
+        assert isinstance(store, om.S3Store)
         _ensure_bucket(store)
         yield Target("endpoint", s.endpoint_url, store)
         return

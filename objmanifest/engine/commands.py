@@ -64,7 +64,7 @@ class Migrate(Generic[D]):
         return self.codec.migrated(doc, self.schema_version), True
 
 
-def _refuse_twice(batch: list[Declaration]) -> None:
+def refuse_twice(batch: list[Declaration]) -> None:
     """One batch may name an id twice only with the same declaration."""
     first: dict[str, Declaration] = {}
     for decl in batch:

@@ -12,6 +12,7 @@ from ..core.model import Entry, State
 from ..core.names import error_text
 from ..data import chunked, transfer
 from ..errors import ChecksumMismatch, NotFound, ObjManifestError
+from . import reads
 from .manifest import Manifest
 
 
@@ -59,7 +60,7 @@ def mark(task: Manifest, entry: Entry, consumer: str, actor: str) -> Entry:
     except NotFound:
         # Archived (before this read, or since): terminal, so there is nothing to mark;
         # a consumer that had consumed it reads it again, any other is refused.
-        archived = task.entry(entry.file_id)
+        archived = reads.entry(task, entry.file_id)
         if (archived.key, archived.checksum) != (key, digest):
             raise
         if changes.check_consumable(archived, consumer):

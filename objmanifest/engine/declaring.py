@@ -5,7 +5,7 @@ the lookups of dependencies, and claims rebuilt or routed to their shard."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import shard_index
 
@@ -15,23 +15,21 @@ from ..core.model import (
     Declaration,
     Entry,
     Shard,
-    State,
 )
 from ..core.names import check_file_id
 from ..errors import (
     CorruptShard,
     InvalidInput,
-    LeaseLost,
     NotFound,
 )
-from .commands import DeclareInIndex, RepairIndex, _refuse_twice
-
-if TYPE_CHECKING:
-    from .manifest import Manifest
+from .commands import DeclareInIndex, RepairIndex, refuse_twice
+from .manifest import Manifest
 
 
-def resumed(self: Manifest, agent: str, held: list[tuple[str, int]]) -> list[Claim]:
-    index = self.index()
+def resumed(m: Manifest, agent: str, held: list[tuple[str, int]]) -> list[Claim]:
+    """The claims ``agent`` got at each (file id, epoch), rebuilt from the index and the
+    entries (each shard read once); see ``Agent.resume``."""
+    index = m.index()
     shards: dict[str, Shard] = {}
     claims = []
     for file_id, epoch in held:
@@ -42,120 +40,108 @@ def resumed(self: Manifest, agent: str, held: list[tuple[str, int]]) -> list[Cla
             )
         stage = index.stage_of(check_file_id(file_id))
         if stage is None:
-            raise NotFound(f"{file_id!r} is not declared in task {self.task_id!r}")
-        shard = self.layout.shard_of(stage, file_id)
+            raise NotFound(f"{file_id!r} is not declared in task {m.task_id!r}")
+        shard = m.layout.shard_of(stage, file_id)
         if shard not in shards:
-            shards[shard] = self.read_shard(shard)
+            shards[shard] = m.read_shard(shard)
         entry = shards[shard].entries.get(file_id)
         expiry = entry.lease_expires_at if entry is not None else None
         claims.append(
             Claim(
-                task_id=self.task_id,
+                task_id=m.task_id,
                 file_id=file_id,
                 stage=stage,
                 agent=agent,
                 epoch=epoch,
-                lease_expires_at=expiry or self.store.now(),
+                lease_expires_at=expiry or m.store.now(),
                 shard=shard,
             )
         )
     return claims
 
 
-def held(self: Manifest, claim: Claim) -> Entry:
-    claim = self.routed(claim)
-    entry = self.read_shard(claim.shard).entries.get(claim.file_id)
-    if entry is None or (entry.state, entry.epoch, entry.owner) != (
-        State.writing,
-        claim.epoch,
-        claim.agent,
-    ):
-        now = f"{entry.state.value} at epoch {entry.epoch}" if entry else "gone"
-        raise LeaseLost(
-            f"lease on {claim.file_id!r} (epoch {claim.epoch}, agent {claim.agent}) is "
-            f"lost: the entry is now {now}. Stop working on it."
-        )
-    return entry
-
-
 def declare(
-    self: Manifest,
+    m: Manifest,
     file_id: str,
     stage: str,
     depends_on: Iterable[str] = (),
     consumers: Iterable[str] = (),
 ) -> Entry:
+    """One declaration, as ``declare_many`` makes it."""
     decl = {
         "file_id": file_id,
         "stage": stage,
         "depends_on": depends_on,
         "consumers": consumers,
     }
-    return self.declare_many([decl])[0]
+    return declare_many(m, [decl])[0]
 
 
 def declare_many(
-    self: Manifest, decls: Iterable[Declaration | dict[str, Any] | tuple[Any, ...]]
+    m: Manifest, decls: Iterable[Declaration | dict[str, Any] | tuple[Any, ...]]
 ) -> list[Entry]:
+    """Declare a batch: refused whole before anything is written, then the index first and
+    one commit per shard touched (see ``Task.declare_many``)."""
     if isinstance(decls, (str, bytes, dict, Declaration)):
         raise InvalidInput(
             f"declare_many() takes a list of declarations, not a {type(decls).__name__}: "
             f"wrap it in a list ([...]), or call declare() for one file"
         )
     batch = [Declaration.of(d) for d in decls]
-    _refuse_twice(batch)
+    refuse_twice(batch)
     by_shard: dict[str, list[Declaration]] = {}
     for decl in batch:
-        self._check_stage(decl.stage)
-        by_shard.setdefault(self.layout.shard_of(decl.stage, decl.file_id), []).append(decl)
+        m.check_stage(decl.stage)
+        by_shard.setdefault(m.layout.shard_of(decl.stage, decl.file_id), []).append(decl)
     # Refuse a conflicting batch before writing anything: the index checks stages,
     # dependencies and cycles, the shards (read fresh: 304s) check consumers. Shards are
     # read before the index: a declaration in flight writes the index first, so an id
     # found in a shard and missing from a later read of the index is damage, not a race.
-    shards = {shard: self.read_shard(shard) for shard in by_shard}
-    self._refuse_unindexed(batch, shards)
+    shards = {shard: m.read_shard(shard) for shard in by_shard}
+    refuse_unindexed(m, batch, shards)
     for shard, group in by_shard.items():
-        changes.declare(shards[shard], self.store.now(), group)
+        changes.declare(shards[shard], m.store.now(), group)
     if batch:
-        self.docs.commit(self.layout.index, self.index_codec, DeclareInIndex(batch))
+        m.docs.commit(m.layout.index, m.index_codec, DeclareInIndex(batch))
     declared: dict[str, Entry] = {}
     for shard, group in by_shard.items():
-        entries = self.docs.commit(
-            self.layout.shard(shard), self.codec(shard), commands.Declare(group)
-        )
+        entries = m.docs.commit(m.layout.shard(shard), m.codec(shard), commands.Declare(group))
         declared.update((e.file_id, e) for e in entries)
-        fresh = self.docs.cached(self.layout.shard(shard), self.codec(shard))
+        fresh = m.docs.cached(m.layout.shard(shard), m.codec(shard))
         for decl in group:
-            whole = self.archives.entry(fresh, decl.file_id)
+            whole = m.archives.entry(fresh, decl.file_id)
             if whole is not None:
                 declared[decl.file_id] = whole  # archived: declared again, a no-op
     return [declared[d.file_id] for d in batch]
 
 
-def _refuse_unindexed(self: Manifest, batch: list[Declaration], shards: dict[str, Shard]) -> None:
-    index = self.index()
+def refuse_unindexed(m: Manifest, batch: list[Declaration], shards: dict[str, Shard]) -> None:
+    """Refuse to declare an id that a shard holds but the index lacks (the index was
+    deleted or replaced by hand): declaring it again could put it in a second stage."""
+    index = m.index()
     new = {d.file_id for d in batch if d.file_id not in index}
     if not new:
         return
-    everything = self._all_shards(shards)
-    index = self.index()  # again, after the shards
+    everything = m.all_shards(shards)
+    index = m.index()  # again, after the shards
     for shard_name, shard in everything.items():
         for file_id in sorted(new & set(shard.entries)):
             if file_id in index:
                 continue
             raise CorruptShard(
-                self.layout.index,
+                m.layout.index,
                 f"it lacks {file_id!r}, which shard {shard_name!r} holds: the index was "
                 "deleted or replaced by hand",
-                self.store.describe(self.layout.index),
+                m.store.describe(m.layout.index),
                 "run `objmanifest repair` (Task.repair_index()) to add what the shards "
                 "hold, then declare again",
             )
 
 
-def repair_index(self: Manifest) -> list[str]:
-    shards = self._all_shards()
-    index = self.index()
+def repair_index(m: Manifest) -> list[str]:
+    """Put back into the index every entry a shard holds and the index lacks."""
+    shards = m.all_shards()
+    index = m.index()
     held: dict[str, list[Entry]] = {}
     for shard in shards.values():
         for file_id, entry in shard.entries.items():
@@ -174,22 +160,32 @@ def repair_index(self: Manifest) -> list[str]:
                 f"{file_id!r} is in the shard of {stages[0]}, the index puts it in {known}"
             )
     if missing:
-        self.docs.commit(self.layout.index, self.index_codec, RepairIndex(missing))
+        m.docs.commit(m.layout.index, m.index_codec, RepairIndex(missing))
     if unplaced:
         raise CorruptShard(
-            self.layout.index,
+            m.layout.index,
             f"it cannot be repaired for {len(unplaced)} file ids: {'; '.join(unplaced[:20])}",
-            self.store.describe(self.layout.index),
+            m.store.describe(m.layout.index),
             "remove each of these entries from the shard where it does not belong",
         )
     return [file_id for file_id, _, _ in missing]
 
 
-def lookup_for(self: Manifest, shard: str, candidates: Iterable[Entry]) -> changes.Lookups:
-    key, codec = self.layout.shard(shard), self.codec(shard)
-    here = self.docs.cached(key, codec)
+def lookup_for(m: Manifest, shard: str, candidates: Iterable[Entry]) -> changes.Lookups:
+    """Build dependency look-ups for entries of ``shard``: the shard's own entries are
+    taken from the version the CAS loop hands over, foreign ones from fresh reads of the
+    index and their shards, never from a cache.
+
+    ``candidates`` come from ``Manifest.claim_base`` (the cached version, or a fresh read),
+    and the foreign dependencies they name are read here. Entries the CAS loop's version
+    has that the base lacked (declared since; the loop re-read after a 412) have theirs
+    read when that version is handed over, so no entry finds a dependency "not declared"
+    for want of a read.
+    """
+    key, codec = m.layout.shard(shard), m.codec(shard)
+    here = m.docs.cached(key, codec)
     known_here = {*here.entries, *(here.archived or {})}
-    found = _Foreign(self, shard)
+    found = _Foreign(m, shard)
     found.read({d for e in candidates for d in e.depends_on if d not in known_here})
 
     def make(doc: Shard) -> changes.Lookup:

@@ -3,35 +3,15 @@ probed, read back and checked on open, and a deletion that can be run again."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, TypeVar
-
-from pydantic import ValidationError
-
-from ..cas.codecs import (
-    HEADER_REPAIR,
-    HeaderCodec,
-    IndexCodec,
-    ShardCodec,
-    load_json,
-    schema_problems,
-)
+from ..cas.codecs import HEADER_REPAIR, HeaderCodec
 from ..cas.policy import CasPolicy
 from ..core.layout import TaskLayout
-from ..core.model import (
-    HEADER_SCHEMA,
-    READERS,
-    SCHEMA_VERSION,
-    Shard,
-    TaskHeader,
-    validated,
-)
-from ..data.chunked import Scope
+from ..core.model import Shard, TaskHeader, validated
+from ..core.settings import TaskSettings
 from ..data.transfer import TransferConfig
 from ..errors import (
     AlreadyExists,
     CorruptShard,
-    InvalidInput,
     NotFound,
     TaskBeingDeleted,
     UnsupportedSchema,
@@ -40,56 +20,20 @@ from ..errors import (
 from ..ops import deletion
 from ..store import CREATE, PROBE_PREFIX, ObjectStore, probe_conditional_writes
 from ..store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
-from .settings import check_retention, check_settings, check_timing
-
-if TYPE_CHECKING:
-    from .manifest import Manifest
-
-M = TypeVar("M", bound="Manifest")
+from .manifest import Manifest
 
 
 def create(
-    cls: type[M],
     store: ObjectStore,
     task_id: str,
-    stages: Iterable[str],
-    lease_seconds: float = 300,
-    max_retries: int = 3,
+    settings: TaskSettings,
     *,
     policy: CasPolicy | None = None,
     transfer: TransferConfig | None = None,
-    journal_keep_seconds: float | None = None,
-    journal_keep_versions: int | None = None,
-    partitions: Mapping[str, int] | None = None,
-    layout: str | None = None,
-    retry_backoff: float = 0,
-    retry_backoff_max: float | None = None,
-    deadlines: Mapping[str, float] | None = None,
-) -> M:
+) -> Manifest:
+    """Create a task (``AlreadyExists`` if it is there) after checking the store is safe."""
     keys = TaskLayout(task_id)
-    lease, retries = check_settings(lease_seconds, max_retries)
-    keep_seconds, keep_versions = check_retention(journal_keep_seconds, journal_keep_versions)
-    if isinstance(stages, (str, bytes, dict)):
-        raise InvalidInput(
-            f"stages must be a list of stage names, not the {type(stages).__name__} "
-            f"{stages!r}: write stages=[{stages!r}] for one stage"
-            if not isinstance(stages, dict)
-            else f"stages must be a list of stage names, not a dict: {stages!r}"
-        )
-    if partitions is not None and not isinstance(partitions, Mapping):
-        raise InvalidInput(
-            f"partitions must map stage names to partition counts, like "
-            f'{{"collect": 16}}, not the {type(partitions).__name__} {partitions!r}'
-        )
-    stages = tuple(stages)
-    backoff, backoff_max, stage_deadlines = check_timing(
-        retry_backoff, retry_backoff_max, deadlines, stages
-    )
-    layered = bool(layout is not None or any(n != 1 for n in (partitions or {}).values()))
-    # A backoff or deadlines need header schema 3 too: 0.2.0 would claim a failed entry
-    # at once, blind to its retry_at.
-    timed = backoff is not None or stage_deadlines is not None
-    schema = HEADER_SCHEMA if layered or timed else SCHEMA_VERSION
+    fields = settings.header_fields()
     runtime = store.runtime
     problems = probe_conditional_writes(store, PROBE_PREFIX + runtime.new_id())
     if problems:
@@ -103,30 +47,19 @@ def create(
         TaskHeader,
         f"task {task_id!r}",
         task_id=task_id,
-        stages=tuple(stages),
-        lease_seconds=lease,
-        max_retries=retries,
         created_at=store.now(),
         creation_id=runtime.new_id(),
-        schema_version=schema,
-        requires=READERS[schema],
-        journal_keep_seconds=keep_seconds,
-        journal_keep_versions=keep_versions,
-        layout=layout,
-        partitions=dict(partitions) if partitions is not None else None,
-        retry_backoff=backoff,
-        retry_backoff_max=backoff_max,
-        deadlines=stage_deadlines,
+        **fields,
     )
     key = keys.header
     body = header.model_dump_json(exclude_none=True).encode()
     for _ in range(3):
         try:
             etag = store.put(key, body, mode=CREATE, content_type="application/json")
-            return cls(store, header, policy, transfer=transfer, header_etag=etag)
+            return Manifest(store, header, policy, transfer=transfer, header_etag=etag)
         except (PreconditionFailed, OutcomeUnknown):
             try:
-                existing = cls.open(store, task_id, policy=policy, transfer=transfer)
+                existing = open(store, task_id, policy=policy, transfer=transfer)
             except TaskBeingDeleted as e:
                 raise AlreadyExists(f"{e}; then create it") from None
             except NotFound:
@@ -140,111 +73,86 @@ def create(
     raise UnsupportedStore(f"could not create {store.describe(key)}: writes are not landing")
 
 
+def read_header(store: ObjectStore, task_id: str) -> tuple[TaskHeader, str | None]:
+    """The header of ``task_id`` and its ETag, decoded by its codec: ``NoSuchObject`` if
+    there is none, ``CorruptShard`` or ``UnsupportedSchema`` naming its address if it does not
+    read back as the header of that task."""
+    key = TaskLayout(task_id).header
+    blob = store.get(key)
+    assert blob is not None
+    try:
+        return HeaderCodec(task_id).decode(key, blob.body), blob.etag
+    except (CorruptShard, UnsupportedSchema) as e:
+        raise e.at(store.describe(key), HEADER_REPAIR) from None
+
+
 def open(
-    cls: type[M],
     store: ObjectStore,
     task_id: str,
     *,
     policy: CasPolicy | None = None,
     transfer: TransferConfig | None = None,
-) -> M:
-    key = TaskLayout(task_id).header
+) -> Manifest:
+    """Open an existing task (``NotFound`` if there is none)."""
     try:
-        blob = store.get(key)
+        header, etag = read_header(store, task_id)
     except NoSuchObject:
         raise NotFound(
-            f"task {task_id!r} does not exist at {store.describe(key)}; "
+            f"task {task_id!r} does not exist at {store.describe(TaskLayout(task_id).header)}; "
             "create it with Task.create (or `objmanifest init`)"
         ) from None
-    assert blob is not None
-    where = store.describe(key)
-    try:
-        data = load_json(key, blob.body, HEADER_SCHEMA)
-    except (CorruptShard, UnsupportedSchema) as e:
-        raise e.at(where, HEADER_REPAIR) from None
-    try:
-        header = TaskHeader.model_validate(data)
-    except ValidationError as e:
-        problem = f"not a task header: {schema_problems(e)}"
-        raise CorruptShard(key, problem, where, HEADER_REPAIR) from None
-    if header.task_id != task_id:
-        problem = f"it is the header of task {header.task_id!r}"
-        raise CorruptShard(key, problem, where, HEADER_REPAIR)
     if header.deleting_at is not None:
+        where = store.describe(TaskLayout(task_id).header)
         raise TaskBeingDeleted(
             f"task {task_id!r} at {where} is being deleted (since "
             f"{header.deleting_at.isoformat()}): run `objmanifest delete --yes` "
             "(Task.delete_by_id) again to finish it"
         )
-    return cls(store, header, policy, transfer=transfer, header_etag=blob.etag)
+    return Manifest(store, header, policy, transfer=transfer, header_etag=etag)
 
 
-def is_current(self: Manifest) -> bool:
-    key = self.layout.header
+def is_current(m: Manifest) -> bool:
+    """One conditional GET of the header: is it still the header this object read?"""
+    key = m.layout.header
     try:
-        blob = self.store.get(key, if_none_match=self._header_etag)
+        blob = m.store.get(key, if_none_match=m.header_etag)
     except NoSuchObject:
         return False
     if blob is None:
         return True
     try:
-        header = HeaderCodec(self.task_id).decode(key, blob.body)
+        header = HeaderCodec(m.task_id).decode(key, blob.body)
     except (CorruptShard, UnsupportedSchema):
         return False
-    return header == self.header
+    return header == m.header
 
 
-def delete(self: Manifest, force: bool = False) -> deletion.Deleted:
-    codec = HeaderCodec(self.task_id)
+def delete(m: Manifest, force: bool = False) -> deletion.Deleted:
+    """Mark the header (unless it is marked), then remove everything, the header last."""
+    codec = HeaderCodec(m.task_id)
     try:
-        header = self.docs.read(self.layout.header, codec)
+        header = m.docs.read(m.layout.header, codec)
     except NotFound:
-        return deletion.remove_leftovers(self.store, self.layout)
+        return deletion.remove_leftovers(m.store, m.layout)
     if header.deleting_at is None:
         shards: list[Shard] = []
-        for shard in self.layout.all_shards(self.stages):
+        for shard in m.layout.all_shards(m.stages):
             try:
-                shards.append(self.read_shard(shard))
+                shards.append(m.read_shard(shard))
             except CorruptShard:
                 if not force:
                     raise
         if not force:
-            deletion.refuse_live(self.task_id, deletion.live_holders(shards, self.store.now()))
-        self.docs.commit(self.layout.header, codec, deletion.MarkDeleting())
-    self.docs.flush()  # journal blocks this process is still writing land first
-    return deletion.remove_all(self.store, self.layout)
+            deletion.refuse_live(m.task_id, deletion.live_holders(shards, m.store.now()))
+        m.docs.commit(m.layout.header, codec, deletion.MarkDeleting())
+    m.docs.flush()  # journal blocks this process is still writing land first
+    return deletion.remove_all(m.store, m.layout)
 
 
-def delete_by_id(
-    cls: type[Manifest], store: ObjectStore, task_id: str, *, force: bool = False
-) -> deletion.Deleted:
-    layout = TaskLayout(task_id)
-    codec = HeaderCodec(task_id)
+def delete_by_id(store: ObjectStore, task_id: str, *, force: bool = False) -> deletion.Deleted:
+    """``delete`` of the task under ``task_id``, also one a crashed delete left."""
     try:
-        blob = store.get(layout.header)
+        header, _ = read_header(store, task_id)
     except NoSuchObject:
-        return deletion.remove_leftovers(store, layout)
-    assert blob is not None
-    try:
-        header = codec.decode(layout.header, blob.body)
-    except (CorruptShard, UnsupportedSchema) as e:
-        raise e.at(store.describe(layout.header), HEADER_REPAIR) from None
-    return cls(store, header).delete(force=force)
-
-
-def _configure(self: Manifest, header: TaskHeader) -> None:
-    self.header = header
-    self.index_codec = IndexCodec(header.objects_schema)
-    self._codecs = {
-        shard: ShardCodec(header.task_id, shard, header.objects_schema)
-        for shard in self.layout.all_shards(header.stages)
-    }
-    self.uploads = Scope(
-        store=self.store,
-        docs=self.docs,
-        layout=self.layout,
-        stages=header.stages,
-        held=self.held,
-        entry=self._entry_now,
-        schema=header.objects_schema,
-    )
+        return deletion.remove_leftovers(store, TaskLayout(task_id))
+    return delete(Manifest(store, header), force=force)

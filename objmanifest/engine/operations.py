@@ -3,8 +3,6 @@ undeclare, repair and archive."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..core import commands, verbs
 from ..core.model import (
     ArchiveReport,
@@ -13,68 +11,69 @@ from ..core.model import (
 from ..ops.archive import check_age
 from ..ops.repair import Repairer
 from ..ops.reports import RepairReport
+from .declaring import repair_index
+from .manifest import Manifest
 
-if TYPE_CHECKING:
-    from .manifest import Manifest
 
-
-def revive(self: Manifest, file_id: str) -> Entry:
-    stage = self.stage_of(file_id)
-    shard = self.layout.shard_of(stage, file_id)
-    doc = self.read_shard(shard)
-    archived = self.archives.entry(doc, file_id) if file_id not in doc.entries else None
+def revive(m: Manifest, file_id: str) -> Entry:
+    """A dead entry back to failed (an archived one into its live shard)."""
+    stage = m.stage_of(file_id)
+    shard = m.layout.shard_of(stage, file_id)
+    doc = m.read_shard(shard)
+    archived = m.archives.entry(doc, file_id) if file_id not in doc.entries else None
     command = verbs.Revive(file_id, archived=archived)
-    return self.docs.commit(self.layout.shard(shard), self.codec(shard), command)
+    return m.docs.commit(m.layout.shard(shard), m.codec(shard), command)
 
 
-def undeclare(self: Manifest, file_id: str) -> Entry | None:
-    stage = self.stage_of(file_id)
-    waiting = sorted(self.index().dependents(file_id))
+def undeclare(m: Manifest, file_id: str) -> Entry | None:
+    """A pending entry nobody depends on out of its shard, then out of the index."""
+    stage = m.stage_of(file_id)
+    waiting = sorted(m.index().dependents(file_id))
     if waiting:
         raise verbs.dependents_error(file_id, waiting)
-    shard = self.layout.shard_of(stage, file_id)
-    removed = self.docs.commit(
-        self.layout.shard(shard), self.codec(shard), verbs.Undeclare(file_id)
-    )
-    self.docs.commit(self.layout.index, self.index_codec, verbs.UndeclareInIndex(file_id))
+    shard = m.layout.shard_of(stage, file_id)
+    removed = m.docs.commit(m.layout.shard(shard), m.codec(shard), verbs.Undeclare(file_id))
+    m.docs.commit(m.layout.index, m.index_codec, verbs.UndeclareInIndex(file_id))
     return removed
 
 
-def repair(self: Manifest, dry_run: bool = False) -> RepairReport:
+def repair(m: Manifest, dry_run: bool = False) -> RepairReport:
+    """The repairer run over this task (see ``ops.repair``)."""
     repairer = Repairer(
-        self.store,
-        self.docs,
-        self.layout,
-        self.journal,
-        self._codecs,
-        self.index_codec,
-        self.stages,
-        self.journaled_objects,
-        self._upload_codec,
+        m.store,
+        m.docs,
+        m.layout,
+        m.journal,
+        m.shard_codecs(),
+        m.index_codec,
+        m.stages,
+        m.journaled_objects,
+        m.upload_codec,
     )
-    return repairer.run(dry_run, self.repair_index)
+    return repairer.run(dry_run, lambda: repair_index(m))
 
 
-def archive(self: Manifest, older_than: float = 86400.0, actor: str = "") -> ArchiveReport:
+def archive(m: Manifest, older_than: float = 86400.0, actor: str = "") -> ArchiveReport:
+    """Every shard's old terminal entries moved to write-once archive objects."""
     age = check_age(older_than)
     archived: dict[str, list[str]] = {}
     written: list[str] = []
     adopted: list[str] = []
 
     def commit(shard: str, command: commands.Archive) -> list[str]:
-        return self.docs.commit(self.layout.shard(shard), self.codec(shard), command)
+        return m.docs.commit(m.layout.shard(shard), m.codec(shard), command)
 
-    for shard in self.layout.all_shards(self.stages):
-        ids, new, left = self.archives.archive_shard(self.read_shard(shard), age, commit, actor)
-        own = self.layout.stage_of_shard(shard)
-        index = self.index() if own is None and ids else None
+    for shard in m.layout.all_shards(m.stages):
+        ids, new, left = m.archives.archive_shard(m.read_shard(shard), age, commit, actor)
+        own = m.layout.stage_of_shard(shard)
+        index = m.index() if own is None and ids else None
         for fid in ids:
             stage = own or (index.stage_of(fid) if index is not None else None) or shard
             archived.setdefault(stage, []).append(fid)
         written += new
         adopted += left
     return ArchiveReport(
-        archived={s: archived.get(s, []) for s in dict.fromkeys((*self.stages, *archived))},
+        archived={s: archived.get(s, []) for s in dict.fromkeys((*m.stages, *archived))},
         objects=written,
         adopted=adopted,
     )

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import shard_index
 
@@ -21,64 +19,63 @@ from ..core.model import (
     State,
     TaskStatus,
 )
+from ..core.waiting import WaitPlan, some_ids
 from ..data.chunked.rebuild import needs_parts
 from ..errors import (
     CorruptShard,
     DeadWaitedFor,
     InvalidInput,
     UnsupportedSchema,
-    WaitTimeout,
 )
 from ..ops.gc import Collector, GcReport
 from ..store import list_keys
 from ..store.errors import NoSuchObject
+from . import reads
 from .attention import attention, timing
-from .settings import PARALLEL_READS, some_ids
-
-if TYPE_CHECKING:
-    from .manifest import Manifest
-
-WAIT_FIRST_DELAY, WAIT_GROWTH, WAIT_MAX_DELAY = 0.2, 1.5, 2.0
-"""``wait`` polls 0.2 s apart at first, each delay 1.5 times the last, up to 2 s (as the
-command line's ``--wait``)."""
+from .manifest import PARALLEL_READS, Manifest
 
 
-def _sound_shards(self: Manifest, damaged: list[DamageNote]) -> dict[str, Shard]:
+def sound_shards(m: Manifest, damaged: list[DamageNote]) -> dict[str, Shard]:
+    """Every shard of the task read fresh; a corrupt one is noted in ``damaged`` and reads
+    as empty (a newer schema is still refused: ``UnsupportedSchema``)."""
 
     def read(name: str) -> Shard | CorruptShard:
         try:
-            return self.read_shard(name)
+            return m.read_shard(name)
         except CorruptShard as e:
             return e
 
-    names = self.layout.all_shards(self.stages)
-    with self.store.runtime.pool(min(len(names), PARALLEL_READS), "read-shards") as pool:
+    names = m.layout.all_shards(m.stages)
+    with m.store.runtime.pool(min(len(names), PARALLEL_READS), "read-shards") as pool:
         got = dict(zip(names, pool.map(read, names), strict=True))
     docs: dict[str, Shard] = {}
     for name, doc in got.items():
         if isinstance(doc, CorruptShard):
-            damaged.append(self._damage(self.layout.shard(name), "shard", doc.detail))
-            doc = self.codec(name).empty()
+            damaged.append(m.damage(m.layout.shard(name), "shard", doc.detail))
+            doc = m.codec(name).empty()
         docs[name] = doc
     return docs
 
 
-def _parts_damage(self: Manifest, entries: Iterable[Entry]) -> list[DamageNote]:
+def parts_damage(m: Manifest, entries: Iterable[Entry]) -> list[DamageNote]:
+    """The upload states that ready (and consumed) chunked entries need and that are
+    missing or do not decode. One listing finds those missing; a state is read (once for
+    each entry and checksum: a ready entry's part list never changes) to find it sound."""
     wanted = [e for e in entries if needs_parts(e)]
     if not wanted:
         return []
-    present = set(list_keys(self.store, self.layout.uploads_prefix))
+    present = set(list_keys(m.store, m.layout.uploads_prefix))
 
     def problem(entry: Entry) -> str | None:
         key = entry.parts_key
         assert key is not None
         if key not in present:
             return f"it is missing: {entry.file_id!r} ({entry.state.value}) needs its part list"
-        if (key, entry.checksum) in self._sound_parts:
+        if (key, entry.checksum) in m.sound_parts:
             return None
-        codec = self._upload_codec(key)
+        codec = m.upload_codec(key)
         try:
-            blob = self.store.get(key)
+            blob = m.store.get(key)
             assert blob is not None and codec is not None
             codec.decode(key, blob.body)
         except NoSuchObject:
@@ -87,23 +84,24 @@ def _parts_damage(self: Manifest, entries: Iterable[Entry]) -> list[DamageNote]:
             return e.detail
         except UnsupportedSchema:
             return None  # a newer release's: not damage
-        self._sound_parts.add((key, entry.checksum))
+        m.sound_parts.add((key, entry.checksum))
         return None
 
-    with self.store.runtime.pool(min(len(wanted), PARALLEL_READS), "read-parts") as pool:
+    with m.store.runtime.pool(min(len(wanted), PARALLEL_READS), "read-parts") as pool:
         problems = list(pool.map(problem, wanted))
     return [
-        self._damage(e.parts_key or "", "upload state", p)
+        m.damage(e.parts_key or "", "upload state", p)
         for e, p in zip(wanted, problems, strict=True)
         if p is not None
     ]
 
 
-def unclaimable(self: Manifest, stage: str) -> str:
-    entries = list(self.shard(stage).entries.values())
+def unclaimable(m: Manifest, stage: str) -> str:
+    """Why no entry of ``stage`` is claimable now, in words."""
+    entries = list(reads.shard(m, stage).entries.values())
     if not entries:
         return "it has no entries: declare some first"
-    now = self.store.now()
+    now = m.store.now()
     waiting = sorted(
         (e.retry_at, e.file_id)
         for e in entries
@@ -120,21 +118,23 @@ def unclaimable(self: Manifest, stage: str) -> str:
     )
 
 
-def status(self: Manifest) -> TaskStatus:
+def status(m: Manifest) -> TaskStatus:
+    """Every shard read once (damage named, not raised), then the index and the upload
+    states ready chunked entries need."""
     damaged: list[DamageNote] = []
-    docs = self._sound_shards(damaged)
+    docs = sound_shards(m, damaged)
     index: shard_index.ShardIndex | None
     try:
-        index = self.index()  # after the shards: see declare_many
+        index = m.index()  # after the shards: see declare_many
     except CorruptShard as e:
-        damaged.append(self._damage(self.layout.index, "index", e.detail))
+        damaged.append(m.damage(m.layout.index, "index", e.detail))
         index = None
-    shards = {s: self._view(s, docs, lambda: index) for s in self.stages}
+    shards = {s: reads.view(m, s, docs, lambda: index) for s in m.stages}
     everything = {fid: e for sh in shards.values() for fid, e in sh.entries.items()}
     for sh in shards.values():  # archiving: archived entries count in their state
         for fid, ref in (sh.archived or {}).items():
             everything.setdefault(fid, changes.archived_stub(fid, sh.stage, ref))
-    now = self.store.now()
+    now = m.store.now()
     counts: dict[str, dict[str, int]] = {}
     archived: dict[str, int] = {}
     notes: dict[str, list[EntryNote]] = {
@@ -144,7 +144,7 @@ def status(self: Manifest) -> TaskStatus:
         "late": [],
         "backing_off": [],
     }
-    deadlines = self.header.deadlines or {}
+    deadlines = m.header.deadlines or {}
     unindexed: list[IndexNote] = []
     for stage, shard in shards.items():
         counts[stage] = {s.value: 0 for s in State}
@@ -173,7 +173,7 @@ def status(self: Manifest) -> TaskStatus:
     broken = {n.key for n in damaged if n.kind == "shard"}
 
     def why(stage: str, file_id: str) -> str:
-        key = self.layout.shard(self.layout.shard_of(stage, file_id))
+        key = m.layout.shard(m.layout.shard_of(stage, file_id))
         if key in broken:
             return f"its shard {key} is damaged: run `objmanifest repair`"
         return "declared, not yet in its shard: rerun the declare"
@@ -187,71 +187,31 @@ def status(self: Manifest) -> TaskStatus:
         and file_id not in (shards[stage].archived or {})
     ]
     return TaskStatus(
-        task_id=self.task_id,
+        task_id=m.task_id,
         store_time=now,
         stages=counts,
         unfinished=unfinished,
         unindexed=unindexed,
         archived=archived,
-        damaged=damaged + self._parts_damage(everything.values()),
+        damaged=damaged + parts_damage(m, everything.values()),
         **notes,
     )
 
 
-@dataclass(frozen=True)
-class WaitPlan:
-    """What a wait waits for, its arguments checked (no I/O): ``Task.wait`` and
-    ``AsyncTask.wait`` (which sleeps on its event loop) share it."""
-
-    stages: tuple[str, ...]
-    until: str
-    timeout: float | None
-
-    @classmethod
-    def of(
-        cls, task: Manifest, stages: Iterable[str] | None, until: str, timeout: float | None
-    ) -> WaitPlan:
-        if isinstance(stages, str):
-            raise InvalidInput(f"stages must be a list of stage names, not the string {stages!r}")
-        wanted = tuple(task.stages if stages is None else dict.fromkeys(stages))
-        for stage in wanted:
-            task.check_stage(stage)
-        if until not in states.UNTIL:
-            raise InvalidInput(f"until must be 'ready' or 'consumed', not {until!r}")
-        if timeout is not None and not (
-            isinstance(timeout, (int, float))
-            and not isinstance(timeout, bool)
-            and math.isfinite(timeout)
-            and timeout >= 0
-        ):
-            raise InvalidInput(
-                f"timeout must be a finite number of seconds from 0, or None to wait for "
-                f"ever, not {timeout!r}"
-            )
-        return cls(wanted, until, timeout)
-
-    def timed_out(self, waiting: list[str]) -> WaitTimeout:
-        return WaitTimeout(
-            f"timed out after {self.timeout:g}s waiting for {len(waiting)} entries of "
-            f"{', '.join(self.stages)} to be {self.until}: {some_ids(waiting)}",
-            tuple(waiting),
-        )
-
-
 def wait(
-    self: Manifest,
+    m: Manifest,
     stages: Iterable[str] | None = None,
     until: str = "ready",
     timeout: float | None = None,
     *,
     on_wait: Callable[[list[str]], None] | None = None,
 ) -> dict[str, State]:
-    plan = WaitPlan.of(self, stages, until, timeout)
-    runtime = self.store.runtime
+    """Look, then sleep as the plan says, until nothing is outstanding or the timeout."""
+    plan = WaitPlan.of(m.stages, m.check_stage, stages, until, timeout)
+    runtime = m.store.runtime
     start = runtime.monotonic()
-    delay = WAIT_FIRST_DELAY
-    while True:
-        found, waiting = look(self, plan)
+    for delay in plan.delays():
+        found, waiting = look(m, plan)
         if not waiting:
             return found
         remaining = math.inf if timeout is None else start + timeout - runtime.monotonic()
@@ -261,21 +221,22 @@ def wait(
             on_wait(waiting)
             on_wait = None
         runtime.sleep(min(delay, remaining))
-        delay = min(delay * WAIT_GROWTH, WAIT_MAX_DELAY)
+    raise AssertionError("a plan's delays never end")
 
 
 def outstanding(
-    self: Manifest, stages: Iterable[str] | None, until: str
+    m: Manifest, stages: Iterable[str] | None, until: str
 ) -> tuple[dict[str, State], list[str]]:
-    return look(self, WaitPlan.of(self, stages, until, None))
+    """One look, the arguments checked as ``wait`` checks them."""
+    return look(m, WaitPlan.of(m.stages, m.check_stage, stages, until, None))
 
 
-def look(self: Manifest, plan: WaitPlan) -> tuple[dict[str, State], list[str]]:
+def look(m: Manifest, plan: WaitPlan) -> tuple[dict[str, State], list[str]]:
     """One look at the stages of ``plan``: every entry's state, and the ids not there yet;
     ``DeadWaitedFor`` if one of them is dead."""
     found: dict[str, State] = {}
     for stage in plan.stages:
-        shard = self.shard(stage)
+        shard = reads.shard(m, stage)
         found.update({fid: ref.state for fid, ref in (shard.archived or {}).items()})
         found.update({fid: e.state for fid, e in shard.entries.items()})
     waiting, dead = states.outstanding(found, plan.until)
@@ -289,16 +250,16 @@ def look(self: Manifest, plan: WaitPlan) -> tuple[dict[str, State], list[str]]:
     return found, waiting
 
 
-def reap(self: Manifest) -> list[Entry]:
+def reap(m: Manifest) -> list[Entry]:
+    """One ``Reap`` commit per shard."""
     released: list[Entry] = []
-    for shard in self.layout.all_shards(self.stages):
-        released += self.docs.commit(
-            self.layout.shard(shard), self.codec(shard), commands.Reap(self.rules)
-        )
+    for shard in m.layout.all_shards(m.stages):
+        released += m.docs.commit(m.layout.shard(shard), m.codec(shard), commands.Reap(m.rules))
     return released
 
 
-def gc(self: Manifest, dry_run: bool = False, consumed_older_than: float | None = None) -> GcReport:
+def gc(m: Manifest, dry_run: bool = False, consumed_older_than: float | None = None) -> GcReport:
+    """The collector run over this task (see ``ops.gc``)."""
     if consumed_older_than is not None and not (
         isinstance(consumed_older_than, (int, float))
         and not isinstance(consumed_older_than, bool)
@@ -309,13 +270,13 @@ def gc(self: Manifest, dry_run: bool = False, consumed_older_than: float | None 
             f"consumed_older_than must be a number of seconds >= 0, not {consumed_older_than!r}"
         )
     collector = Collector(
-        self.store,
-        self.docs,
-        self.layout,
-        self.stages,
-        self.uploads,
-        self.codec,
-        self.store.now,
-        self.archives,
+        m.store,
+        m.docs,
+        m.layout,
+        m.stages,
+        m.uploads,
+        m.codec,
+        m.store.now,
+        m.archives,
     )
     return collector.run(dry_run, consumed_older_than)

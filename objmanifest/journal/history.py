@@ -16,11 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
-
 import shard_index
 
-from ..cas.codecs import REMOVED, load_json, schema_problems
+from ..cas.codecs import REMOVED, decode_model
 from ..cas.loop import Documents
 from ..cas.policy import Codec
 from ..core.layout import BlockRef, TaskLayout
@@ -232,14 +230,9 @@ def decode_block(store: ObjectStore, key: str, body: bytes, ref: BlockRef) -> Jo
     versions its key covers."""
     where = store.describe(key)
     try:
-        data = load_json(key, body, BLOCK_SCHEMA)
+        block = decode_model(key, body, BLOCK_SCHEMA, JournalBlock, "a journal block")
     except CorruptShard as e:
         raise e.at(where, BLOCK_REPAIR) from None
-    try:
-        block = JournalBlock.model_validate(data)
-    except ValidationError as e:
-        problem = f"not a journal block: {schema_problems(e)}"
-        raise CorruptShard(key, problem, where, BLOCK_REPAIR) from None
     names = (block.object_key, block.journal_id, block.first, block.last)
     if names != (ref.object_key, ref.journal_id, ref.first, ref.last):
         problem = (
@@ -255,12 +248,10 @@ def decode_block(store: ObjectStore, key: str, body: bytes, ref: BlockRef) -> Jo
 
 def decode_marker(key: str, body: bytes, where: str) -> RetentionMarker:
     """A retention marker, or ``CorruptShard`` naming it."""
-    data = load_json(key, body, MARKER_SCHEMA)
     try:
-        return RetentionMarker.model_validate(data)
-    except ValidationError as e:
-        problem = f"not a journal retention marker: {schema_problems(e)}"
-        raise CorruptShard(key, problem, where) from None
+        return decode_model(key, body, MARKER_SCHEMA, RetentionMarker, "a journal retention marker")
+    except CorruptShard as e:
+        raise e.at(where) from None
 
 
 def covered(marker: RetentionMarker | None, journal_id: str, last: int) -> bool:
@@ -276,22 +267,6 @@ def covered(marker: RetentionMarker | None, journal_id: str, last: int) -> bool:
 
 def _iso(at: datetime | None) -> str | None:
     return at.isoformat() if at is not None else None
-
-
-def record_dict(record: JournalRecord) -> dict[str, Any]:
-    """A record as the CLI's ``--json`` prints it (times as ``isoformat`` writes them, like
-    every other time the CLI prints)."""
-    data = record.model_dump(exclude_none=True)
-    data["at"] = record.at.isoformat()
-    data["transitions"] = [
-        {
-            k: v.isoformat() if isinstance(v, datetime) else v
-            for k, v in vars(c).items()
-            if v is not None
-        }
-        for c in record.transitions
-    ]
-    return data
 
 
 class History:
@@ -562,6 +537,5 @@ __all__ = [
     "LineageNode",
     "Transition",
     "lineage",
-    "record_dict",
     "transitions_of",
 ]

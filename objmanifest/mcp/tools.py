@@ -23,13 +23,12 @@ from typing import Any, TypeVar
 
 import objmanifest as om
 from objmanifest.core.runtime import Repeating
-from objmanifest.journal.history import record_dict
 from objmanifest.wire.polling import poll
 
 from ..core.names import check_file_id
 from ..wire.errors import NothingClaimable
 from ..wire.exits import ExitCode, classify
-from ..wire.shapes import claim_json, entry_json, error_json, status_json
+from ..wire.shapes import claim_json, entry_json, error_json, record_json, status_json
 
 R = TypeVar("R")
 
@@ -518,7 +517,7 @@ class Session:
                 "total": len(steps),
             }
         records = self.task.log()
-        return {"records": [record_dict(r) for r in records[-limit:]], "total": len(records)}
+        return {"records": [record_json(r) for r in records[-limit:]], "total": len(records)}
 
     def lineage(self, file_id: str) -> dict[str, Any]:
         return self.task.lineage(file_id).to_dict()

@@ -45,7 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import objmanifest as om
 
-from ..wire.exits import classify
+from ..wire.shapes import api_error_json
 from . import pages
 from .security import COOKIE, LOOPBACK_NAMES, cookie_value, host_name, same
 from .views import Site, View
@@ -156,15 +156,6 @@ def error_status(error: BaseException) -> int:
     return 500
 
 
-def error_body(error: BaseException) -> dict[str, Any]:
-    """An error as the API answers it: its name and message, and the exit code the command
-    line and the MCP server give it (one table, ``wire.exits``)."""
-    if isinstance(error, om.ObjManifestError):
-        code = int(classify(error).code)
-        return {"error": type(error).__name__, "message": str(error), "exit_code": code}
-    return {"error": "InternalError", "message": "unexpected error; see the server's log"}
-
-
 def _json(request: Request, view: View) -> Response:
     headers = {"etag": view.etag, "cache-control": "no-cache, private", "vary": "cookie"}
     if request.headers.get("if-none-match") == view.etag:
@@ -257,7 +248,7 @@ def create_app(
 
     def stage(request: Request) -> Response:
         task_id, stage = request.path_params["task_id"], request.path_params["stage"]
-        site.task(task_id).check_stage(stage)
+        site.task(task_id).shard_names(stage)  # NotFound for a stage the task lacks
         return shell(
             request,
             "entries",
@@ -334,11 +325,13 @@ def create_app(
                 status = error_status(e)
                 if request.url.path.startswith("/api"):
                     return JSONResponse(
-                        error_body(e), status_code=status, headers={"cache-control": "no-store"}
+                        api_error_json(e), status_code=status, headers={"cache-control": "no-store"}
                     )
                 title = {404: "not found", 400: "invalid request", 502: "store error"}
                 return HTMLResponse(
-                    pages.message(title.get(status, "error"), error_body(e)["message"], version),
+                    pages.message(
+                        title.get(status, "error"), api_error_json(e)["message"], version
+                    ),
                     status_code=status,
                 )
 

@@ -8,7 +8,8 @@ view shared by every client for ``interval`` seconds, so ten open pages cost wha
 What an idle board costs the store per refresh: one conditional GET per shard and one of
 the index (``Task.status``), and one of the task's header (``Task.is_current``: was the
 task deleted or created anew since?), nothing else; the partition counts and the throughput are read
-from the shards ``status`` just read (``Documents.cached``). The first look at a board reads
+from the shards ``status`` just read (``Task.shards(cached=True)``, and the journal records
+they carry through ``Task.stage_logs``). The first look at a board reads
 the journal blocks of each shard once; later, a shard whose records moved to blocks between
 two looks costs a listing and the new blocks only. An entry's page costs the GETs of the
 shards its lineage lives in and of the index while none of its entries changes; it reads
@@ -32,10 +33,10 @@ from typing import Any
 
 import objmanifest as om
 
-from ..core.model import State
-from ..core.names import check_name
+from ..core.model import Shard
+from ..wire.shapes import entry_row, iso, note_row
 from .graph import layered
-from .rows import ATTENTION, Throughput, entry_row, iso, note_row, state_counts
+from .rows import ATTENTION, Throughput, state_counts
 from .security import shown_endpoint
 
 MAX_LIMIT = 1000
@@ -147,7 +148,6 @@ class Site:
         checked at most once per ``interval`` (``Task.is_current``: one conditional GET of
         its header); once it is not, everything kept of it here is dropped and it is opened
         again."""
-        check_name("task id", task_id)
         now = self._clock()
         with self._lock:
             found = self._tasks.get(task_id)
@@ -244,11 +244,11 @@ class Site:
         offset: int = 0,
     ) -> View:
         task = self.task(task_id)
-        task.check_stage(stage)
-        if state is not None and state not in {s.value for s in State}:
+        task.shard_names(stage)  # NotFound, naming the stages, for a stage the task lacks
+        if state is not None and state not in {s.value for s in om.State}:
             raise om.InvalidInput(
                 f"state {state!r} is not an entry state; use one of "
-                f"{', '.join(s.value for s in State)}"
+                f"{', '.join(s.value for s in om.State)}"
             )
         if not 1 <= limit <= MAX_LIMIT or offset < 0:
             raise om.InvalidInput(f"limit is from 1 to {MAX_LIMIT} and offset 0 or more")
@@ -286,24 +286,25 @@ class Site:
         now = status.store_time
         # The shards as status() just read them: no request, but for a shard that does
         # not exist yet (a partition nothing was routed to), which costs one more GET.
-        shards = {}
-        for name in task.layout.all_shards(task.stages):
+        shards: dict[str, Shard] = {}
+        for name in task.shard_names():
             try:
-                shards[name] = task.docs.cached(task.layout.shard(name), task.codec(name))
+                shards.update(task.shards([name], cached=True))
             except om.CorruptShard:  # status names it under damage; it counts nothing
-                shards[name] = task.codec(name).empty()
+                continue
         tracker = self._tracker(task)
         tracker.update(now, shards)
         throughput = tracker.series(now)
         stages = []
         for stage in task.stages:
-            names = task.layout.shards_of(stage)
+            names = task.shard_names(stage)
             partitions = []
             if len(names) > 1:
                 for name in names:
-                    doc = shards[name]
-                    refs = [a.state for a in (doc.archived or {}).values()]
-                    counts = state_counts(doc.entries.values(), refs)
+                    doc = shards.get(name)
+                    live = doc.entries.values() if doc is not None else ()
+                    refs = [a.state for a in (doc.archived or {}).values()] if doc else []
+                    counts = state_counts(live, refs)
                     partitions.append(
                         {"shard": name, "counts": counts, "total": sum(counts.values())}
                     )
@@ -333,8 +334,8 @@ class Site:
                 "max_retries": header.max_retries,
                 "partitions": dict(header.partitions or {}),
                 "layout": header.layout or "stage",
-                "schema_version": task.schema_version,
-                "journal": task.schema_version >= 2,
+                "schema_version": header.objects_schema,
+                "journal": header.objects_schema >= 2,
             },
             "totals": status.totals,
             "finished": status.finished,
@@ -359,9 +360,9 @@ class Site:
     ) -> dict[str, Any]:
         shard = task.shard(stage)
         now = task.store.now()
-        split = len(task.layout.shards_of(stage)) > 1
+        split = len(task.shard_names(stage)) > 1
         rows: list[dict[str, Any]] = [
-            entry_row(e, task.layout.shard_of(stage, e.file_id) if split else None)
+            entry_row(e, task.shard_names(stage, e.file_id)[0] if split else None)
             for e in shard.entries.values()
         ]
         if agent is None:  # archived entries have no holder to filter by
@@ -406,17 +407,15 @@ class Site:
         lineage = task.lineage(file_id).to_dict()
         ids = tuple(lineage["nodes"])
         fingerprint = self._fingerprint(task, ids)
-        split = len(task.layout.shards_of(entry.stage)) > 1
+        split = len(task.shard_names(entry.stage)) > 1
         body = {
             "task_id": task.task_id,
             "store_time": iso(task.store.now()),
-            "entry": entry_row(
-                entry, task.layout.shard_of(entry.stage, file_id) if split else None
-            ),
+            "entry": entry_row(entry, task.shard_names(entry.stage, file_id)[0] if split else None),
             "max_retries": task.max_retries,
             "history": [t.to_dict() for t in history],
             "dropped": [d.to_dict() for d in dropped],
-            "journal": task.schema_version >= 2,
+            "journal": task.header.objects_schema >= 2,
             "lineage": lineage,
             "graph": layered(file_id, lineage["nodes"], lineage["edges"]),
         }
@@ -431,18 +430,18 @@ class Site:
         GET of the index and of each shard they live in (304s while nothing changed)."""
         index = task.index()
         homes = {fid: index.stage_of(fid) for fid in ids}
-        shards = {
-            task.layout.shard_of(stage, fid)
+        where = {
+            fid: task.shard_names(stage, fid)[0]
             for fid, stage in homes.items()
             if stage is not None and stage in task.stages
         }
-        docs = task.read_shards(shards)
+        docs = task.shards(sorted(set(where.values())))
         out: list[Any] = []
-        for fid, stage in sorted(homes.items()):
-            if stage is None or stage not in task.stages:
+        for fid in sorted(homes):
+            if fid not in where:
                 out.append((fid, None))
                 continue
-            doc = docs[task.layout.shard_of(stage, fid)]
+            doc = docs[where[fid]]
             found = doc.entries.get(fid)
             ref = (doc.archived or {}).get(fid)
             out.append((fid, found.model_dump_json() if found else None, ref and ref.archive))

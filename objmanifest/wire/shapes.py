@@ -1,6 +1,7 @@
-"""The JSON shapes of the faces: entries, claims, status and errors, as ``--json`` prints
-them, the MCP server replies with them and the web API answers them. Keys and formats are
-documented in ``docs/cli.md``.
+"""The JSON shapes of the faces: entries, claims, status, journal records and errors, as
+``--json`` prints them, the MCP server replies with them and the web API answers them (its
+rows of entries and notes, and its errors). Keys and formats are documented in
+``docs/cli.md`` and ``docs/web.md``; times are ISO 8601 as ``isoformat`` writes them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic import BaseModel
 
 import objmanifest as om
 
+from ..core.model import EntryNote
 from ..local.errors import Stopped
 from .exits import classify, expected
 
@@ -55,8 +57,60 @@ def status_json(status: om.TaskStatus) -> dict[str, Any]:
     return data
 
 
-def iso(value: datetime | None) -> str:
-    return value.isoformat() if value is not None else "-"
+def iso(at: datetime | None) -> str | None:
+    """A time as the faces' JSON gives it (None stays null)."""
+    return at.isoformat() if at is not None else None
+
+
+def record_json(record: om.JournalRecord) -> dict[str, Any]:
+    """A journal record as ``log --json`` prints it and the MCP server's ``log`` gives it
+    (unset fields left out)."""
+    data = record.model_dump(exclude_none=True)
+    data["at"] = iso(record.at)
+    data["transitions"] = [
+        {k: iso(v) if isinstance(v, datetime) else v for k, v in vars(c).items() if v is not None}
+        for c in record.transitions
+    ]
+    return data
+
+
+def entry_row(entry: om.Entry, partition: str | None = None) -> dict[str, Any]:
+    """One entry as the web API gives it (the page computes the lease left from
+    ``lease_expires_at`` and the view's ``store_time``)."""
+    return {
+        "file_id": entry.file_id,
+        "stage": entry.stage,
+        "state": entry.state.value,
+        "holder": entry.owner,
+        "epoch": entry.epoch,
+        "lease_expires_at": iso(entry.lease_expires_at),
+        "retries": entry.retry_count,
+        "size": entry.size,
+        "checksum": entry.checksum,
+        "error": entry.error,
+        "declared_at": iso(entry.declared_at),
+        "updated_at": iso(entry.updated_at),
+        "claimed_at": iso(entry.claimed_at),
+        "ready_at": iso(entry.ready_at),
+        "retry_at": iso(entry.retry_at),
+        "depends_on": list(entry.depends_on),
+        "consumers": list(entry.consumers),
+        "consumed_by": list(entry.consumed_by),
+        "chunked": entry.is_chunked,
+        "data_removed_at": iso(entry.data_removed_at),
+        "partition": partition,
+        "archived": False,
+    }
+
+
+def note_row(note: EntryNote) -> dict[str, Any]:
+    """An entry a status names (blocked, overdue, dead ...) as the web API gives it."""
+    return {
+        "file_id": note.file_id,
+        "stage": note.stage,
+        "state": note.state.value,
+        "reason": note.reason,
+    }
 
 
 def error_message(error: BaseException) -> str:
@@ -69,6 +123,16 @@ def error_message(error: BaseException) -> str:
     elif isinstance(error, Stopped):
         message = f"stopped by {error}"
     return message
+
+
+def api_error_json(error: BaseException) -> dict[str, Any]:
+    """An error as the web API answers it: its name and message, and the exit code the
+    command line and the MCP server give it; anything not ours is an internal error whose
+    message stays in the server's log."""
+    if isinstance(error, om.ObjManifestError):
+        code = int(classify(error).code)
+        return {"error": type(error).__name__, "message": str(error), "exit_code": code}
+    return {"error": "InternalError", "message": "unexpected error; see the server's log"}
 
 
 def error_json(error: BaseException) -> dict[str, Any]:

@@ -39,12 +39,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
+import objmanifest as om
 from objmanifest.cas.policy import Codec
 from objmanifest.core.events import Change
 from objmanifest.core.model import Entry, JournalRecord, State
 from objmanifest.core.states import TABLE, VERBS, Event, Verb
 from objmanifest.engine.manifest import Manifest
 from objmanifest.errors import NotFound
+from tests.support.internals import engine
 
 # -- the operation log ----------------------------------------------------------------------
 
@@ -293,7 +295,7 @@ def read_journal(task: Manifest) -> Journal:
 def _replay(task: Manifest, journal: Journal) -> list[Violation]:
     """Fencing, leases, the lifecycle and ready-once, from each entry's steps in order."""
     out: list[Violation] = []
-    lease = timedelta(seconds=task.lease_seconds)
+    lease = timedelta(seconds=task.header.lease_seconds)
     for fid, steps in journal.steps.items():
         held = _Holder()
         for step in steps:
@@ -508,7 +510,7 @@ def _settled(task: Manifest, live_agents: frozenset[str], settled: bool) -> list
 
 
 def check(
-    task: Manifest,
+    task: om.Task | Manifest,
     oplog: OpLog,
     *,
     live_agents: Iterable[str] = (),
@@ -520,6 +522,8 @@ def check(
     consumed or dead, or writing under an unexpired lease of one of ``live_agents``;
     without it only leases that expired with nobody to take them over are reported.
     """
+    if isinstance(task, om.Task):
+        task = engine(task)
     journal = read_journal(task)
     return [
         *journal.gaps,

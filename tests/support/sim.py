@@ -63,6 +63,7 @@ from objmanifest.store.memory import MemoryStore
 from objmanifest.task import Task
 from tests.support import checker
 from tests.support.checker import OK, REFUSED, UNKNOWN, OpLog, Violation
+from tests.support.internals import engine
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 MiB = 1024 * 1024
@@ -453,8 +454,8 @@ class Sim:
         """Every file declared, every entry consumed, dead or blocked behind a dead one."""
         task = Task.open(self.god, "job")
         found: dict[str, Entry] = {}
-        for name in task.layout.all_shards(task.stages):
-            shard = task.read_shard(name)
+        for name in engine(task).layout.all_shards(task.stages):
+            shard = engine(task).read_shard(name)
             found.update(shard.entries)
             for fid, ref in (shard.archived or {}).items():
                 found[fid] = Entry(file_id=fid, stage=shard.stage, state=ref.state)
@@ -532,8 +533,8 @@ class Sim:
             if op.kind == checker.PUT and op.outcome == OK:
                 self.result.puts[op.detail] += 1
         task = Task.open(self.god, "job")
-        for name in task.layout.all_shards(task.stages):
-            shard = task.read_shard(name)
+        for name in engine(task).layout.all_shards(task.stages):
+            shard = engine(task).read_shard(name)
             for e in shard.entries.values():
                 self.result.states[e.state.value] += 1
                 if e.state not in (State.consumed, State.dead):
@@ -637,8 +638,8 @@ class Declarer(Agent):
         ]
         plan += [(j, "join", (f"m{j[1:]}",), ()) for j in self.sim.joins]
         have: set[str] = set()
-        for name in task.layout.all_shards(task.stages):
-            shard = task.read_shard(name)
+        for name in engine(task).layout.all_shards(task.stages):
+            shard = engine(task).read_shard(name)
             have |= set(shard.entries) | set(shard.archived or {})
         # Not the index: a declaration cut short is in the index and in no shard yet.
         todo = [p for p in plan if p[0] not in have]

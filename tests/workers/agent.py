@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 import objmanifest as om
+from tests.support.internals import engine
 
 STDIN_TIMEOUT = 120.0
 """A worker whose test died must not wait forever."""
@@ -61,7 +62,7 @@ def claim_json(claim: om.Claim | None) -> dict[str, Any] | None:
 
 
 def stats_json(task: om.Task) -> dict[str, int]:
-    return dataclasses.asdict(task.docs.stats)
+    return dataclasses.asdict(engine(task).docs.stats)
 
 
 def produce(task: om.Task, agent: om.Agent, stage: str, deadline: float) -> None:

@@ -19,6 +19,7 @@ from objmanifest.core.model import State
 from objmanifest.core.runtime import Runtime
 from objmanifest.errors import NotClaimable
 from objmanifest.store import MemoryStore
+from tests.support.internals import engine
 
 FRESH = CasPolicy().fresh_seconds
 
@@ -70,7 +71,7 @@ def test_a_warm_claim_and_put_cost_three_puts_and_no_read(rig: Rig) -> None:
 
 
 def test_a_stale_cache_loses_its_write_and_the_claim_chooses_again(rig: Rig) -> None:
-    mine = rig.task.read_shard("s")
+    mine = engine(rig.task).read_shard("s")
     taken = rig.rival.agent("rex").claim(stage="s")  # what our cache would choose first
     assert taken is not None
     assert mine.entries[taken.file_id].state is State.pending  # our cache is stale
@@ -80,14 +81,14 @@ def test_a_stale_cache_loses_its_write_and_the_claim_chooses_again(rig: Rig) -> 
     assert claim is not None
     assert claim.file_id != taken.file_id
     assert rig.calls() == {"put": 2, "get": 1}  # the 412, the re-read, the write that won
-    assert rig.task.docs.stats.conflicts == 1
+    assert engine(rig.task).docs.stats.conflicts == 1
     held = rig.rival.entry(taken.file_id)
     assert (held.state, held.owner, held.epoch) == (State.writing, "rex", 1)
     assert rig.rival.entry(claim.file_id).owner == "ann"
 
 
 def test_a_stale_cache_does_not_claim_an_entry_taken_meanwhile_by_its_id(rig: Rig) -> None:
-    rig.task.read_shard("s")
+    engine(rig.task).read_shard("s")
     rig.rival.agent("rex").claim("f0")
     with pytest.raises(NotClaimable, match="f0"):
         rig.agent.claim("f0")  # pending in our cache: a 412, then refused on a fresh read
@@ -105,7 +106,7 @@ def test_a_stale_cache_with_nothing_claimable_reads_and_finds_what_was_declared_
 
 
 def test_a_lost_race_makes_the_next_claims_read_the_shard_first(rig: Rig) -> None:
-    rig.task.read_shard("s")
+    engine(rig.task).read_shard("s")
     rig.rival.agent("rex").claim(stage="s")
     assert rig.agent.claim(stage="s") is not None  # a 412 on the stale cache
     rig.forget_calls()
@@ -120,7 +121,7 @@ def test_a_lost_race_makes_the_next_claims_read_the_shard_first(rig: Rig) -> Non
 
 
 def test_a_cache_confirmed_longer_ago_than_fresh_seconds_is_read_first(rig: Rig) -> None:
-    rig.task.read_shard("s")
+    engine(rig.task).read_shard("s")
     rig.clock.t += FRESH
     rig.forget_calls()
     assert rig.agent.claim(stage="s") is not None
@@ -130,11 +131,11 @@ def test_a_cache_confirmed_longer_ago_than_fresh_seconds_is_read_first(rig: Rig)
 def test_a_dependency_in_another_shard_is_read_fresh_though_both_shards_are_cached() -> None:
     rig = Rig(["a", "b"], [("a1", "a")])
     rig.task.declare("b1", "b", depends_on=["a1"])
-    rig.task.read_shard("a")  # a1 pending in our cache, and stays so
+    engine(rig.task).read_shard("a")  # a1 pending in our cache, and stays so
     maker = rig.rival.agent("rex")
     made = maker.claim("a1")
     maker.put(made, b"a1")
-    assert rig.task.docs.likely_current(rig.task.layout.shard("a"))
+    assert engine(rig.task).docs.likely_current(engine(rig.task).layout.shard("a"))
     rig.forget_calls()
 
     claim = rig.agent.claim(stage="b")

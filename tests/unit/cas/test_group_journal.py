@@ -21,6 +21,7 @@ from objmanifest.cas.codecs import IndexCodec, ShardCodec
 from objmanifest.core.events import CommitEvent
 from objmanifest.core.model import COMMITS_KEPT
 from objmanifest.ops.replay import RECORDS_AT_RISK
+from tests.support.internals import engine
 
 from .test_group_commit import until
 from .test_journal import INLINE
@@ -33,8 +34,8 @@ class Held:
     PUT; each ``queue``d one runs in its own thread and is waited for until it is queued."""
 
     def __init__(self, store: om.MemoryStore, task: om.Task) -> None:
-        self.key = task.shard_key("a")
-        self.lane = task.docs._lane(self.key)
+        self.key = engine(task).shard_key("a")
+        self.lane = engine(task).docs._lane(self.key)
         self.stalled, self.released = threading.Event(), threading.Event()
         self.threads: list[threading.Thread] = []
         self.got: dict[str, Any] = {}
@@ -85,8 +86,8 @@ def test_each_member_of_a_group_is_a_version_with_its_own_record_event_and_histo
     for _ in range(26):  # versions 3..28
         first = task.agent("a0").renew(first)
     events: list[CommitEvent] = []
-    task.docs.observers.subscribe(events.append)
-    before = task.docs.stats.commits, task.docs.stats.grouped
+    engine(task).docs.observers.subscribe(events.append)
+    before = engine(task).docs.stats.commits, engine(task).docs.stats.grouped
 
     held = Held(store, task)
     held.hold(lambda: task.agent("a1").claim("f1"))  # version 29, stalled
@@ -97,13 +98,13 @@ def test_each_member_of_a_group_is_a_version_with_its_own_record_event_and_histo
     claims = {name: got[name if name != "a1" else "leader"] for name in ("a1", "a2", "a3")}
     assert all(isinstance(c, om.Claim) for c in claims.values())
     assert {got["a4"].file_id, got["a5"].file_id} == {"f4", "f5"}
-    assert task.docs.stats.commits - before[0] == 5
-    assert task.docs.stats.grouped - before[1] == 3  # two writes for five commits
+    assert engine(task).docs.stats.commits - before[0] == 5
+    assert engine(task).docs.stats.grouped - before[1] == 3  # two writes for five commits
 
-    key, codec = task.shard_key("a"), task.codec("a")
-    shard = task.docs.read(key, codec)
+    key, codec = engine(task).shard_key("a"), engine(task).codec("a")
+    shard = engine(task).docs.read(key, codec)
     assert shard.version == 33
-    records = task.journal.records(key, codec)
+    records = engine(task).journal.records(key, codec)
     assert [r.version for r in records] == list(range(1, 34))  # one record per version
     group = records[29:]
     assert len({r.commit_id for r in group}) == 1 and group[0].commit_id != records[28].commit_id
@@ -115,8 +116,8 @@ def test_each_member_of_a_group_is_a_version_with_its_own_record_event_and_histo
     assert len({r.at for r in group}) == 1
     # Block 1..32 holds the group's first three members (the shard still carries them, until
     # its next commit knows the block is stored); the fourth is in the shard only.
-    (block,) = [row.key for row in store.list(task.layout.journal_prefix)]
-    assert block == task.layout.journal_block(key, shard.journal_id or "", 1, 32)
+    (block,) = [row.key for row in store.list(engine(task).layout.journal_prefix)]
+    assert block == engine(task).layout.journal_block(key, shard.journal_id or "", 1, 32)
     assert [r.version for r in shard.journal or ()] == list(range(1, 34))
 
     # Events: one per member, in its own caller's thread, the same as its record.

@@ -28,6 +28,7 @@ from objmanifest.core.model import Declaration, JournalBlock, JournalRecord, Tas
 from objmanifest.core.runtime import DEFAULT, Runtime
 from objmanifest.errors import UnsupportedSchema
 from objmanifest.store import CREATE
+from tests.support.internals import engine
 
 
 class _Inline(cf.Executor):
@@ -92,8 +93,8 @@ def versions(records: list[om.JournalRecord]) -> list[int]:
 def check_complete(task: om.Task, key: str, codec: Any) -> list[om.JournalRecord]:
     """Versions 1..N of ``key`` each have exactly one record, and the newest records are
     those of the commit ids the object itself remembers."""
-    records = task.journal.records(key, codec)
-    doc = task.docs.read(key, codec)
+    records = engine(task).journal.records(key, codec)
+    doc = engine(task).docs.read(key, codec)
     n = codec.version(doc)
     assert versions(records) == list(range(1, n + 1)), key
     ids = list(codec.commit_ids(doc))
@@ -114,7 +115,7 @@ def raw_records(s: om.MemoryStore, key: str) -> list[om.JournalRecord]:
 
 
 def blocks(s: om.MemoryStore, task: om.Task) -> list[str]:
-    return sorted(row.key for row in s.list(task.layout.journal_prefix))
+    return sorted(row.key for row in s.list(engine(task).layout.journal_prefix))
 
 
 # -- one record per version --------------------------------------------------------------------
@@ -125,8 +126,8 @@ def test_every_committed_version_of_the_shard_and_the_index_has_one_record() -> 
     agent = task.agent("ann")
     for i in range(30):
         produce(task, agent, f"f{i}")
-    shard = check_complete(task, task.shard_key("a"), task.codec("a"))
-    index = check_complete(task, task.index_key, task.index_codec)
+    shard = check_complete(task, engine(task).shard_key("a"), engine(task).codec("a"))
+    index = check_complete(task, engine(task).index_key, engine(task).index_codec)
     assert len(shard) == 90 and len(index) == 30  # declare, claim, finish; one declaration
     first = shard[:3]
     assert [(r.command, r.actor) for r in first] == [
@@ -138,7 +139,7 @@ def test_every_committed_version_of_the_shard_and_the_index_has_one_record() -> 
         ("f0", "writing", "ready")
     ]
     assert first[2].transitions[0].checksum == task.entry("f0").checksum
-    assert all(r.object_key == task.shard_key("a") for r in shard)
+    assert all(r.object_key == engine(task).shard_key("a") for r in shard)
 
 
 def test_records_move_to_write_once_blocks_and_leave_the_object() -> None:
@@ -147,7 +148,7 @@ def test_records_move_to_write_once_blocks_and_leave_the_object() -> None:
     for i in range(30):  # 90 versions of shard a: blocks 1-32 and 33-64
         produce(task, agent, f"f{i}")
     shard_blocks = [k for k in blocks(s, task) if "/shards/a/" in k]
-    doc = raw(s, task.shard_key("a"))
+    doc = raw(s, engine(task).shard_key("a"))
     assert len(shard_blocks) == 2
     assert shard_blocks[0].endswith(f"/{1:012d}-{BLOCK:012d}.json")
     assert shard_blocks[1].endswith(f"/{BLOCK + 1:012d}-{2 * BLOCK:012d}.json")
@@ -158,7 +159,7 @@ def test_records_move_to_write_once_blocks_and_leave_the_object() -> None:
     # The object keeps only what no block holds (dropped by the commit after the block).
     carried = [r["version"] for r in doc["journal"]]
     assert carried == list(range(2 * BLOCK + 1, 91))
-    assert task.docs.stats.journal_blocks == len(blocks(s, task))
+    assert engine(task).docs.stats.journal_blocks == len(blocks(s, task))
 
 
 def test_a_warm_commit_is_one_put_and_a_block_one_more_per_block() -> None:
@@ -172,7 +173,7 @@ def test_a_warm_commit_is_one_put_and_a_block_one_more_per_block() -> None:
         claim = agent.renew(claim)
     assert s.faults.calls["put"] == 2 * BLOCK + 2  # the renewals, and two blocks
     assert s.faults.calls["get"] == 0
-    check_complete(task, task.shard_key("a"), task.codec("a"))
+    check_complete(task, engine(task).shard_key("a"), engine(task).codec("a"))
 
 
 # -- nothing lost -------------------------------------------------------------------------------
@@ -185,12 +186,12 @@ def test_a_block_that_cannot_be_written_keeps_its_records_in_the_object() -> Non
     for i in range(30):
         produce(task, agent, f"f{i}")
     assert blocks(s, task) == []
-    assert len(raw(s, task.shard_key("a"))["journal"]) == 90
+    assert len(raw(s, engine(task).shard_key("a"))["journal"]) == 90
     s.faults.clear()
     produce(task, agent, "late")
     assert len(blocks(s, task)) > 0
-    check_complete(task, task.shard_key("a"), task.codec("a"))
-    assert len(raw(s, task.shard_key("a"))["journal"]) < 2 * BLOCK
+    check_complete(task, engine(task).shard_key("a"), engine(task).codec("a"))
+    assert len(raw(s, engine(task).shard_key("a"))["journal"]) < 2 * BLOCK
 
 
 def test_a_writer_that_dies_before_its_block_write_loses_nothing() -> None:
@@ -205,11 +206,11 @@ def test_a_writer_that_dies_before_its_block_write_loses_nothing() -> None:
     assert [k.rsplit("/", 1)[-1] for k in blocks(s, dying) if "/shards/a/" in k] == [
         f"{1:012d}-{BLOCK:012d}.json"
     ]
-    assert len(raw(s, dying.shard_key("a"))["journal"]) < 2 * BLOCK
+    assert len(raw(s, engine(dying).shard_key("a"))["journal"]) < 2 * BLOCK
     task = om.Task.open(s, "job")
     produce(task, task.agent("bob"), "next")
     assert len(blocks(s, task)) > 0
-    records = check_complete(task, task.shard_key("a"), task.codec("a"))
+    records = check_complete(task, engine(task).shard_key("a"), engine(task).codec("a"))
     assert {r.actor for r in records} == {"", "ann", "bob"}
 
 
@@ -228,16 +229,16 @@ def test_commits_each_from_a_new_process_keep_the_object_bounded_and_cost_two_pu
         task.declare(f"f{i}", "a")  # the shard's and the index's commit
         task.flush_journal()  # what the process does as it exits
         puts.append(s.faults.calls["put"])
-        carried.append(len(raw(s, task.shard_key("a"))["journal"]))
-        assert len(raw(s, task.index_key)["journal"]) < 2 * BLOCK
+        carried.append(len(raw(s, engine(task).shard_key("a"))["journal"]))
+        assert len(raw(s, engine(task).index_key)["journal"]) < 2 * BLOCK
     assert max(carried) == 2 * BLOCK - 1 and carried[-1] < 2 * BLOCK
     assert sum(puts) / len(puts) <= 2 + 4 / BLOCK + 0.01  # two, plus each block twice
     assert max(puts) <= 6
     s = store(bucket)
     task = om.Task.open(s, "job")
-    records = check_complete(task, task.shard_key("a"), task.codec("a"))
+    records = check_complete(task, engine(task).shard_key("a"), engine(task).codec("a"))
     assert len(records) == 5 * BLOCK
-    check_complete(task, task.index_key, task.index_codec)
+    check_complete(task, engine(task).index_key, engine(task).index_codec)
     names = [k for k in blocks(s, task) if "/shards/a/" in k]
     assert len(names) == 5  # 1..160, the last block written by the process that completed it
 
@@ -252,7 +253,7 @@ def test_a_block_written_already_is_recognised_and_not_written_twice() -> None:
     s = store(bucket)
     names = blocks(s, first)
     assert len(names) == len(set(names)) > 0
-    check_complete(second, second.shard_key("a"), second.codec("a"))
+    check_complete(second, engine(second).shard_key("a"), engine(second).codec("a"))
     for key in names:  # every block holds exactly the versions its key names
         block = JournalBlock.model_validate(raw(s, key))
         assert versions(list(block.records)) == list(range(block.first, block.last + 1))
@@ -262,8 +263,8 @@ def test_a_block_whose_key_is_taken_is_not_overwritten() -> None:
     s, task = fresh()
     agent = task.agent("ann")
     produce(task, agent, "f0")
-    journal_id = raw(s, task.shard_key("a"))["journal_id"]
-    key = task.layout.journal_block(task.shard_key("a"), journal_id, 1, BLOCK)
+    journal_id = raw(s, engine(task).shard_key("a"))["journal_id"]
+    key = engine(task).layout.journal_block(engine(task).shard_key("a"), journal_id, 1, BLOCK)
     s.put(key, b"written by another", mode=CREATE)
     for i in range(1, 12):
         produce(task, agent, f"f{i}")
@@ -278,7 +279,7 @@ def test_a_lost_answer_leaves_exactly_one_record() -> None:
     s.faults.add("put", "/shards/a.json", "lose")
     claim = agent.claim("x")  # applied; the answer lost; the re-read recognises it
     assert claim is not None
-    records = check_complete(task, task.shard_key("a"), task.codec("a"))
+    records = check_complete(task, engine(task).shard_key("a"), engine(task).codec("a"))
     assert [r.command for r in records] == ["declare", "claim"]
 
 
@@ -321,12 +322,12 @@ def test_log_filters_by_time_stage_and_agent() -> None:
     everything = task.log()
     assert [r.at for r in everything] == sorted(r.at for r in everything)
     assert {r.object_key for r in everything} == {
-        task.shard_key("a"),
-        task.shard_key("b"),
-        task.index_key,
+        engine(task).shard_key("a"),
+        engine(task).shard_key("b"),
+        engine(task).index_key,
     }
     assert {r.actor for r in task.log(agent="bob")} == {"bob"}
-    assert {r.object_key for r in task.log(stage="b")} == {task.shard_key("b")}
+    assert {r.object_key for r in task.log(stage="b")} == {engine(task).shard_key("b")}
     assert all(r.at >= middle for r in task.log(since=middle))
     assert len(task.log(since=middle)) == 4  # y: declared in the index and b, claimed, made ready
 
@@ -373,22 +374,24 @@ def test_a_task_at_schema_1_is_written_at_1_until_it_is_migrated() -> None:
     s = store(f"journal-{uuid.uuid4().hex[:8]}")
     task = old_task(s)
     produce(task, task.agent("ann"), "x")
-    shard = raw(s, task.shard_key("a"))
+    shard = raw(s, engine(task).shard_key("a"))
     assert shard["schema_version"] == 1 and "journal" not in shard
-    assert json.loads(s.get(task.index_key).body)["schema_version"] == 1  # type: ignore[union-attr]
+    assert json.loads(s.get(engine(task).index_key).body)["schema_version"] == 1  # type: ignore[union-attr]
     assert task.history("x") == []
 
     moved = task.migrate()
-    assert moved == ["job/task.json", task.shard_key("a"), task.index_key]
+    assert moved == ["job/task.json", engine(task).shard_key("a"), engine(task).index_key]
     assert task.migrate() == []
     assert raw(s, "job/task.json")["schema_version"] == 2
     assert raw(s, "job/task.json")["requires"] == "0.2.0"
     produce(task, task.agent("bob"), "y")
     reopened = om.Task.open(s, "job")
-    assert reopened.schema_version == 2
+    assert engine(reopened).schema_version == 2
     steps = reopened.history("y")
     assert [t.command for t in steps] == ["declare", "claim", "finish"]
-    records = reopened.journal.records(task.shard_key("a"), reopened.codec("a"))
+    records = engine(reopened).journal.records(
+        engine(task).shard_key("a"), engine(reopened).codec("a")
+    )
     assert records[0].command == "migrate" and records[0].version == 4
 
 
@@ -460,14 +463,16 @@ def test_blocks_go_out_on_one_background_thread_and_flush_waits_for_them() -> No
     for key in shard_blocks:
         blob = s.get(key)
         assert blob is not None and b"null" not in blob.body  # nothing empty is written
-    assert versions(raw_records(s, task.shard_key("a"))) == list(range(BLOCK + 1, 2 * BLOCK + 1))
-    check_complete(task, task.shard_key("a"), task.codec("a"))
+    assert versions(raw_records(s, engine(task).shard_key("a"))) == list(
+        range(BLOCK + 1, 2 * BLOCK + 1)
+    )
+    check_complete(task, engine(task).shard_key("a"), engine(task).codec("a"))
 
 
 def test_a_detached_view_writes_blocks_through_its_parent() -> None:
     s, task = fresh()
-    docs = task.docs.detached()
-    key, codec = task.shard_key("a"), task.codec("a")
+    docs = engine(task).docs.detached()
+    key, codec = engine(task).shard_key("a"), engine(task).codec("a")
     for i in range(BLOCK + 1):
         docs.commit(key, codec, Declare([Declaration(file_id=f"d{i}", stage="a")]))
     assert [k for k in blocks(s, task) if "/shards/a/" in k]
@@ -482,14 +487,14 @@ def test_a_block_that_failed_keeps_its_records_though_a_later_block_was_stored(
     s.faults.add("put", f"-{BLOCK:012d}.json", "fail", times=1)  # the first block of each
     for i in range(30):
         produce(task, agent, f"f{i}")
-    shard = raw(s, task.shard_key("a"))
+    shard = raw(s, engine(task).shard_key("a"))
     failed = [r for r in caplog.records if "could not write journal block" in r.getMessage()]
     assert len(failed) == 1 and failed[0].levelname == "WARNING"
     message = failed[0].getMessage()
     assert message.startswith("could not write journal block job/journal/shards/a/")
     assert message.endswith(f"-{BLOCK:012d}.json: injected fault")
     assert message.count(f"-{BLOCK:012d}.json") == 2  # the key, and the store's error
-    check_complete(task, task.shard_key("a"), task.codec("a"))
+    check_complete(task, engine(task).shard_key("a"), engine(task).codec("a"))
     assert "journal" in shard
 
 
@@ -502,9 +507,9 @@ def test_after_a_migration_the_first_block_starts_at_the_first_journaled_version
         produce(task, task.agent("ann"), f"y{i}")  # versions 5-49
     names = [k for k in blocks(s, task) if "/shards/a/" in k]
     assert names[0].endswith(f"/{4:012d}-{BLOCK:012d}.json")
-    records = task.journal.records(task.shard_key("a"), task.codec("a"))
+    records = engine(task).journal.records(engine(task).shard_key("a"), engine(task).codec("a"))
     assert versions(records) == list(range(4, 50))
-    assert min(r["version"] for r in raw(s, task.shard_key("a"))["journal"]) == BLOCK + 1
+    assert min(r["version"] for r in raw(s, engine(task).shard_key("a"))["journal"]) == BLOCK + 1
 
 
 class _Held(cf.Executor):
@@ -536,7 +541,7 @@ def test_a_block_stored_while_a_commit_carrying_it_was_in_flight_is_not_sent_aga
             break
         claim = agent.renew(claim)
     assert len(held.jobs) == 1
-    shard = task.layout.shard("a")
+    shard = engine(task).layout.shard("a")
 
     def store_the_block_first(name: str, key: str) -> None:
         if name == "put" and key == shard and held.jobs:
@@ -545,7 +550,7 @@ def test_a_block_stored_while_a_commit_carrying_it_was_in_flight_is_not_sent_aga
     s.faults.hooks.append(store_the_block_first)
     claim = agent.renew(claim)
     assert held.jobs == []  # the version that landed still carries it: it is not sent again
-    assert task.docs.stats.journal_blocks == 1
+    assert engine(task).docs.stats.journal_blocks == 1
     claim = agent.renew(claim)  # this one no longer carries it
     assert held.jobs == []
     assert len([k for k in blocks(s, task) if "/shards/a/" in k]) == 1

@@ -17,6 +17,7 @@ import objmanifest as om
 from objmanifest.core.layout import partition_of
 from objmanifest.core.runtime import Runtime
 from objmanifest.store import MemoryStore
+from tests.support.internals import engine
 
 PARTS = 4
 
@@ -48,7 +49,7 @@ def partition(claim: om.Claim | None) -> int:
 
 
 def drained(task: om.Task, n: int) -> bool:
-    shard = task.read_shard(f"s~{n}")
+    shard = engine(task).read_shard(f"s~{n}")
     return all(e.state is not om.State.pending for e in shard.entries.values())
 
 
@@ -79,18 +80,18 @@ def test_the_agent_that_loses_a_race_for_its_partition_moves_to_a_random_other()
     bucket = f"homes-{uuid.uuid4().hex}"
     ann_task, bob_task = make_task(bucket, script), make_task(bucket, script)
     ann, bob = ann_task.agent("ann"), bob_task.agent("bob")
-    bob_task.read_shard("s~0")  # bob's cache: partition 0 before ann's claim
+    engine(bob_task).read_shard("s~0")  # bob's cache: partition 0 before ann's claim
     assert partition(ann.claim(stage="s")) == 0
     # bob starts at partition 0 too; his cache misses ann's claim, so he sees nobody there,
     # and his write meets a 412. Then 0.7 of the three others sends him to partition 3.
     script.answers = [0.0, 0.7]
     assert partition(bob.claim(stage="s")) == 0
-    assert bob_task.docs.stats.conflicts == 1
+    assert engine(bob_task).docs.stats.conflicts == 1
     assert [partition(bob.claim(stage="s")) for _ in range(3)] == [3, 3, 3]
-    ann_task.read_shard("s~0")  # ann's cache holds bob's claim there
+    engine(ann_task).read_shard("s~0")  # ann's cache holds bob's claim there
     assert [partition(ann.claim(stage="s")) for _ in range(3)] == [0, 0, 0]
-    assert ann_task.docs.stats.conflicts == 0
-    assert bob_task.docs.stats.conflicts == 1
+    assert engine(ann_task).docs.stats.conflicts == 0
+    assert engine(bob_task).docs.stats.conflicts == 1
 
 
 def test_an_agent_looking_for_a_home_passes_over_partitions_others_work_in() -> None:
@@ -124,7 +125,7 @@ def test_a_claim_that_finds_nothing_at_home_leaves_home_where_it_found_some() ->
     task = make_task(f"homes-{uuid.uuid4().hex}", script, files=40)
     agent, other = task.agent("ann"), task.agent("bob")
     assert partition(agent.claim(stage="s")) == 0
-    for entry in task.read_shard("s~0").entries.values():  # another agent empties it
+    for entry in engine(task).read_shard("s~0").entries.values():  # another agent empties it
         if entry.state is om.State.pending:
             other.claim(entry.file_id)
     assert drained(task, 0)

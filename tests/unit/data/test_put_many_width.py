@@ -11,6 +11,7 @@ from pathlib import Path
 import objmanifest as om
 from objmanifest.data.sources import Source
 from objmanifest.store import MemoryStore
+from tests.support.internals import engine
 
 N = 24
 
@@ -29,7 +30,7 @@ def data_threads(
     """The threads that sent data objects; with ``barrier``, each waits there first, so
     they are all in flight at once."""
     seen: set[int] = set()
-    layout = agent.task.layout
+    layout = engine(agent).layout
 
     def hook(name: str, key: str) -> None:
         if name == "put" and layout.parse(key).kind == "data":
@@ -73,7 +74,7 @@ def test_a_batch_with_a_file_goes_up_at_the_transfer_concurrency(tmp_path: Path)
     datas: list[Source] = [c.file_id.encode() for c in claims[1:]]
     results = agent.put_many(claims, [path, *datas])
     assert all(isinstance(r, om.Entry) for r in results), results
-    assert 1 <= len(seen) <= agent.task.transfer.concurrency == 8
+    assert 1 <= len(seen) <= engine(agent).transfer.concurrency == 8
 
 
 def test_the_ready_commits_of_a_batch_over_several_partitions_go_out_at_once() -> None:
@@ -85,7 +86,7 @@ def test_the_ready_commits_of_a_batch_over_several_partitions_go_out_at_once() -
     assert all(claims)
     shards = {c.shard for c in claims if c is not None}
     assert len(shards) == 4
-    layout, data_puts = task.layout, [0]
+    layout, data_puts = engine(task).layout, [0]
     barrier = threading.Barrier(len(shards))  # broken unless every shard's commit is in flight
     committing: set[str] = set()
 

@@ -15,6 +15,7 @@ from objmanifest.core import checksum
 from objmanifest.ops.replay import RECORDS_AT_RISK, RebuildShard, replay
 from objmanifest.store import CREATE
 from objmanifest.store.errors import PreconditionFailed
+from tests.support.internals import engine
 
 
 def fresh_store() -> om.MemoryStore:
@@ -29,8 +30,8 @@ def test_the_cas_loop_replaces_only_the_corrupt_bytes_it_was_told_of() -> None:
     store = fresh_store()
     task = new_task(store)
     task.declare("a", "collect")
-    key = task.shard_key("collect")
-    codec: ShardCodec = task.codec("collect")
+    key = engine(task).shard_key("collect")
+    codec: ShardCodec = engine(task).codec("collect")
     store.put(key, b"{broken")
     blob = store.get(key)
     assert blob is not None
@@ -38,25 +39,25 @@ def test_the_cas_loop_replaces_only_the_corrupt_bytes_it_was_told_of() -> None:
     command = RebuildShard(rebuilt.model_copy(update={"version": 7}))
     store.put(key, b"{broken differently")  # not the bytes the repair copied aside
     with pytest.raises(om.CorruptShard):
-        task.docs.commit(key, codec, command, over=blob.etag)
+        engine(task).docs.commit(key, codec, command, over=blob.etag)
     assert store.get(key).body == b"{broken differently"  # type: ignore[union-attr]
     without = store.get(key)
     assert without is not None
-    assert task.docs.commit(key, codec, command, over=without.etag) is True
+    assert engine(task).docs.commit(key, codec, command, over=without.etag) is True
     assert task.shard("collect").version == 8
-    assert [r.command for r in task.journal.records(key, codec)] == ["repair"]
+    assert [r.command for r in engine(task).journal.records(key, codec)] == ["repair"]
 
 
 def test_a_shard_recreated_before_the_repair_writes_is_left_alone() -> None:
     store = fresh_store()
     task = new_task(store)
     task.declare("a", "collect")
-    key = task.shard_key("collect")
+    key = engine(task).shard_key("collect")
     store.delete(key)
-    task.docs.forget(key)
+    engine(task).docs.forget(key)
     task.declare("fresh", "collect")  # re-creates the shard, create-only
-    command = RebuildShard(task.codec("collect").empty())
-    assert task.docs.commit(key, task.codec("collect"), command) is False
+    command = RebuildShard(engine(task).codec("collect").empty())
+    assert engine(task).docs.commit(key, engine(task).codec("collect"), command) is False
     assert set(task.shard("collect").entries) == {"fresh"}
 
 
@@ -70,8 +71,8 @@ def test_replay_follows_each_entry_to_its_last_recorded_fields() -> None:
     assert claim is not None
     agent.put(claim, b"data")
     task.agent("x").consume("a")
-    key = task.shard_key("collect")
-    seen = replay(task.journal.records(key, task.codec("collect")))
+    key = engine(task).shard_key("collect")
+    seen = replay(engine(task).journal.records(key, engine(task).codec("collect")))
     a = seen["a"]
     assert (a.state, a.epoch, a.producer, a.consumed_by) == ("ready", 1, "p", ("x",))
     entry = task.entry("a")
@@ -90,7 +91,7 @@ def test_a_deleted_shard_without_blocks_comes_back_from_the_index_fenced() -> No
     agent.put(claim, b"data")  # data@1 exists, but its records go with the shard
     held = task.agent("q").claim("b")  # writing at epoch 1: its record goes with the shard
     assert held is not None and held.epoch == 1
-    store.delete(task.shard_key("collect"))
+    store.delete(engine(task).shard_key("collect"))
     report = task.repair()
     (obj,) = report.objects
     assert (obj.damage, obj.action, obj.records, obj.moved_to) == ("deleted", "rebuilt", 0, None)
@@ -104,7 +105,7 @@ def test_a_deleted_shard_without_blocks_comes_back_from_the_index_fenced() -> No
             holder.put(stale, b"data")
     assert task.agent("q").claim("b").epoch == 2 + RECORDS_AT_RISK  # type: ignore[union-attr]
     # The copy a repair makes of a corrupt object is create-only: it never overwrites.
-    aside = task.layout.damaged(task.shard_key("collect"), store.now())
+    aside = engine(task).layout.damaged(engine(task).shard_key("collect"), store.now())
     store.put(aside, b"first", mode=CREATE)
     with pytest.raises(PreconditionFailed):
         store.put(aside, b"second", mode=CREATE)
@@ -127,8 +128,8 @@ def test_a_chunked_entry_keeps_its_whole_checksum_through_the_journal_and_a_repa
     made = agent.put(claim, body)
     assert made.is_chunked and made.whole_checksum == checksum.of_bytes(body)
     task.agent("x").consume("big")
-    key = task.shard_key("collect")
-    seen = replay(task.journal.records(key, task.codec("collect")))
+    key = engine(task).shard_key("collect")
+    seen = replay(engine(task).journal.records(key, engine(task).codec("collect")))
     assert seen["big"].whole_checksum == made.whole_checksum
     blob = store.get(key)
     assert blob is not None
