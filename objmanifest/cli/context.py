@@ -34,8 +34,7 @@ class Context:
             url = self.opt("url")
             if not url:
                 raise UsageError(
-                    "no store given: pass --url s3://BUCKET/PREFIX (or az://CONTAINER/PREFIX, "
-                    "gs://BUCKET/PREFIX, file:///DIR) or set OBJMANIFEST_URL"
+                    "no store given: pass --url s3://BUCKET/PREFIX or set OBJMANIFEST_URL"
                 )
             if str(url).startswith("memory:"):
                 raise UsageError(
