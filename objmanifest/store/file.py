@@ -1,0 +1,449 @@
+"""``FileStore``: the storage seam over a directory of a POSIX filesystem (``file:///DIR``).
+
+A local disk, or an NFSv4 share mounted by several machines: the directory is the store's
+root, objects are files under it (keys mapped to paths by ``file_paths``), and the store
+keeps its own files under ``DIR/.objmanifest/`` (``tmp/``, ``uploads/``, ``locks``,
+``clock``).
+
+Every version of an object is a file of its own, written whole to ``tmp/``, digested (its
+MD5 is the ETag, kept in the file's header with the metadata) and ``fsync``-ed, then put
+in place in one step:
+
+* **create-only** links it to the object's path (``link(2)`` fails if anything is there:
+  the filesystem decides the race, also between machines on NFS);
+* **update-if-match**, overwrite and delete take the object's lock, read the current
+  version fresh under it (opening the file after the lock is taken: on NFS the open goes
+  to the server by name, and close-to-open consistency gives its current bytes), decide the
+  condition, and rename the new file over the object (or unlink it);
+* the directory is ``fsync``-ed before the write is answered.
+
+The lock is an open file description lock (``F_OFD_SETLKW``, Linux) on a byte of one lock
+file, taken through a description of each thread's own (``file_io.Locks``): it excludes
+threads and processes alike, and NFSv4 carries it to the server, so it excludes machines
+too. It was chosen over create-only versioned files (each version a new name, the highest
+wins) because a reader then opens one path, not a listing of versions, and nothing needs
+collecting. Crashes: a writer killed at any step leaves the old version or the new one,
+never a torn file (the new one is whole and on disk before it is renamed); its temporary
+file is swept later, and its lock goes with its last descriptor (at death, or with a dead
+NFS client's lease).
+
+The clock is the filesystem's: ``now()`` touches ``.objmanifest/clock`` and reads back its
+mtime (on NFS the server stamps it), and ``StoreClock`` advances it between observations
+by the monotonic clock, as the ``Date`` headers of an S3 store.
+
+"In transit" here is the way from the caller's bytes to the file: the ETag is the MD5 of
+the very bytes written (a streamed body is digested chunk by chunk as it goes), so there is
+nothing for a digest to check on arrival. NFS's own wire is the mount's business (TCP's
+checksum, or ``sec=krb5i`` for an integrity check of every RPC).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from datetime import datetime
+from functools import lru_cache
+from typing import BinaryIO, TypeVar
+from urllib.parse import quote
+
+from ..core import checksum
+from ..core.runtime import DEFAULT, Runtime
+from ..errors import StoreError
+from . import file_io, file_paths
+from .base import CREATE, OVERWRITE, Blob, Head, Listed, PartBody, PartsListed, PutMode, StoreClock
+from .errors import OutcomeUnknown, PreconditionFailed
+from .file_io import FileStream, Header, Locks, failure
+from .file_root import Directory, check_root_path, file_root, kind
+from .file_uploads import Uploads
+
+T = TypeVar("T")
+
+OBSERVE_EVERY = 10.0
+"""Seconds between two looks at the filesystem's clock (``StoreClock`` advances it between
+them by the monotonic clock)."""
+
+RETRIES = 5
+"""Attempts at a link or rename whose directory another writer's delete just removed."""
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@lru_cache(maxsize=4096)
+def _names(key: str) -> tuple[bytes, ...]:
+    return tuple(file_paths.object_names(key))
+
+
+class FileStore:
+    """One directory as an object store. Keys are relative to the directory."""
+
+    scheme = "file"
+
+    def __init__(self, root: str, *, runtime: Runtime | None = None, connections: int = 16) -> None:
+        self.root = check_root_path(root, root)
+        self.runtime = runtime or DEFAULT
+        self.clock = StoreClock(monotonic=self.runtime.monotonic)
+        self.directory = Directory(self.root)
+        self.locks = Locks(self.directory.locks)
+        self.uploads = Uploads(self, self.directory.uploads)
+        self._base = self.directory.base
+        self._connections = connections
+        self._observed: float | None = None
+
+    @classmethod
+    def from_url(cls, url: str, *, runtime: Runtime | None = None) -> FileStore:
+        """The store of ``file:///ABSOLUTE/DIR``."""
+        return cls(file_root(url), runtime=runtime)
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        return "file://" + quote(self.root)
+
+    @property
+    def connections(self) -> int:
+        return self._connections
+
+    def describe(self, key: str) -> str:
+        return f"{self.url}/{key}"
+
+    def object_path(self, key: str) -> bytes:
+        return os.path.join(self._base, *_names(key))
+
+    def error(
+        self, e: OSError, action: str, key: str, path: bytes, reading: bool = False
+    ) -> Exception:
+        return failure(e, action, self.describe(key), path, self.root, reading)
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def _open(self, key: str, action: str) -> tuple[int, os.stat_result, bytes]:
+        """The object's file, open for reading, and what ``fstat`` says of it."""
+        path = self.object_path(key)
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except OSError as e:
+            raise self.error(e, action, key, path, reading=True) from e
+        try:
+            found = os.fstat(fd)
+        except OSError as e:
+            os.close(fd)
+            raise self.error(e, action, key, path, reading=True) from e
+        if not stat.S_ISREG(found.st_mode):
+            os.close(fd)
+            raise StoreError(
+                f"could not {action} {self.describe(key)}: {os.fsdecode(path)} is "
+                f"{kind(found.st_mode)}, not an object's file; remove it"
+            )
+        return fd, found, path
+
+    def _header(self, fd: int, key: str, path: bytes, first: bytes | None = None) -> Header:
+        """The header of the object's file open at ``fd`` (``first``: its first bytes, read
+        already)."""
+        try:
+            found = file_io.parse_header(first) if first is not None else None
+            return found if isinstance(found, Header) else file_io.read_header(fd)
+        except ValueError as e:
+            raise StoreError(
+                f"{self.describe(key)} ({os.fsdecode(path)}) is not an object's file: {e}; "
+                "something other than objmanifest wrote it (remove it, or restore it from a "
+                "backup)"
+            ) from None
+
+    def _reading(self, key: str, action: str, read: Callable[[int, os.stat_result, bytes], T]) -> T:
+        """``read`` the object's open file; a file replaced under a reader on NFS (a stale
+        handle) is opened again."""
+        for attempt in range(RETRIES):
+            fd, found, path = self._open(key, action)
+            try:
+                return read(fd, found, path)
+            except OSError as e:
+                if e.errno == errno.ESTALE and attempt + 1 < RETRIES:
+                    continue
+                raise self.error(e, action, key, path, reading=True) from e
+            finally:
+                os.close(fd)
+        raise AssertionError("unreachable")
+
+    def get(self, key: str, if_none_match: str | None = None) -> Blob | None:
+        def read(fd: int, found: os.stat_result, path: bytes) -> Blob | None:
+            first = os.pread(fd, 64 * 1024, 0)
+            header = self._header(fd, key, path, first)
+            if if_none_match is not None and checksum.bare_etag(if_none_match) == header.etag:
+                return None
+            if found.st_size <= len(first):
+                body = first[header.body_at :]
+            else:
+                body = _read_exactly(fd, header.body_at, found.st_size - header.body_at)
+            return Blob(body, f'"{header.etag}"', header.metadata)
+
+        return self._reading(key, "read", read)
+
+    def head(self, key: str) -> Head:
+        def read(fd: int, found: os.stat_result, path: bytes) -> Head:
+            header = self._header(fd, key, path)
+            return Head(f'"{header.etag}"', found.st_size - header.body_at, header.metadata)
+
+        return self._reading(key, "inspect", read)
+
+    def open(self, key: str, byte_range: tuple[int, int] | None = None) -> FileStream:
+        """The object's bytes, or ``[start, end)`` of them (an end past the object's end is
+        its end)."""
+        fd, found, path = self._open(key, "read")
+        try:
+            header = self._header(fd, key, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        size = found.st_size - header.body_at
+        start, end = 0, size
+        if byte_range is not None:
+            start, end = byte_range
+            if start >= size > 0 or start < 0 or end < start:
+                os.close(fd)
+                raise StoreError(
+                    f"could not read {self.describe(key)}: range {start}-{end} is outside "
+                    f"its {size} bytes"
+                )
+        at = header.body_at
+        return FileStream(fd, at + start, at + min(end, size), self.describe(key))
+
+    def put(
+        self,
+        key: str,
+        body: bytes | BinaryIO,
+        *,
+        mode: PutMode = OVERWRITE,
+        metadata: dict[str, str] | None = None,
+        content_type: str = "application/octet-stream",
+    ) -> str:
+        """Write an object and return its ETag (the MD5 of its body, as on S3)."""
+        path = self.object_path(key)
+
+        def write(fd: int) -> str:
+            return file_io.write_object(fd, body, metadata)
+
+        return f'"{self.place(key, path, write, mode)}"'
+
+    def place(self, key: str, path: bytes, write: Callable[[int], str], mode: PutMode) -> str:
+        """Write a new version to a temporary file with ``write`` (which returns its bare
+        ETag), make it durable, and put it at ``path`` under ``mode``'s condition."""
+        temp = self.temporary()
+        try:
+            fd = os.open(temp, _TEMP_FLAGS, file_io.FILE_MODE)
+        except OSError as e:
+            raise self.error(e, "write", key, temp) from e
+        placed = False
+        try:
+            try:
+                etag = write(fd)
+                os.fsync(fd)
+            except OSError as e:
+                raise self.error(e, "write", key, temp) from e
+            if mode.kind == "create":
+                self._link(key, temp, path, fd)
+            else:
+                with self.locked([key]):
+                    if mode.kind == "update":
+                        self._check_version(key, path, mode)
+                    self._into_place(key, os.rename, temp, path, fd)
+            placed = True
+            self._sync(key, os.path.dirname(path))
+            return etag
+        finally:
+            os.close(fd)
+            if not placed or mode.kind == "create":
+                _remove(temp)
+
+    def _check_version(self, key: str, path: bytes, mode: PutMode) -> None:
+        """Refuse an update unless the object is still the version named (read fresh: the
+        lock is held)."""
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except (FileNotFoundError, NotADirectoryError):
+            raise PreconditionFailed(
+                f"{self.describe(key)}: gone", answer="no such object"
+            ) from None
+        except OSError as e:
+            raise self.error(e, "update", key, path) from e
+        try:
+            current = self._header(fd, key, path)
+        finally:
+            os.close(fd)
+        if current.etag != checksum.bare_etag(mode.etag or ""):
+            raise PreconditionFailed(
+                f"{self.describe(key)}: not the version named", answer="another version"
+            )
+
+    def _link(self, key: str, temp: bytes, path: bytes, fd: int) -> None:
+        """Link the new file at ``path`` if nothing is there."""
+        try:
+            self._into_place(key, os.link, temp, path, fd)
+        except FileExistsError:
+            if os.fstat(fd).st_nlink > 1:  # our own link, answered EEXIST when NFS resent it
+                return
+            raise PreconditionFailed(f"{self.describe(key)}: exists", answer="exists") from None
+
+    def _into_place(
+        self, key: str, step: Callable[[bytes, bytes], None], temp: bytes, path: bytes, fd: int
+    ) -> None:
+        """Link or rename (``step``) the new file to ``path``, making its directory first
+        when it is missing (never made, or removed by a delete meanwhile). A failure that
+        may have happened all the same is ``OutcomeUnknown`` unless the file is seen in
+        place."""
+        for attempt in range(RETRIES):
+            try:
+                step(temp, path)
+                return
+            except FileExistsError:
+                raise
+            except FileNotFoundError as e:
+                if attempt + 1 == RETRIES or not os.path.exists(temp):
+                    raise StoreError(
+                        f"could not write {self.describe(key)}: its temporary file "
+                        f"{os.fsdecode(temp)} vanished before it was put in place (a sweep "
+                        "took it for a dead writer's); retry"
+                    ) from e
+                self._make_dirs(key, os.path.dirname(path))
+            except OSError as e:
+                if e.errno not in file_io.LOST:
+                    raise self.error(e, "write", key, path) from e
+                if _same_file(fd, path):
+                    return
+                raise OutcomeUnknown(f"{self.describe(key)}: {e.strerror}") from e
+
+    def _make_dirs(self, key: str, directory: bytes) -> None:
+        """Create ``directory`` and its missing parents under the root, each made durable."""
+        missing: list[bytes] = []
+        at = directory
+        while at != self._base and not os.path.isdir(at):
+            missing.append(at)
+            at = os.path.dirname(at)
+        for made in reversed(missing):
+            try:
+                os.mkdir(made, file_io.DIR_MODE)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise self.error(e, "write", key, made) from e
+            self._sync(key, os.path.dirname(made))
+
+    def _sync(self, key: str, directory: bytes) -> None:
+        try:
+            file_io.sync_dir(directory)
+        except FileNotFoundError:
+            pass  # removed by a delete since: nothing of ours left in it to keep
+        except OSError as e:
+            raise OutcomeUnknown(
+                f"{self.describe(key)}: written, but its directory could not be made durable "
+                f"({e.strerror})"
+            ) from e
+
+    @contextmanager
+    def locked(self, names: Sequence[str]) -> Iterator[None]:
+        """Hold the locks of ``names`` (keys, or ``upload:ID``)."""
+        try:
+            taken = self.locks.acquire(names)
+        except OSError as e:
+            raise failure(e, "lock", self.describe(names[0]), self.locks.path, self.root) from e
+        try:
+            yield
+        finally:
+            self.locks.release(taken)
+
+    def delete(self, key: str) -> None:
+        path = self.object_path(key)
+        with self.locked([key]):
+            try:
+                os.unlink(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            except OSError as e:
+                raise self.error(e, "delete", key, path) from e
+        directory = os.path.dirname(path)
+        self._sync(key, directory)
+        while directory != self._base:  # directories left empty go too
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
+            directory = os.path.dirname(directory)
+
+    def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
+        """Keys under ``prefix`` in key order (their UTF-8 bytes, as S3 sorts them)."""
+        try:
+            for key, is_prefix in file_paths.listing(self._base, prefix, delimiter):
+                yield Listed(key, is_prefix)
+        except OSError as e:
+            raise failure(e, "list", self.describe(prefix), self._base, self.root) from e
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        """Every object key under ``prefix``."""
+        return (row.key for row in self.list(prefix))
+
+    # -- multipart uploads -----------------------------------------------------------------
+
+    def create_upload(self, key: str) -> str:
+        return self.uploads.create(key)
+
+    def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
+        return self.uploads.upload_part(key, upload_id, number, body)
+
+    def list_parts(self, key: str, upload_id: str) -> PartsListed:
+        return self.uploads.list_parts(key, upload_id)
+
+    def complete_upload(
+        self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
+    ) -> None:
+        self.uploads.complete(key, upload_id, etags, mode)
+
+    def abort_upload(self, key: str, upload_id: str) -> bool:
+        return self.uploads.abort(key, upload_id)
+
+    def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
+        return self.uploads.list(prefix)
+
+    def temporary(self) -> bytes:
+        """A new path for a temporary file or directory (outside the key space)."""
+        return os.path.join(self.directory.tmp, self.runtime.new_id().encode("ascii"))
+
+    # -- time ------------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The store's time: the filesystem's clock, looked at every ``OBSERVE_EVERY``
+        seconds and advanced by the monotonic clock in between."""
+        mono = self.runtime.monotonic()
+        if self._observed is None or mono - self._observed >= OBSERVE_EVERY:
+            self.clock.observe({"date": Directory.date(self.directory.time())})
+            self._observed = mono
+        return self.clock.now()
+
+
+def _read_exactly(fd: int, offset: int, size: int) -> bytes:
+    data = os.pread(fd, size, offset)
+    while len(data) < size:
+        more = os.pread(fd, size - len(data), offset + len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def _same_file(fd: int, path: bytes) -> bool:
+    """Whether ``path`` is the file open at ``fd`` (a rename or link that reported a failure
+    but happened)."""
+    try:
+        mine, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _remove(path: bytes) -> None:
+    with suppress(OSError):
+        os.unlink(path)

@@ -1,0 +1,260 @@
+"""How ``FileStore`` maps object keys to paths, and lists them back in key order.
+
+A key's ``/``-separated segments become nested directories, its last segment a file. The
+mapping is injective and reversible, whatever the key holds:
+
+* each segment's UTF-8 bytes are kept as they are, but for ``%XX`` escapes of the bytes a
+  name must not hold or that mark a name's kind: control bytes, ``%``, ``=`` and ``+``, and
+  a leading ``.`` (so no name of ours starts with a dot: ``.`` and ``..`` are ``%2E`` and
+  ``%2E.``, and the store's own files under ``.objmanifest/`` are out of the key space);
+* a directory's name ends in ``=`` and an object's does not, so ``x`` (an object), ``x/y``
+  (under the directory ``x=``) and ``x.json/y`` live side by side; an empty segment is ``=``
+  as a directory and ``%`` as an object;
+* an encoded segment longer than ``NAME_BYTES`` is cut into directories whose names end in
+  ``+``, each continued by the next (``NAME_MAX`` is 255 bytes on every filesystem Linux
+  mounts, and a key segment may be as long as a whole key).
+
+A name that is not the canonical encoding of something (a dotfile, ``lost+found``, a file
+another program left) is not an object of the store: listings pass over it.
+
+Listings read each directory once and sort its entries by what they decode to, an object's
+segment as it is and a directory's followed by ``/``: every key under a directory shares
+that prefix, so a depth-first walk yields keys in the order of their UTF-8 bytes, as S3
+lists them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import InvalidInput, StoreError
+
+MAX_KEY_BYTES = 1024
+"""The longest key, in UTF-8 bytes (S3's limit too)."""
+
+NAME_BYTES = 240
+"""The longest encoded segment kept in one name; longer ones continue in a directory."""
+
+RESERVED = b".objmanifest"
+"""The store's own directory at the root (temporary files, uploads, the lock file, the
+clock file): no key maps to a name that starts with a dot."""
+
+Kind = Literal["object", "dir", "more"]
+
+_ESCAPED = frozenset([*range(0x20), 0x7F, ord("%"), ord("="), ord("+")])
+_ESCAPE = re.compile(rb"%([0-9A-F]{2})")
+_EMPTY_OBJECT = b"%"
+_DIR = b"="
+_MORE = b"+"
+
+
+def key_bytes(key: str, what: str = "key") -> bytes:
+    """A key's UTF-8 bytes; a key that no store could hold is ``InvalidInput``."""
+    if not isinstance(key, str):
+        raise InvalidInput(f"a {what} is a str, not {type(key).__name__}: {key!r}")
+    try:
+        data = key.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidInput(
+            f"the {what} {key!r} is not valid Unicode text (a lone surrogate at {e.start}): "
+            "keys are UTF-8"
+        ) from None
+    if len(data) > MAX_KEY_BYTES:
+        raise InvalidInput(
+            f"the {what} {key[:60]!r}... is {len(data)} bytes long: a key has at most "
+            f"{MAX_KEY_BYTES} bytes of UTF-8"
+        )
+    return data
+
+
+def escape(segment: bytes) -> bytes:
+    """A segment's bytes with every byte a name must not hold as ``%XX``."""
+    out = bytearray()
+    for i, byte in enumerate(segment):
+        if byte in _ESCAPED or (i == 0 and byte == 0x2E):
+            out += b"%%%02X" % byte
+        else:
+            out.append(byte)
+    return bytes(out)
+
+
+def unescape(encoded: bytes) -> str | None:
+    """The segment ``encoded`` stands for, or None if it is not the canonical encoding of
+    one (a stray ``%``, an escape of a byte that needs none, bytes that are not UTF-8)."""
+    raw = _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), encoded)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if escape(raw) == encoded else None
+
+
+def _pieces(encoded: bytes) -> list[bytes]:
+    """``encoded`` cut into pieces of at most ``NAME_BYTES``, never inside an escape."""
+    pieces = []
+    while len(encoded) > NAME_BYTES:
+        cut = NAME_BYTES
+        percent = encoded.rfind(b"%", cut - 2, cut)
+        if percent >= 0:  # not inside an escape
+            cut = percent
+        while 0x80 <= encoded[cut] < 0xC0:  # nor inside a character
+            cut -= 1
+        pieces.append(encoded[:cut])
+        encoded = encoded[cut:]
+    pieces.append(encoded)
+    return pieces
+
+
+def segment_names(segment: str, kind: Literal["object", "dir"]) -> list[bytes]:
+    """The names (a chain of directories, then the last) that hold one segment."""
+    encoded = escape(segment.encode("utf-8"))
+    *more, last = _pieces(encoded)
+    names = [piece + _MORE for piece in more]
+    if kind == "dir":
+        names.append(last + _DIR)
+    else:
+        names.append(last or _EMPTY_OBJECT)
+    return names
+
+
+def dir_names(segments: list[str]) -> list[bytes]:
+    """The path, name by name, of the directory that holds keys starting with these
+    segments (each followed by ``/``)."""
+    return [name for segment in segments for name in segment_names(segment, "dir")]
+
+
+def object_names(key: str) -> list[bytes]:
+    """The path, name by name, of the file that holds ``key``."""
+    key_bytes(key)
+    if not key:
+        raise InvalidInput("an object key is not empty")
+    *dirs, last = key.split("/")
+    return dir_names(dirs) + segment_names(last, "object")
+
+
+def read_name(name: bytes) -> tuple[bytes, Kind] | None:
+    """What a name in the key space is: an encoded piece and its kind; None for a name the
+    store never makes."""
+    if not name or name.startswith(b"."):
+        return None
+    if name.endswith(_DIR):
+        return name[:-1], "dir"
+    if name.endswith(_MORE):
+        return (name[:-1], "more") if len(name) > 1 else None
+    return (b"", "object") if name == _EMPTY_OBJECT else (name, "object")
+
+
+# -- listing ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Child:
+    """One object or directory of a directory: its decoded segment and where it is."""
+
+    segment: str
+    is_dir: bool
+    path: bytes
+
+    @property
+    def order(self) -> str:
+        """Where it sorts among its siblings (code points sort as UTF-8 bytes do)."""
+        return self.segment + "/" if self.is_dir else self.segment
+
+
+def _scan(path: bytes) -> list[tuple[bytes, bool]]:
+    """The names in a directory (with whether each is a directory, not following links);
+    nothing if it is gone."""
+    try:
+        with os.scandir(path) as found:
+            return [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in found]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def children(path: bytes, chain: tuple[bytes, ...] = ()) -> list[Child]:
+    """The objects and directories directly in ``path``, in key order, continued names
+    followed into their directories (``chain``: the continued names that led here)."""
+    found: list[Child] = []
+    for name, is_dir in _scan(path):
+        read = read_name(name)
+        if read is None:
+            continue
+        _, kind = read
+        full = os.path.join(path, name)
+        if kind == "more":
+            if is_dir:
+                found += children(full, (*chain, name))
+            continue
+        if (kind == "dir") != is_dir:
+            continue
+        encoded = b"".join(n[:-1] for n in chain) + read[0]
+        segment = unescape(encoded)
+        if segment is None or segment_names(segment, kind) != [*chain, name]:
+            continue  # not a name the store makes (a dotfile, lost+found, another's file)
+        found.append(Child(segment, kind == "dir", full))
+    found.sort(key=lambda child: child.order)
+    return found
+
+
+def walk(path: bytes, key_prefix: str) -> Iterator[str]:
+    """Every object key under the directory ``path`` (whose keys start with
+    ``key_prefix``), in key order."""
+    for child in children(path):
+        key = key_prefix + child.segment
+        if child.is_dir:
+            yield from walk(child.path, key + "/")
+        else:
+            yield key
+
+
+def holds_objects(path: bytes) -> bool:
+    """Whether any object lives under the directory ``path`` (a directory emptied by
+    deletes, or being filled, may have none)."""
+    return any(not child.is_dir or holds_objects(child.path) for child in children(path))
+
+
+def listing(root: bytes, prefix: str, delimiter: str | None) -> Iterator[tuple[str, bool]]:
+    """(key, is_prefix) of every key under ``prefix``, in key order; with a delimiter,
+    keys that hold it after the prefix rolled up into one row each."""
+    key_bytes(prefix, "prefix")
+    *whole, partial = prefix.split("/")
+    base = os.path.join(root, *dir_names(whole)) if whole else root
+    under = "".join(f"{segment}/" for segment in whole)
+    rolled: str | None = None
+    for child in children(base):
+        if not child.segment.startswith(partial):
+            continue
+        key = under + child.segment
+        if delimiter == "/" and child.is_dir:
+            if holds_objects(child.path):
+                yield key + "/", True
+            continue
+        keys = walk(child.path, key + "/") if child.is_dir else iter([key])
+        for found in keys:
+            if delimiter:
+                cut = found.find(delimiter, len(prefix))
+                if cut >= 0:
+                    rolled_up = found[: cut + len(delimiter)]
+                    if rolled_up != rolled:
+                        rolled = rolled_up
+                        yield rolled_up, True
+                    continue
+            yield found, False
+
+
+def check_root_free(root: bytes, shown: str) -> None:
+    """Refuse a directory that holds names of the key space (files of someone else's) and
+    is not a store yet: objmanifest never lists, replaces or deletes what it did not write."""
+    foreign = children(root)
+    if foreign:
+        names = ", ".join(os.fsdecode(os.path.basename(c.path)) for c in foreign[:3])
+        raise StoreError(
+            f"{shown} is not an objmanifest store and is not empty (it holds {names}"
+            f"{' ...' if len(foreign) > 3 else ''}): objmanifest keeps its objects directly "
+            "in the directory it is given, so give it an empty directory of its own "
+            "(mkdir it first)"
+        )
