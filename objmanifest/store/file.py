@@ -51,7 +51,7 @@ from urllib.parse import quote
 
 from ..core import checksum
 from ..core.runtime import DEFAULT, Runtime
-from ..errors import StoreError
+from ..errors import NotFound, StoreError
 from . import file_io, file_paths
 from .base import CREATE, OVERWRITE, Blob, Head, Listed, PartBody, PartsListed, PutMode, StoreClock
 from .errors import OutcomeUnknown, PreconditionFailed
@@ -197,6 +197,9 @@ class FileStore:
         fd, found, path = self._open(key, "read")
         try:
             header = self._header(fd, key, path)
+        except OSError as e:
+            os.close(fd)
+            raise self.error(e, "read", key, path, reading=True) from e
         except BaseException:
             os.close(fd)
             raise
@@ -262,19 +265,13 @@ class FileStore:
 
     def _check_version(self, key: str, path: bytes, mode: PutMode) -> None:
         """Refuse an update unless the object is still the version named (read fresh: the
-        lock is held)."""
+        lock is held, and the file is opened now)."""
         try:
-            fd = os.open(path, _READ_FLAGS)
-        except (FileNotFoundError, NotADirectoryError):
+            current = self._reading(key, "update", lambda fd, _, at: self._header(fd, key, at))
+        except NotFound:
             raise PreconditionFailed(
                 f"{self.describe(key)}: gone", answer="no such object"
             ) from None
-        except OSError as e:
-            raise self.error(e, "update", key, path) from e
-        try:
-            current = self._header(fd, key, path)
-        finally:
-            os.close(fd)
         if current.etag != checksum.bare_etag(mode.etag or ""):
             raise PreconditionFailed(
                 f"{self.describe(key)}: not the version named", answer="another version"

@@ -44,8 +44,10 @@ _ETAG_AT = len(MAGIC) + _HEAD.size + len('{"etag":"')
 FLOCK = struct.Struct("hhqqi4x")
 """``struct flock`` on Linux (l_type, l_whence, l_start, l_len, l_pid, padding)."""
 
-FILE_MODE = 0o644
-DIR_MODE = 0o755
+FILE_MODE = 0o666
+DIR_MODE = 0o777
+"""Modes of what the store makes, less the umask: agents running as several users of one
+group share a store with ``umask 002`` (and a setgid directory)."""
 
 
 @dataclass(frozen=True)

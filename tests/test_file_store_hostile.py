@@ -1,0 +1,387 @@
+"""``FileStore`` against hostile input: URLs that are not an absolute directory, directories
+that are not a store's (missing, a file, a FIFO, a device, a link, someone else's files),
+special files where an object should be, a user without permission, a read-only or full
+filesystem, and system calls that fail after they may have happened (as on NFS). Every
+refusal names the directory or object and the fix, and changes nothing of the user's."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from objmanifest.errors import AccessDenied, InvalidInput, NotFound, StoreError
+from objmanifest.store import CREATE, PutMode
+from objmanifest.store.errors import OutcomeUnknown, PreconditionFailed
+from objmanifest.store.file import FileStore
+from objmanifest.store.file_root import file_root
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    directory = tmp_path / "store"
+    directory.mkdir()
+    return directory
+
+
+@pytest.fixture
+def store(root: Path) -> FileStore:
+    return FileStore(str(root))
+
+
+# -- URLs --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("file://relative/dir", "names a host"),
+        ("file://localhost/srv/x", "names a host"),
+        ("file:relative", "not a file URL"),
+        ("file:/srv/x", "not a file URL"),
+        ("s3://bucket/x", "not a file URL"),
+        ("file:///srv/../etc", "'..' segment"),
+        ("file:///srv/./x", "'..' segment"),
+        ("file:///srv//x", "empty, '.' or '..' segment"),
+        ("file:///", "the filesystem's root"),
+        ("file://///", "the filesystem's root"),
+        ("file:///srv/x?versioning=1", "no query or fragment"),
+        ("file:///srv/x#top", "no query or fragment"),
+        ("file:///srv/x\n", "control characters"),
+        ("file:///srv/\x00x", "control characters"),
+        ("file:///srv/%00x", "control character"),
+        ("file:///srv/%0Ax", "control character"),
+        ("file:///srv/%FFx", "not UTF-8"),
+    ],
+)
+def test_a_url_that_is_not_an_absolute_directory_is_refused(url: str, says: str) -> None:
+    with pytest.raises(InvalidInput, match=says):
+        file_root(url)
+
+
+def test_a_url_names_its_directory_with_escapes_decoded(tmp_path: Path) -> None:
+    spaced = tmp_path / "my store é"
+    spaced.mkdir()
+    url = "file://" + str(spaced).replace(" ", "%20").replace("é", "%C3%A9")
+    store = FileStore.from_url(url + "/")
+    assert store.root == str(spaced)
+    assert store.url == url
+    assert store.describe("a/b") == url + "/a/b"
+
+
+# -- directories that are not a store's --------------------------------------------------------
+
+
+def test_a_missing_directory_is_refused_and_not_made(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    with pytest.raises(StoreError, match=f"{missing} does not exist.*mkdir -p {missing}"):
+        FileStore(str(missing))
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("what", ["file", "fifo", "device", "link to a file", "dangling link"])
+def test_a_root_that_is_not_a_directory_is_refused_without_opening_it(
+    tmp_path: Path, what: str
+) -> None:
+    path = tmp_path / "root"
+    if what == "file":
+        path.write_bytes(b"precious")
+    elif what == "fifo":
+        os.mkfifo(path)  # opening it would hang: it must never be opened
+    elif what == "device":
+        path.symlink_to("/dev/null")
+    elif what == "link to a file":
+        (tmp_path / "target").write_bytes(b"precious")
+        path.symlink_to(tmp_path / "target")
+    else:
+        path.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(StoreError, match=f"{path}.*(not a directory|does not exist)"):
+        FileStore(str(path))
+    if what in ("file", "link to a file"):
+        assert path.read_bytes() == b"precious"
+
+
+def test_a_link_to_a_directory_is_followed_once(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(first)
+    store = FileStore(str(link))
+    link.unlink()
+    link.symlink_to(second)  # turned elsewhere after the store was opened
+    store.put("k", b"v")
+    assert (first / "k").exists() and not (second / "k").exists()
+
+
+def test_a_directory_holding_someone_elses_files_is_refused_and_left_alone(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_bytes(b"mine")
+    (home / "photos").mkdir()
+    with pytest.raises(StoreError, match=r"not an objmanifest store and is not empty.*notes\.txt"):
+        FileStore(str(home))
+    assert sorted(os.listdir(home)) == ["notes.txt", "photos"]
+
+
+def test_names_no_key_maps_to_do_not_keep_a_directory_from_being_a_store(tmp_path: Path) -> None:
+    mount_point = tmp_path / "mnt"
+    mount_point.mkdir()
+    (mount_point / "lost+found").mkdir()  # a fresh ext4 filesystem's root
+    (mount_point / ".nfs0000000000a1b2c300000001").write_bytes(b"")
+    store = FileStore(str(mount_point))
+    store.put("k", b"v")
+    assert [row.key for row in store.list("")] == ["k"]
+    # Once it is a store, a file someone drops in is not an object, and is left alone.
+    (mount_point / "README").write_bytes(b"not an object")
+    with pytest.raises(StoreError, match=r"README.*is not an object.s file"):
+        store.get("README")
+    with pytest.raises(PreconditionFailed):
+        store.put("README", b"x", mode=CREATE)
+    assert (mount_point / "README").read_bytes() == b"not an object"
+
+
+def test_the_stores_own_directory_taken_by_a_file_is_refused(root: Path) -> None:
+    (root / ".objmanifest").write_bytes(b"in the way")
+    with pytest.raises(StoreError, match=r"\.objmanifest is a regular file.*move it away"):
+        FileStore(str(root))
+
+
+# -- special files where an object should be ---------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["symlink", "fifo", "directory", "device"])
+def test_a_special_file_at_an_objects_path_is_never_followed_opened_or_replaced(
+    root: Path, store: FileStore, what: str
+) -> None:
+    outside = root.parent / "outside"
+    outside.write_bytes(b"secret")
+    path = root / "victim"
+    if what == "symlink":
+        path.symlink_to(outside)
+    elif what == "fifo":
+        os.mkfifo(path)
+    elif what == "directory":
+        path.mkdir()
+    else:
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 5))  # what /dev/zero is
+        except PermissionError:
+            pytest.skip("making a device node needs root")
+    for read in (lambda: store.get("victim"), lambda: store.head("victim")):
+        with pytest.raises(StoreError) as raised:
+            read()
+        assert "victim" in str(raised.value) and type(raised.value) is not NotFound
+        assert "secret" not in str(raised.value)
+    with pytest.raises(StoreError):
+        store.put("victim", b"x", mode=PutMode.update('"0123"'))
+    assert outside.read_bytes() == b"secret"
+
+
+# -- permissions, read-only and full filesystems -----------------------------------------------
+
+
+def as_nobody(call: Callable[[], Any]) -> str:
+    """``call`` in a forked child running as ``nobody`` (or as this user when it is not
+    root, which then lacks the permissions the test takes away): what it raised."""
+    if os.geteuid() != 0:
+        try:
+            call()
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return "no error"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            call()
+            said = "no error"
+        except BaseException as e:
+            said = f"{type(e).__name__}: {e}"
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        said = answer.read().decode()
+    os.waitpid(pid, 0)
+    return said
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory ``nobody`` can reach (``tmp_path`` is under a directory only root may
+    enter)."""
+    path = Path(tempfile.mkdtemp(prefix="objmanifest-file-"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_directory_the_user_may_not_enter_is_access_denied_with_the_fix(
+    shared_dir: Path,
+) -> None:
+    root = shared_dir / "store"
+    root.mkdir(mode=0o700)
+    if os.geteuid() != 0:
+        root.chmod(0o000)
+    said = as_nobody(lambda: FileStore(str(root)))
+    root.chmod(0o700)
+    assert said.startswith("AccessDenied: ") and str(root) in said and "chmod" in said, said
+
+
+def test_a_store_the_user_may_read_but_not_write_reads_and_refuses_writes(
+    shared_dir: Path,
+) -> None:
+    root = shared_dir / "store"
+    root.mkdir()
+    store = FileStore(str(root))
+    etag = store.put("k", b"v")
+    store.now()
+    if os.geteuid() != 0:
+        for directory, _, _ in os.walk(root):
+            os.chmod(directory, 0o555)
+
+    def read_then_write() -> None:
+        mine = FileStore(str(root))
+        assert mine.get("k").body == b"v"  # type: ignore[union-attr]
+        mine.put("k", b"w", mode=PutMode.update(etag))
+
+    said = as_nobody(read_then_write)
+    assert said.startswith("AccessDenied: could not write file://"), said
+    assert "permission denied" in said and "chmod -R" in said, said
+    assert store.get("k").body == b"v"  # type: ignore[union-attr]
+    for directory, _, _ in os.walk(root):
+        os.chmod(directory, 0o755)
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A tiny filesystem of its own (a tmpfs of 1 MiB), to fill up or make read-only."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (root with CAP_SYS_ADMIN needed): {made.stderr}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_filesystem_is_a_store_error_and_the_old_version_stays(tmpfs: Path) -> None:
+    store = FileStore(str(tmpfs))
+    body = os.urandom(600 * 1024)
+    etag = store.put("big", body)
+    with pytest.raises(StoreError, match=r"no space left on the filesystem holding .*free space"):
+        store.put("big", os.urandom(600 * 1024), mode=PutMode.update(etag))
+    assert store.get("big").body == body  # type: ignore[union-attr]
+    assert os.listdir(tmpfs / ".objmanifest" / "tmp") == []  # the half-written file went
+
+
+def test_a_read_only_filesystem_reads_and_refuses_writes_with_the_fix(tmpfs: Path) -> None:
+    store = FileStore(str(tmpfs))
+    etag = store.put("k", b"v")
+    del store  # its lock file's descriptor is open for writing: a remount would be refused
+    gc.collect()
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    again = FileStore(str(tmpfs))
+    assert again.get("k").body == b"v"  # type: ignore[union-attr]
+    for write in (
+        lambda: again.put("k", b"w", mode=PutMode.update(etag)),
+        lambda: again.put("new", b"w", mode=CREATE),
+        lambda: again.now(),
+    ):
+        with pytest.raises(StoreError, match="read-only filesystem; mount it read-write"):
+            write()
+
+
+# -- system calls that fail after they may have happened (NFS) ----------------------------------
+
+
+def test_a_link_resent_by_nfs_and_answered_exists_is_our_own_create(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_link = os.link
+
+    def link_then_exists(source: bytes, target: bytes) -> None:
+        real_link(source, target)  # the first LINK landed; its answer was lost; the resent
+        raise FileExistsError(errno.EEXIST, "File exists")  # one found the file there
+
+    monkeypatch.setattr(os, "link", link_then_exists)
+    etag = store.put("k", b"mine", mode=CREATE)
+    monkeypatch.undo()
+    assert store.get("k").etag == etag  # type: ignore[union-attr]
+    with pytest.raises(PreconditionFailed):
+        store.put("k", b"another", mode=CREATE)
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_a_rename_that_fails_with_an_io_error_is_outcome_unknown_unless_seen_in_place(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    before = store.put("k", b"before")
+    real_rename = os.rename
+
+    def rename_then_eio(source: bytes, target: bytes) -> None:
+        if landed:
+            real_rename(source, target)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "rename", rename_then_eio)
+    if landed:
+        etag = store.put("k", b"after", mode=PutMode.update(before))
+        monkeypatch.undo()
+        assert store.get("k").etag == etag  # type: ignore[union-attr]
+    else:
+        with pytest.raises(OutcomeUnknown):
+            store.put("k", b"after", mode=PutMode.update(before))
+        monkeypatch.undo()
+        assert store.get("k").body == b"before"  # type: ignore[union-attr]
+    assert os.listdir(store.directory.tmp) == []
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "says"),
+    [
+        (errno.EACCES, AccessDenied, "permission denied on .*chmod"),
+        (errno.ENOSPC, StoreError, "no space left .*free space"),
+        (errno.EDQUOT, StoreError, "raise the quota"),
+        (errno.EROFS, StoreError, "read-only filesystem; mount it read-write"),
+        (errno.EMFILE, StoreError, "too many open files.*ulimit -n"),
+        (errno.EIO, StoreError, "Input/output error"),
+    ],
+)
+def test_each_failure_of_a_write_names_the_object_its_file_and_the_fix(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch, code: int, kind: type, says: str
+) -> None:
+    def fail(*args: Any, **kwargs: Any) -> int:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(kind, match=says) as raised:
+        store.put("some/key", b"x")
+    monkeypatch.undo()
+    assert "file://" in str(raised.value) and "some/key" in str(raised.value)
+    assert type(raised.value) is not OutcomeUnknown
+    with pytest.raises(NotFound):
+        store.get("some/key")
+    assert os.listdir(store.directory.tmp) == []
