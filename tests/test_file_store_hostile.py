@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from objmanifest.errors import AccessDenied, InvalidInput, NotFound, StoreError
+from objmanifest.errors import AccessDenied, InvalidInput, NotFound, StoreError, UnsupportedStore
 from objmanifest.store import CREATE, PutMode
 from objmanifest.store.errors import OutcomeUnknown, PreconditionFailed
 from objmanifest.store.file import FileStore
-from objmanifest.store.file_root import file_root
+from objmanifest.store.file_root import check_locks, file_root, mount_of
 
 NOBODY = 65534
 
@@ -158,6 +158,27 @@ def test_the_stores_own_directory_taken_by_a_file_is_refused(root: Path) -> None
     (root / ".objmanifest").write_bytes(b"in the way")
     with pytest.raises(StoreError, match=r"\.objmanifest is a regular file.*move it away"):
         FileStore(str(root))
+
+
+MOUNTS = (
+    "1 0 0:1 / / rw - ext4 /dev/vda rw\n"
+    "2 1 0:2 / /mnt/my\\040share rw,relatime - nfs4 server:/x rw,vers=4.2,hard\n"
+    "3 1 0:3 / /mnt/old rw - nfs server:/y rw,vers=3,hard\n"
+    "4 1 0:4 / /mnt/old rw,relatime - nfs server:/y rw,vers=3,nolock,local_lock=all\n"
+)
+
+
+def test_an_nfs_mount_whose_locks_stay_on_this_machine_is_refused() -> None:
+    """With ``nolock`` an NFS client keeps its locks to itself: two machines could both
+    update one object. The mount last made on a mount point is the one that counts."""
+    with pytest.raises(UnsupportedStore, match="NFS mount with local_lock=all,nolock"):
+        check_locks(b"/mnt/old/jobs", "/mnt/old/jobs", MOUNTS)
+    check_locks(b"/mnt/my share/jobs", "/mnt/my share/jobs", MOUNTS)  # NFSv4: its locks
+    check_locks(b"/mnt/oldest", "/mnt/oldest", MOUNTS)  # on ext4, not under /mnt/old
+    assert mount_of(b"/mnt/my share", MOUNTS) == (
+        "nfs4",
+        {"rw", "relatime", "vers=4.2", "hard"},
+    )
 
 
 # -- special files where an object should be ---------------------------------------------------

@@ -152,7 +152,7 @@ def copy_into(target: int, source: int, size: int) -> None:
     btrfs), else through a buffer."""
     offset = 0
     try:
-        while offset < size:
+        while offset < size and hasattr(os, "copy_file_range"):
             copied = os.copy_file_range(source, target, size - offset, offset)
             if copied == 0:
                 break
@@ -335,6 +335,11 @@ def failure(
         return StoreError(
             f"could not {action} {where}: {shown} is a symbolic link, and objmanifest never "
             "follows links inside a store; remove it"
+        )
+    if code == errno.ENOLCK:
+        return StoreError(
+            f"could not {action} {where}: the filesystem holding {root} gives no locks "
+            "(ENOLCK: on NFSv3, lockd is not running); mount it with NFSv4, or start lockd"
         )
     if code in (errno.EMFILE, errno.ENFILE):
         return StoreError(

@@ -5,7 +5,9 @@ filesystem's time (on NFS, the server's)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
 import stat
 import unicodedata
@@ -13,7 +15,7 @@ from contextlib import suppress
 from email.utils import formatdate
 from urllib.parse import unquote, urlsplit
 
-from ..errors import InvalidInput, StoreError
+from ..errors import InvalidInput, StoreError, UnsupportedStore
 from . import file_io, file_paths
 from .file_io import failure
 
@@ -91,6 +93,53 @@ def kind(mode: int) -> str:
     return "not a file"
 
 
+LOCAL_LOCKS = frozenset({"nolock", "local_lock=all", "local_lock=posix"})
+"""NFS mount options under which a lock is kept by the client alone: it excludes nothing
+on another machine."""
+
+
+def mount_of(path: bytes, mountinfo: str) -> tuple[str, set[str]] | None:
+    """The filesystem type and options (the mount's and the filesystem's) of the mount that
+    holds ``path``, from ``/proc/self/mountinfo``'s text; the last of those mounted on the
+    deepest mount point wins, as it hides the others."""
+    best: tuple[int, str, set[str]] | None = None
+    for line in mountinfo.splitlines():
+        before, _, after = line.partition(" - ")
+        fields, rest = before.split(), after.split()
+        if len(fields) < 6 or len(rest) < 3:
+            continue
+        point = os.fsencode(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4]))
+        inside = path == point or path.startswith(point.rstrip(b"/") + b"/")
+        if inside and (best is None or len(point) >= best[0]):
+            best = (len(point), rest[0], set(fields[5].split(",")) | set(rest[2].split(",")))
+    return None if best is None else (best[1], best[2])
+
+
+def check_locks(base: bytes, root: str, mountinfo: str | None = None) -> None:
+    """Refuse a directory whose locks would not reach other machines (an NFS mount with
+    ``nolock`` keeps them on the client), and a system without open file description
+    locks. ``mountinfo``: the text of ``/proc/self/mountinfo`` (read if not given)."""
+    if not hasattr(fcntl, "F_OFD_SETLKW"):
+        raise UnsupportedStore(
+            f"file://{root} needs open file description locks (F_OFD_SETLKW, Linux 3.15 and "
+            "later) to keep writers from each other, and this system has none"
+        )
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+                mountinfo = f.read()
+        except OSError:
+            return
+    found = mount_of(base, mountinfo)
+    if found is not None and found[0].startswith("nfs") and found[1] & LOCAL_LOCKS:
+        options = ",".join(sorted(found[1] & LOCAL_LOCKS))
+        raise UnsupportedStore(
+            f"{root} is on an NFS mount with {options}: its locks stay on this machine, so "
+            "writers on two machines could both update one object; mount it without "
+            "nolock/local_lock (NFSv4, or NFSv3 with lockd running)"
+        )
+
+
 def touch(path: bytes) -> None:
     """Create ``path`` if it is missing (an empty file)."""
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, file_io.FILE_MODE))
@@ -117,6 +166,7 @@ class Directory:
                 f"the store's directory {root} is not a directory (it is {kind(found.st_mode)}); "
                 "give file:// a directory"
             )
+        check_locks(base, root)
         self.base = base
         self.reserved = os.path.join(base, file_paths.RESERVED)
         self.tmp = os.path.join(self.reserved, b"tmp")
