@@ -259,7 +259,8 @@ class FileStore:
             self._sync(key, os.path.dirname(path))
             return etag
         finally:
-            os.close(fd)
+            with suppress(OSError):  # written and fsync-ed: nothing left for close to report
+                os.close(fd)
             if not placed or mode.kind == "create":
                 _remove(temp)
 
