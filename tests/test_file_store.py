@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from objmanifest.core import checksum
-from objmanifest.errors import NotFound, StoreError
+from objmanifest.errors import StoreError
 from objmanifest.store import CREATE, Blob, Head, Listed, MemoryStore, PutMode
-from objmanifest.store.errors import PartsRejected, PreconditionFailed, UploadGone
+from objmanifest.store.errors import NoSuchObject, PartsRejected, PreconditionFailed, UploadGone
 from objmanifest.store.file import FileStore
 from objmanifest.store.file_paths import MAX_KEY_BYTES, object_names, read_name
 from objmanifest.store.file_root import STALE_AFTER
@@ -325,7 +325,7 @@ def test_a_writer_killed_at_any_step_leaves_a_whole_object_and_no_lock(
         assert process.returncode == -9, err
         try:
             blob = store.get("doc")
-        except NotFound:
+        except NoSuchObject:
             assert mode == "create"
             continue
         assert blob is not None and blob.body in (old, new), step

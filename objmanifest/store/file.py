@@ -51,10 +51,10 @@ from urllib.parse import quote
 
 from ..core import checksum
 from ..core.runtime import DEFAULT, Runtime
-from ..errors import NotFound, StoreError
+from ..errors import StoreError
 from . import file_io, file_paths
 from .base import CREATE, OVERWRITE, Blob, Head, Listed, PartBody, PartsListed, PutMode, StoreClock
-from .errors import OutcomeUnknown, PreconditionFailed
+from .errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 from .file_io import FileStream, Header, Locks, failure
 from .file_root import Directory, check_root_path, file_root, kind
 from .file_uploads import Uploads
@@ -269,7 +269,7 @@ class FileStore:
         lock is held, and the file is opened now)."""
         try:
             current = self._reading(key, "update", lambda fd, _, at: self._header(fd, key, at))
-        except NotFound:
+        except NoSuchObject:
             raise PreconditionFailed(
                 f"{self.describe(key)}: gone", answer="no such object"
             ) from None

@@ -23,7 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..errors import AccessDenied, NotFound, ReadBrokeOff, StoreError
+from ..errors import AccessDenied, ReadBrokeOff, StoreError
+from .errors import NoSuchObject
 
 MAGIC = b"\x89omobj1\n"
 """The first bytes of every object's file (a byte no text starts with, and a newline a
@@ -302,13 +303,13 @@ in time, a soft NFS mount giving up)."""
 
 def failure(
     e: OSError, action: str, where: str, path: bytes, root: str, reading: bool = False
-) -> StoreError | NotFound:
+) -> StoreError | NoSuchObject:
     """An ``OSError`` said as what it means for the store, naming the object, its file and
     the fix (``reading``: a missing file is a missing object)."""
     shown = os.fsdecode(path)
     code = e.errno
     if reading and code in (errno.ENOENT, errno.ENOTDIR):
-        return NotFound(f"{where} does not exist")
+        return NoSuchObject(where)
     if code == errno.ENOTDIR:
         return StoreError(
             f"could not {action} {where}: a part of {shown} is not a directory (a file "
