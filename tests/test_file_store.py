@@ -20,14 +20,25 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import objmanifest as om
 from objmanifest.core import checksum
 from objmanifest.errors import StoreError
-from objmanifest.store import CREATE, Blob, Head, Listed, MemoryStore, PutMode
+from objmanifest.store import (
+    CREATE,
+    Blob,
+    Head,
+    Listed,
+    MemoryStore,
+    PutMode,
+    completed_from,
+    file_io,
+)
 from objmanifest.store.errors import NoSuchObject, PartsRejected, PreconditionFailed, UploadGone
 from objmanifest.store.file import FileStore
 from objmanifest.store.file_paths import MAX_KEY_BYTES, object_names, read_name
@@ -190,6 +201,7 @@ def test_the_etag_is_the_md5_of_the_body_and_a_stream_is_digested_as_written(
     streamed = store.put("big", io.BytesIO(body), metadata={"m": "1"})
     assert streamed == f'"{md5(body)}"'
     assert store.head("big") == Head(streamed, len(body), {"m": "1"})
+    assert store.head("big").completed_upload is None
     assert store.put("small", body[:10]) == f'"{md5(body[:10])}"'
     stream = store.open("big", (1000, 2000))
     assert stream.read() == body[1000:2000]
@@ -380,6 +392,8 @@ def test_multipart_parts_are_files_completed_create_only(store: FileStore) -> No
     blob = store.get("mp")
     assert blob is not None and blob.body == b"b" * 999 + b"tail"
     assert checksum.bare_etag(blob.etag) == checksum.multipart_etag([again, last])
+    assert store.head("mp").completed_upload == upload  # recorded in the object's header
+    assert completed_from(store.head("mp"), "another", [again, last]) is False
     assert list(store.list_uploads("")) == []
     second = store.create_upload("mp")
     part = store.upload_part("mp", second, 1, b"late")
@@ -446,3 +460,35 @@ def test_now_advances_between_looks_at_the_filesystem(store: FileStore) -> None:
     assert second >= first
     stamped = os.stat(store.directory.clock).st_mtime
     assert int(stamped) <= first.timestamp() + 1  # whole seconds, as a Date header
+
+
+def test_a_chunked_entry_streams_its_parts_into_part_files(
+    store: FileStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suites run every store inside a ``FaultyStore``, which reads bodies whole: here
+    the data path streams a file's parts (``PartStream``) into the store itself."""
+    streamed: list[int] = []
+    write_stream = file_io.write_stream
+
+    def spy(fd: int, body: Any, length: int) -> str:
+        streamed.append(length)
+        return write_stream(fd, body, length)
+
+    monkeypatch.setattr(file_io, "write_stream", spy)
+    source = tmp_path / "big.bin"
+    data = os.urandom(11 * 1024 * 1024 + 7)
+    source.write_bytes(data)
+    task = om.Task.create(store, "job", stages=["make"], lease_seconds=60)
+    task.declare("big", "make")
+    agent = task.agent("maker")
+    claim = agent.claim("big")
+    assert claim is not None
+    entry = agent.put(claim, source, part_size=5 * 1024 * 1024, threshold=1024 * 1024)
+    assert entry.state is om.State.ready and entry.size == len(data)
+    head = store.head(entry.key or "")
+    assert head.size == len(data) and head.completed_upload is not None
+    got = tmp_path / "got.bin"
+    task.agent("reader").consume("big", dest=got)
+    assert got.read_bytes() == data
+    assert list(store.list_uploads("")) == []
+    assert sorted(streamed) == [1024 * 1024 + 7, 5 * 1024 * 1024, 5 * 1024 * 1024]

@@ -51,13 +51,14 @@ from urllib.parse import quote
 
 from ..core import checksum
 from ..core.runtime import DEFAULT, Runtime
-from ..errors import StoreError
-from . import file_io, file_paths
+from ..errors import InvalidInput, StoreError
+from . import file_io, file_paths, urls
 from .base import CREATE, OVERWRITE, Blob, Head, Listed, PartBody, PartsListed, PutMode, StoreClock
 from .errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 from .file_io import FileStream, Header, Locks, failure
-from .file_root import Directory, check_root_path, file_root, kind
+from .file_root import Directory, check_root_path, kind
 from .file_uploads import Uploads
+from .urls import StoreURL
 
 T = TypeVar("T")
 
@@ -72,6 +73,15 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_C
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def open_store(
+    url: StoreURL, *, endpoint_url: str | None = None, runtime: Runtime | None = None
+) -> FileStore:
+    """The store of a ``file:///DIR`` URL, for ``connect`` (a directory has no endpoint)."""
+    if endpoint_url:
+        raise InvalidInput(f"a directory has no endpoint: drop endpoint_url for {url}")
+    return FileStore(url.bucket, runtime=runtime)
+
+
 @lru_cache(maxsize=4096)
 def _names(key: str) -> tuple[bytes, ...]:
     return tuple(file_paths.object_names(key))
@@ -81,6 +91,10 @@ class FileStore:
     """One directory as an object store. Keys are relative to the directory."""
 
     scheme = "file"
+    integrity = (
+        "not asked: a directory has no transit to damage (the ETag is the MD5 of the very "
+        "bytes written)"
+    )
 
     def __init__(self, root: str, *, runtime: Runtime | None = None, connections: int = 16) -> None:
         self.root = check_root_path(root, root)
@@ -96,7 +110,10 @@ class FileStore:
     @classmethod
     def from_url(cls, url: str, *, runtime: Runtime | None = None) -> FileStore:
         """The store of ``file:///ABSOLUTE/DIR``."""
-        return cls(file_root(url), runtime=runtime)
+        parsed = urls.parse(url)
+        if parsed.scheme != "file":
+            raise InvalidInput(f"not a file URL: {url!r}; use file:///ABSOLUTE/DIR")
+        return open_store(parsed, runtime=runtime)
 
     def __repr__(self) -> str:
         return f"FileStore({self.url!r})"
@@ -187,7 +204,8 @@ class FileStore:
     def head(self, key: str) -> Head:
         def read(fd: int, found: os.stat_result, path: bytes) -> Head:
             header = self._header(fd, key, path)
-            return Head(f'"{header.etag}"', found.st_size - header.body_at, header.metadata)
+            size = found.st_size - header.body_at
+            return Head(f'"{header.etag}"', size, header.metadata, header.upload)
 
         return self._reading(key, "inspect", read)
 

@@ -3,7 +3,8 @@ one whole to a temporary file while digesting it, open file description locks, r
 a ``ByteStream``, and ``OSError`` said as the seam's outcomes.
 
 An object's file is ``MAGIC``, the length of a JSON header (4 bytes, big-endian), the
-header (``{"etag": ..., "metadata": {...}}``), then the body: the ETag and the metadata
+header (``{"etag": ..., "metadata": {...}}``, and ``"upload"``: the multipart upload whose
+completion made it), then the body: the ETag and the metadata
 are read with the first block of the file, so a HEAD or a conditional GET of a large
 object reads a few hundred bytes, and each version is one file, written whole before it is
 linked or renamed into place.
@@ -36,6 +37,9 @@ FIRST_READ = 4096
 CHUNK = 1024 * 1024
 """Bytes read and written at a time when a body streams."""
 
+MAX_HEADER = 16 * 1024 * 1024
+"""The longest header a file may claim (metadata of that size is nobody's)."""
+
 PLACEHOLDER = "0" * 32
 """The ETag a streamed body's header is written with, replaced by its MD5 at the end."""
 
@@ -53,17 +57,21 @@ group share a store with ``umask 002`` (and a setgid directory)."""
 
 @dataclass(frozen=True)
 class Header:
-    """What an object's file says about it: its ETag (bare), metadata, and where its body
-    starts."""
+    """What an object's file says about it: its ETag (bare), metadata, where its body
+    starts, and the upload whose completion made it (None for an object put whole)."""
 
     etag: str
     metadata: dict[str, str]
     body_at: int
+    upload: str | None = None
 
 
-def header_bytes(etag: str, metadata: dict[str, str] | None) -> bytes:
+def header_bytes(etag: str, metadata: dict[str, str] | None, upload: str | None = None) -> bytes:
     """The bytes before an object's body."""
-    text = json.dumps({"etag": etag, "metadata": dict(metadata or {})}, separators=(",", ":"))
+    fields: dict[str, object] = {"etag": etag, "metadata": dict(metadata or {})}
+    if upload is not None:
+        fields["upload"] = upload
+    text = json.dumps(fields, separators=(",", ":"))
     data = text.encode("utf-8")
     return MAGIC + _HEAD.pack(len(data)) + data
 
@@ -75,16 +83,20 @@ def parse_header(first: bytes) -> Header | int:
     if len(first) < start or not first.startswith(MAGIC):
         raise ValueError("it does not start as an object's file does")
     (length,) = _HEAD.unpack_from(first, len(MAGIC))
+    if length > MAX_HEADER:
+        raise ValueError(f"its header claims {length} bytes (at most {MAX_HEADER})")
     if len(first) < start + length:
         return int(start + length)
     try:
         fields = json.loads(first[start : start + length])
-        etag, metadata = fields["etag"], fields["metadata"]
-    except (ValueError, KeyError, TypeError) as e:
+        etag, metadata, upload = fields["etag"], fields["metadata"], fields.get("upload")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"its header is damaged ({type(e).__name__})") from None
-    if not isinstance(etag, str) or not isinstance(metadata, dict):
+    if not (
+        isinstance(etag, str) and isinstance(metadata, dict) and isinstance(upload, str | None)
+    ):
         raise ValueError("its header is damaged (wrong types)")
-    return Header(etag, {str(k): str(v) for k, v in metadata.items()}, start + length)
+    return Header(etag, {str(k): str(v) for k, v in metadata.items()}, start + length, upload)
 
 
 def read_header(fd: int) -> Header:

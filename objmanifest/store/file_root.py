@@ -1,4 +1,4 @@
-"""The directory under a ``FileStore``: its URL checked, the directory checked and made a
+"""The directory under a ``FileStore``: its path checked, the directory checked and made a
 store, and the store's own files under ``.objmanifest/``: ``tmp/`` (swept of what dead
 writers left), ``uploads/``, the lock file, and the clock file whose mtime is the
 filesystem's time (on NFS, the server's)."""
@@ -10,10 +10,8 @@ import os
 import re
 import shutil
 import stat
-import unicodedata
 from contextlib import suppress
 from email.utils import formatdate
-from urllib.parse import unquote, urlsplit
 
 from ..errors import InvalidInput, StoreError, UnsupportedStore
 from . import file_io, file_paths
@@ -25,31 +23,6 @@ SWEEP_EVERY = 600.0
 STALE_AFTER = 3600.0
 """A temporary file (or a removed upload) unchanged this long was left by a writer that
 died: the sweep removes it. A live writer changes its file as it writes."""
-
-
-def file_root(url: str) -> str:
-    """The directory of ``file:///ABSOLUTE/DIR``, checked: an absolute path with no host,
-    query or fragment, no control character, and no ``.``, ``..`` or empty segment."""
-    if not isinstance(url, str) or any(unicodedata.category(c) == "Cc" for c in url):
-        raise InvalidInput(f"a store URL has no control characters (a newline, a tab ...): {url!r}")
-    parts = urlsplit(url)
-    if parts.scheme != "file" or not url.startswith("file://"):
-        raise InvalidInput(f"not a file URL: {url!r}; use file:///ABSOLUTE/DIR")
-    if parts.netloc:
-        raise InvalidInput(
-            f"{url!r} names a host ({parts.netloc!r}): a file URL names a directory of this "
-            "machine, file:///ABSOLUTE/DIR (three slashes; an NFS share is used where it is "
-            "mounted)"
-        )
-    if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise InvalidInput(f"a store URL has no query or fragment: {url!r}")
-    try:
-        path = unquote(parts.path, errors="strict")
-    except UnicodeDecodeError:
-        raise InvalidInput(f"{url!r} has a %-escape that is not UTF-8") from None
-    if any(unicodedata.category(c) == "Cc" for c in path):
-        raise InvalidInput(f"the directory of {url!r} has a control character")
-    return check_root_path(path, url)
 
 
 def check_root_path(path: str, shown: str) -> str:

@@ -7,7 +7,8 @@ renamed into place, holding the key it is for (``key``) and one file per part se
 parts reads the directory and nothing else, and a part sent again with other bytes is kept
 beside the first (``PartsListed`` lists each). Completion, under the upload's lock, writes
 the chosen parts one after another into a new object file (``copy_file_range``: in the
-kernel, a server-side copy on NFS 4.2) whose ETag is S3's multipart ETag of the part ETags,
+kernel, a server-side copy on NFS 4.2) whose ETag is S3's multipart ETag of the part ETags
+and whose header names the upload (``Head.completed_upload``),
 puts it in place under the mode's condition (a link for create-only), and only then removes
 the upload; abort renames the upload's directory away (one step: a part sent meanwhile
 lands in it or finds it gone) and removes it. There is no smallest part: that is S3's own.
@@ -171,7 +172,7 @@ class Uploads:
                 assert implied is not None  # every name was checked to be an MD5
 
                 def write(fd: int) -> str:
-                    file_io.write_all(fd, [file_io.header_bytes(implied, {})])
+                    file_io.write_all(fd, [file_io.header_bytes(implied, {}, upload_id)])
                     for part_fd, size in parts:
                         file_io.copy_into(fd, part_fd, size)
                     return implied
