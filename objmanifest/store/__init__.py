@@ -145,8 +145,7 @@ def access_policy(url: str, role: str) -> dict[str, Any]:
         raise InvalidInput(
             f"there is no cloud access policy for {parsed}: "
             + (
-                "a directory is confined by its own permissions (the agents' user or group "
-                "needs read and write access to it, and nobody else)"
+                importlib.import_module(".file_root", __name__).permissions_needed(parsed.bucket)
                 if parsed.scheme == "file"
                 else f"use {urls.FORMS}"
             )

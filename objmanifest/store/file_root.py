@@ -50,6 +50,19 @@ def check_root_path(path: str, shown: str) -> str:
     return trimmed
 
 
+def permissions_needed(root: str) -> str:
+    """What a directory needs instead of a cloud policy: its own permissions, in words
+    (``iam-policy`` says it for a ``file://`` URL)."""
+    return (
+        f"a directory is confined by its own permissions. Every agent's user needs to read, "
+        f"write and enter (rwx) {root} and everything under it, and nobody else; agents "
+        f"running as several users share it through a group (chgrp -R GROUP {root}; chmod "
+        f"-R g+rwXs {root}; and umask 002 for each agent). A directory cannot let agents "
+        "write manifest objects yet keep them from deleting them (its write permission "
+        "covers both), as the agent's IAM policy does on S3"
+    )
+
+
 def kind(mode: int) -> str:
     """What a file of this mode is, in words."""
     for test, name in (

@@ -515,7 +515,8 @@ class _Probe:
 
     def digest(self) -> Outcome:
         if not isinstance(self.store, S3Store):
-            return "not asked: an in-process store has no transit to damage"
+            said = getattr(self.store, "integrity", None)
+            return str(said or "not asked: an in-process store has no transit to damage")
         key = self.beside("digest")
         body = f"current:digest:{self.nonce}".encode()
         self.op = ("put", key)
