@@ -81,6 +81,31 @@ def test_demo_runs_consistent(backend: str) -> None:
 
 
 @pytest.mark.heavy
+def test_demo_runs_on_a_directory_given_by_url_and_removes_its_objects(tmp_path: Path) -> None:
+    """``--url file:///DIR``: no server at all; the run's objects go afterwards, and
+    ``$OBJMANIFEST_URL`` (another store of the caller's) is not taken for ``--url``."""
+    root = tmp_path / "store"
+    root.mkdir()
+    other = tmp_path / "not-this-one"
+    tiny = ["--files", "3", "--big-mib", "9", "--agents", "1", "--work-ms", "0", "--json"]
+    done = run_demo(*tiny, "--url", f"file://{root}", env={"OBJMANIFEST_URL": f"file://{other}"})
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    summary = json.loads(done.stdout)
+    assert summary["ok"] is True and summary["backend"] == "file"
+    assert summary["url"] == f"file://{root}" and summary["endpoint_url"] is None
+    assert summary["bytes"]["large_file"]["parts"] == 2  # 9 MiB in 8 MiB parts
+    assert os.listdir(root) == [".objmanifest"]  # the run's task is gone
+    assert not other.exists()
+
+
+def test_a_url_the_demo_cannot_open_is_one_clear_error(tmp_path: Path) -> None:
+    done = run_demo("--url", f"file://{tmp_path}/missing", timeout=60)
+    assert done.returncode != 0
+    assert f"cannot use the store 'file://{tmp_path}/missing'" in done.stderr
+    assert "does not exist" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.heavy
 def test_demo_plain_output_ends_with_verdict() -> None:
     tiny = ["--files", "3", "--big-mib", "1", "--agents", "1", "--work-ms", "0"]
     done = run_demo(*tiny, "--backend", "moto")

@@ -3,11 +3,12 @@
 With no arguments it starts an embedded S3 server, runs a three-stage pipeline (collect ->
 write -> check) with several agent processes per stage, one large chunked upload and one
 agent killed mid-work whose entry another agent takes over, then verifies everything and
-exits 0 only if it is all consistent. ``--endpoint-url`` runs it against any S3.
+exits 0 only if it is all consistent. ``--endpoint-url`` runs it against any S3, ``--url``
+against any store (``s3://``, ``az://``, ``gs://``, ``file:///DIR``).
 
 The command line calls ``add_arguments`` and ``main``; ``python -m objmanifest.demo`` runs
 it standalone. It is a user of the library like any other: it never changes the manifest
-but through ``Task`` and ``Agent``, and never deletes anything on an endpoint but the
+but through ``Task`` and ``Agent``, and never deletes anything in a store of yours but the
 objects under its own run's task.
 """
 
@@ -99,6 +100,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(credentials from the usual AWS environment or profile)",
     )
     where.add_argument(
+        "--url",
+        dest="store_url",
+        metavar="URL",
+        default=None,
+        help="run against this store instead of an embedded server: s3://BUCKET/PREFIX, "
+        "az://CONTAINER/PREFIX, gs://BUCKET/PREFIX or file:///DIR (with --endpoint-url "
+        "for its endpoint, if it needs one); only this option names it, not $OBJMANIFEST_URL",
+    )
+    where.add_argument(
         "--bucket",
         default="objmanifest-demo",
         help="bucket to use, created if missing (default %(default)s); each "
@@ -107,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--keep",
         action="store_true",
-        help="keep the run's objects: against --endpoint-url they are deleted "
+        help="keep the run's objects: against --endpoint-url or --url they are deleted "
         "otherwise; the embedded SeaweedFS keeps its data directory",
     )
     parser.add_argument(

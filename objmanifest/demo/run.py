@@ -85,8 +85,7 @@ class Demo:
             name=who.name,
             role=who.role,
             stage=who.stage,
-            bucket=store.bucket,
-            prefix=store.prefix,
+            url=store.url,
             task_id=self.task_id,
             files=self.s.files,
             big_mib=self.s.big_mib,
@@ -277,7 +276,7 @@ def run(s: Settings, out: TextIO, err: TextIO) -> int:
         with stop_on_signals(), tempfile.TemporaryDirectory(prefix="objmanifest-demo-") as tmp:
             pool = Pool(Path(tmp))
             try:
-                where = s.endpoint_url or f"an embedded {s.backend} S3 server"
+                where = s.url or s.endpoint_url or f"an embedded {s.backend} S3 server"
                 show.note(f"starting {where} and {len(roster(s))} agent processes...")
                 env = child_env(s)
                 for who in roster(s):
@@ -306,10 +305,7 @@ def _run_on(
 ) -> dict[str, Any]:
     server_seconds = time.monotonic() - started
     demo = Demo(s, target, pool, show)
-    show.note(
-        f"{target.label} S3 at {target.endpoint_url or 'AWS'} ready "
-        f"in {server_seconds:.1f}s; task {demo.task_id}"
-    )
+    show.note(f"{target.where} ready in {server_seconds:.1f}s; task {demo.task_id}")
     task = demo.create_task()
     demo.start_agents()
     try:
@@ -339,6 +335,6 @@ def _run_on(
         summary["kept"] = (
             f"{where} (server data in {target.data_dir})" if target.data_dir else where
         )
-    elif target.label == "endpoint":
+    elif not target.embedded:
         cleanup(target, demo.task_id)
     return summary

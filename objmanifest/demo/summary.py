@@ -74,7 +74,7 @@ def build_summary(
         "problems": demo.problems,
         "backend": demo.target.label,
         "endpoint_url": demo.target.endpoint_url,
-        "bucket": demo.target.store.bucket,
+        "url": demo.target.store.url,
         "task_id": demo.task_id,
         "settings": {
             "agents_per_stage": demo.s.agents,
@@ -138,9 +138,9 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
         or "none"
     )
     killed = summary["killed"]
+    through = f" at {summary['endpoint_url']}" if summary["endpoint_url"] else ""
     lines = [
-        f"task        {summary['task_id']} on {summary['backend']} "
-        f"({summary['endpoint_url']}, bucket {summary['bucket']})",
+        f"task        {summary['task_id']} on {summary['backend']} ({summary['url']}{through})",
         f"entries     {e['total']} ({stages}): {states} [before the audit: {before}]",
         "killed      "
         + (

@@ -1,7 +1,8 @@
-"""Where the demo runs: its settings, and the S3 store (an embedded server or an endpoint).
+"""Where the demo runs: its settings, and the store (an embedded S3 server, an S3 endpoint,
+or any store's URL).
 
-An embedded server lives exactly as long as the run; against an endpoint the run's own
-objects are removed afterwards unless ``--keep`` is given.
+An embedded server lives exactly as long as the run; in a store of the user's (an endpoint,
+a URL) the run's own objects are removed afterwards unless ``--keep`` is given.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Settings:
     lease: float
     backend: str
     endpoint_url: str | None
+    url: str | None
     bucket: str
     keep: bool
     json: bool
@@ -54,6 +56,7 @@ class Settings:
             lease=args.lease,
             backend=args.backend,
             endpoint_url=args.endpoint_url,
+            url=args.store_url,
             bucket=args.bucket,
             keep=args.keep,
             json=args.json,
@@ -67,19 +70,31 @@ class Target:
     """Where the demo runs."""
 
     label: str
+    """The embedded server's name, ``endpoint``, or the URL's scheme."""
     endpoint_url: str | None
-    store: om.S3Store
+    store: om.ObjectStore
     data_dir: str | None = None
     """The embedded SeaweedFS's data, when ``--keep`` keeps it."""
 
+    @property
+    def embedded(self) -> bool:
+        return self.label in servers.BACKENDS
+
+    @property
+    def where(self) -> str:
+        """The store, for the summary: its URL, and the endpoint it is reached through."""
+        url = self.store.url
+        return f"{url} at {self.endpoint_url}" if self.endpoint_url else url
+
 
 def child_env(s: Settings) -> dict[str, str]:
-    """The agents' environment: the caller's for an endpoint, the local keys otherwise.
+    """The agents' environment: the caller's for a store of theirs, the local keys for an
+    embedded server.
 
     They import the same objmanifest as this process, wherever it comes from.
     """
     env = dict(os.environ)
-    if not s.endpoint_url:
+    if not (s.endpoint_url or s.url):
         env = {k: v for k, v in env.items() if k not in _SECRET_ENV}
         env.update(
             AWS_ACCESS_KEY_ID=servers.LOCAL_ACCESS_KEY,
@@ -90,6 +105,19 @@ def child_env(s: Settings) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(x for x in (source, env.get("PYTHONPATH")) if x)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def _connect(s: Settings) -> om.ObjectStore:
+    """The store ``--url`` names (``--endpoint-url`` its endpoint): a setup error if it
+    cannot be opened."""
+    assert s.url is not None
+    try:
+        store = om.connect(s.url, endpoint_url=s.endpoint_url)
+    except om.ObjManifestError as e:
+        raise SetupError(f"cannot use the store {s.url!r}: {e}") from None
+    if isinstance(store, om.S3Store):
+        _ensure_bucket(store)
+    return store
 
 
 def _ensure_bucket(store: om.S3Store) -> None:
@@ -117,7 +145,12 @@ def _ensure_bucket(store: om.S3Store) -> None:
 
 @contextlib.contextmanager
 def open_target(s: Settings) -> Iterator[Target]:
-    """The store to run against: the given endpoint, or an embedded server stopped after."""
+    """The store to run against: the given URL or endpoint, or an embedded server stopped
+    after."""
+    if s.url:
+        store = _connect(s)
+        yield Target(store.url.partition("://")[0], s.endpoint_url, store)
+        return
     if s.endpoint_url:
         store = om.connect(f"s3://{s.bucket}", endpoint_url=s.endpoint_url)
         assert isinstance(store, om.S3Store)
@@ -152,10 +185,10 @@ def _stop_server(local: servers.LocalS3, keep: bool) -> None:
 
 
 def cleanup(target: Target, task_id: str) -> None:
-    """Against a real endpoint, remove the run's objects unless --keep was given."""
+    """In a store of the user's, remove the run's objects (unless --keep was given)."""
     store = target.store
     try:
-        for key in list(store.list_keys(f"{task_id}/")):
+        for key in [row.key for row in store.list(f"{task_id}/")]:
             store.delete(key)
         for key, upload_id in list(store.list_uploads(f"{task_id}/")):
             store.abort_upload(key, upload_id)

@@ -44,8 +44,8 @@ class WorkerSpec:
     name: str
     role: str
     stage: str
-    bucket: str
-    prefix: str
+    url: str
+    """The store's URL."""
     task_id: str
     files: int
     big_mib: int
@@ -94,8 +94,7 @@ class Worker:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.plan = p.Plan(spec.files, spec.big_mib)
-        url = f"s3://{spec.bucket}/{spec.prefix}" if spec.prefix else f"s3://{spec.bucket}"
-        store = om.connect(url, endpoint_url=spec.endpoint_url)
+        store = om.connect(spec.url, endpoint_url=spec.endpoint_url)
         self.task = om.Task.open(store, spec.task_id)
         self.agent = self.task.agent(spec.name, spec.role)
         self.deadline = time.monotonic() + spec.deadline_seconds
