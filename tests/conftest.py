@@ -41,6 +41,7 @@ from tests.support.stores import (
     backends,
     lacks,
     layout_options,
+    other_stores,
     running,
     stop_all,
 )
@@ -112,11 +113,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     neither S3 itself nor processes of its own (see the module's docstring), on a store of
     another scheme (``file``, Azurite, fake-gcs-server) only if it is a behaviour or
     conformance test that does not need S3; a test of a face whose backend does not matter
-    (``one_server``: the CLI, the MCP server, the web page's CLI) on the first S3 server only;
+    (``one_server``: the CLI, the MCP server, the web page's CLI) on the first S3 server only,
+    or, in a run without one, on the first store of another scheme (``file``: the faces'
+    suites without a server);
     under a shard layout other than the default, leave out the tests that name a stage's own
     shard. A test that ``needs`` a capability its backend's emulator lacks runs as a strict
     xfail."""
     first_s3 = next(iter(backends()), None)
+    faces_on = first_s3 or next(iter(other_stores()), None)
     kept, dropped = [], []
     for item in items:
         on = backend_of(item)
@@ -125,7 +129,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if on == "memory":
             skip = not suite or s3_only or bool(item.get_closest_marker("processes"))
         elif on in STORES:
-            skip = not suite or s3_only
+            face = bool(item.get_closest_marker("one_server")) and on == faces_on
+            skip = s3_only or not (suite or face)
         else:
             once = item.get_closest_marker("one_server") and on not in (None, first_s3)
             skip = bool(once and not (suite and not s3_only))

@@ -456,7 +456,7 @@ def test_an_id_in_the_index_but_in_no_shard_is_flagged_and_a_rerun_finishes_it(
 
 @pytest.mark.behaviour
 def test_the_loser_of_two_concurrent_puts_of_one_claim_aborts_its_upload(
-    store: om.ObjectStore, server: Any
+    store: om.ObjectStore, server: Any, prefix: str
 ) -> None:
     """Both start before either records an upload, so both upload to the same key; the one
     whose upload is replaced learns it at its next record and aborts its own upload."""
@@ -464,7 +464,7 @@ def test_the_loser_of_two_concurrent_puts_of_one_claim_aborts_its_upload(
     task.declare("big", "make")
     claim = task.agent("maker").claim("big")
     assert claim is not None
-    first_store, second_store = server.connect(store.prefix), server.connect(store.prefix)
+    first_store, second_store = server.connect(prefix), server.connect(prefix)
     first, second = om.Task.open(first_store, "job"), om.Task.open(second_store, "job")
     second_read, first_began, second_began = threading.Event(), threading.Event(), threading.Event()
     state_key = engine(task).layout.upload_state("make", "big")

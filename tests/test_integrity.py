@@ -84,8 +84,11 @@ class _MemoryDamage:
     """Keys whose next write passes: the write just damaged, sent again."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def connect(self, prefix: str) -> om.MemoryStore:
-        store = memory_store(prefix)
+    make: Callable[[str], Any] = memory_store
+    """The stores it hooks: a ``MemoryStore``, or a backend's store in a ``FaultyStore``."""
+
+    def connect(self, prefix: str) -> Any:
+        store = self.make(prefix)
 
         def hook(op: str, key: str) -> None:
             with self.lock:
@@ -117,8 +120,8 @@ class _MemoryDamage:
 
 @contextlib.contextmanager
 def damaging(server: Server) -> Iterator[Damage]:
-    if server.name == "memory":
-        memory = _MemoryDamage()
+    if not server.s3:
+        memory = _MemoryDamage(make=memory_store if server.name == "memory" else server.connect)
         yield Damage(memory.connect, memory.damage, lambda: memory.count, memory.rules.clear)
         return
     with FaultProxy(server.endpoint_url) as proxy:

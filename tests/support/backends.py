@@ -1,7 +1,9 @@
 """What a test needs of a backend beyond its store: a holder that stalls, a store whose
 clock is off this machine's. On S3 both go through a fault-injecting proxy in front of the
 real server (``faults.FaultProxy``); on the in-process ``MemoryStore`` through its call
-hooks and its injectable clock. Either way the library sees only a store.
+hooks and its injectable clock; on the other backends (``file``) through the hooks of the
+``FaultyStore`` they run in, and a clock shifted by a wrapper. Either way the library sees
+only a store.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from objmanifest.store import FaultyStore
 from tests.support.faults import FaultProxy
 from tests.support.stores import Server, memory_store
 
@@ -44,10 +48,12 @@ class _ProxyStall:
         self.proxy.resume()
 
 
-class _MemoryStall:
-    """A hook on every call of the stores it made: while paused, each call waits."""
+class _HookStall:
+    """A hook on every call of the stores it made (``make(prefix)``: a store with faults):
+    while paused, each call waits."""
 
-    def __init__(self) -> None:
+    def __init__(self, make: Callable[[str], Any]) -> None:
+        self.make = make
         self.held = 0
         self._running = threading.Event()
         self._running.set()
@@ -65,7 +71,7 @@ class _MemoryStall:
                 self.held -= 1
 
     def connect(self, prefix: str) -> Any:
-        store = memory_store(prefix)
+        store = self.make(prefix)
         store.faults.hooks.append(self._hook)
         return store
 
@@ -76,11 +82,23 @@ class _MemoryStall:
         self._running.set()
 
 
+class SkewedStore(FaultyStore):
+    """A store whose clock reads ``seconds`` off its own (a file server whose clock is off
+    its clients')."""
+
+    def __init__(self, inner: Any, seconds: float) -> None:
+        super().__init__(inner)
+        self.offset = timedelta(seconds=seconds)
+
+    def now(self) -> datetime:
+        return self.inner.now() + self.offset
+
+
 @contextlib.contextmanager
 def stalling(server: Server) -> Iterator[Stall]:
     """A stall for ``server``'s backend, always resumed at the end."""
-    if server.name == "memory":
-        stall: Any = _MemoryStall()
+    if not server.s3:
+        stall: Any = _HookStall(memory_store if server.name == "memory" else server.connect)
         try:
             yield stall
         finally:
@@ -99,6 +117,9 @@ def skewed(server: Server, seconds: float) -> Iterator[Callable[[str], Any]]:
     that shifts the ``Date`` of every S3 answer, or a MemoryStore's own clock."""
     if server.name == "memory":
         yield lambda prefix: memory_store(prefix, skew=seconds)
+        return
+    if not server.s3:
+        yield lambda prefix: SkewedStore(server.open(prefix), seconds)
         return
     with FaultProxy(server.endpoint_url, date_offset=seconds) as proxy:
         yield lambda prefix: server.connect(prefix, endpoint_url=proxy.endpoint_url)

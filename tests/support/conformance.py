@@ -111,7 +111,7 @@ class Backend:
         if self.server is None:
             return MemoryStore(MEMORY_BUCKET, prefix)
         if not self.server.s3:
-            return self.server.connect(prefix)
+            return self.server.open(prefix)
         if self._client is None:
             self._client = self.server.client()
         return S3Store(self._client, BUCKET, prefix)

@@ -198,11 +198,21 @@ class Server:
             return f"file://{directory}"
         return f"{self.scheme}://{self.bucket}/{prefix}"
 
+    def open(self, prefix: str) -> Any:
+        """The backend's own store at ``prefix``, as ``om.connect`` opens it."""
+        if self.scheme == "file":
+            return om.connect(self.url(prefix))
+        return om.connect(self.url(prefix), endpoint_url=self.endpoint_url)
+
     def connect(self, prefix: str, endpoint_url: str | None = None) -> Any:
+        """The store at ``prefix`` a test runs on: an S3 store (through ``endpoint_url``, a
+        proxy, if given), or, for the other backends, their store inside a ``FaultyStore``
+        (as ``MemoryStore`` is one), whose hooks count and hold its calls (``rawstore``,
+        ``tests/support/backends.py``)."""
         if self.name == "memory":
             return memory_store(prefix)
         if self.scheme == "file":
-            return om.connect(self.url(prefix))
+            return om.store.FaultyStore(self.open(prefix))
         return om.connect(self.url(prefix), endpoint_url=endpoint_url or self.endpoint_url)
 
 
@@ -302,7 +312,7 @@ its own and its container or bucket made, or, for ``file``, a directory of this 
 
 def _start(name: str) -> Server:
     if name == "memory":
-        return Server(name, "")
+        return Server(name, "", scheme="memory")
     if name in STARTS:
         server = STARTS[name]()
         os.environ.update(server.env)
