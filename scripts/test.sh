@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suite: installs what it needs into a virtualenv, then pytest against real
-# servers (a moto server and SeaweedFS, both started by the tests themselves).
+# servers (a moto server and SeaweedFS, both started by the tests themselves), a directory
+# (file://) and the in-process store.
 #
 #   bash scripts/test.sh                 # everything
 #   bash scripts/test.sh -m behaviour    # the backend behaviour suite only
@@ -12,7 +13,7 @@
 # pay); an -n of your own, or -p no:xdist, replaces that.
 #
 # Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv),
-# OBJMANIFEST_TEST_BACKENDS (default memory,moto,seaweedfs), OBJMANIFEST_TEST_ENDPOINT (any
+# OBJMANIFEST_TEST_BACKENDS (default memory,file,moto,seaweedfs), OBJMANIFEST_TEST_ENDPOINT (any
 # S3), OBJMANIFEST_TEST_WORKERS (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,8 @@
 """Fixtures: real S3 servers and the in-process MemoryStore, one behaviour suite run
 against each.
 
-Backends come from ``OBJMANIFEST_TEST_BACKENDS`` (default ``memory,moto,seaweedfs``). To
+Backends come from ``OBJMANIFEST_TEST_BACKENDS`` (default ``memory,file,moto,seaweedfs``:
+what a newcomer has without node; ``file`` is a directory of the run's). To
 run the suite against any other S3 (LocalStack, MinIO, AWS), set
 ``OBJMANIFEST_TEST_ENDPOINT`` to its URL (and ``OBJMANIFEST_TEST_BUCKET``, default
 ``objmanifest-test``, which is created if missing); the backend is then called

@@ -111,7 +111,7 @@ def layout_options(stages: Any) -> dict[str, Any]:
 def backend_names() -> list[str]:
     if os.environ.get("OBJMANIFEST_TEST_ENDPOINT"):
         return ["endpoint"]
-    names = os.environ.get("OBJMANIFEST_TEST_BACKENDS", "memory,moto,seaweedfs")
+    names = os.environ.get("OBJMANIFEST_TEST_BACKENDS", "memory,file,moto,seaweedfs")
     return [n.strip() for n in names.split(",") if n.strip()]
 
 
