@@ -355,8 +355,11 @@ def running(name: str) -> Server:
 
 
 def stop_all() -> None:
-    """Stop the servers this process started (the session's end)."""
+    """Stop the servers this process started, and remove the directory of its ``file``
+    stores (the session's end)."""
     for server in _running.values():
         if server.local is not None:
             server.local.stop()
+        if server.scheme == "file" and server.root:
+            shutil.rmtree(server.root, ignore_errors=True)
     _running.clear()
