@@ -58,8 +58,6 @@ from tests.support.internals import engine
 
 MiB = 1024 * 1024
 PART = 5 * MiB
-BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
-"""The characters that reorder the text around them: refused in file ids and agent names."""
 FAST = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 """The profile's number of examples (hypothesis's default: 100)."""
 SOME = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -87,6 +85,15 @@ file_ids = (
 
 def has_control(text: str) -> bool:
     return any(unicodedata.category(c) == "Cc" for c in text)
+
+
+def first_unseen(text: str) -> str | None:
+    """The first character no name may hold (control, format, line or paragraph separator),
+    as the refusal names it (``U+2028``)."""
+    for c in text:
+        if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp"):
+            return f"U+{ord(c):04X}"
+    return None
 
 
 def utf8(text: str) -> bool:
@@ -120,14 +127,20 @@ def test_any_text_is_a_name_or_refused_as_one(text: str) -> None:
 @example("x" * (MAX_FILE_ID_BYTES + 1))
 @example("x\u202egpj.exe")
 @example("a\u2067b/c")
+@example("x\u2028y")
+@example("x\u2029y")
+@example("zero\u200bwidth")
+@example("\ufeffbom")
+@example("word\u2060joiner")
+@example("tag\U000e0001")
+@example("soft\u00adhyphen")
 def test_any_text_is_a_file_id_or_refused_as_one(text: str) -> None:
     rules = (
         text != ""
         and utf8(text)
         and not text.startswith("/")
         and len(text.encode()) <= MAX_FILE_ID_BYTES
-        and not has_control(text)
-        and not any(c in BIDI for c in text)
+        and first_unseen(text) is None
         and "\\" not in text
         and all(part not in ("", ".", "..") for part in text.split("/"))
     )
@@ -136,18 +149,34 @@ def test_any_text_is_a_file_id_or_refused_as_one(text: str) -> None:
     except om.InvalidFileId as e:
         assert not rules, repr(text)
         assert str(e).startswith("invalid file id ") and "Use a relative key" in str(e)
+        checked_before = (text and utf8(text) and not text.startswith("/")) and len(
+            text.encode()
+        ) <= MAX_FILE_ID_BYTES
+        if checked_before and first_unseen(text) is not None:
+            assert f"({first_unseen(text)}" in str(e), str(e)  # the character, named
     else:
         assert rules, repr(text)
 
 
 @FAST
 @given(any_text)
+@example("p\u2028q")
+@example("p\u2029")
+@example("\u200bagent")
+@example("agent\U000e0041")
 def test_any_text_is_an_agent_name_or_refused_as_one(text: str) -> None:
-    fine = bool(text.strip()) and utf8(text) and len(text.encode()) <= 256 and not has_control(text)
+    fine = (
+        bool(text.strip())
+        and utf8(text)
+        and len(text.encode()) <= 256
+        and first_unseen(text) is None
+    )
     try:
         assert check_agent("agent name", text) == text
     except om.InvalidInput as e:
         assert not fine and str(e).startswith("invalid agent name ")
+        if text.strip() and utf8(text) and len(text.encode()) <= 256:
+            assert f"({first_unseen(text)}" in str(e), str(e)
     else:
         assert fine, repr(text)
 

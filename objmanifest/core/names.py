@@ -44,9 +44,15 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
-def _has_control(text: str) -> bool:
-    """C0 and C1 control characters and DEL (tab and newline included)."""
-    return any(unicodedata.category(c) == "Cc" for c in text)
+INVISIBLE = frozenset(("Cc", "Cf", "Zl", "Zp"))
+
+
+"""The Unicode categories refused in file ids, agent names and consumer roles: control
+characters (tab and newline included), format characters (zero-width spaces and joiners,
+U+FEFF, word joiners, tag characters, the bidirectional controls) and the line and
+paragraph separators (U+2028, U+2029), which some readers take for line breaks. None shows
+as itself: a name is shown in the terminal and on the web page as it is spelt, and read
+back from files of one name a line."""
 
 
 BIDI_CONTROLS = frozenset(
@@ -55,11 +61,28 @@ BIDI_CONTROLS = frozenset(
 
 
 """Characters that reorder the text shown around them (``x\u202egpj.exe`` shows as
-"xexe.jpg"): a name is shown in the terminal and on the web page as it is spelt."""
+"xexe.jpg")."""
 
 
-def _has_bidi(text: str) -> bool:
-    return not BIDI_CONTROLS.isdisjoint(text)
+def unprintable(text: str) -> str | None:
+    """Why ``text`` cannot be a name (its first character of the ``INVISIBLE`` categories,
+    named by its code point), or None."""
+    for c in text:
+        category = unicodedata.category(c)
+        if category not in INVISIBLE:
+            continue
+        point = f"U+{ord(c):04X}"
+        if category == "Cc":
+            return f"it contains a control character ({point}: a newline, a tab, an escape ...)"
+        if c in BIDI_CONTROLS:
+            return (
+                f"it contains a bidirectional control character ({point}: it would be shown "
+                "reordered)"
+            )
+        if category == "Cf":
+            return f"it contains an invisible format character ({point})"
+        return f"it contains a line or paragraph separator ({point})"
+    return None
 
 
 def _is_utf8(text: str) -> bool:
@@ -82,10 +105,8 @@ def check_file_id(file_id: str) -> str:
         problem = "it is absolute (starts with '/')"
     elif len(file_id.encode()) > MAX_FILE_ID_BYTES:
         problem = f"it is longer than {MAX_FILE_ID_BYTES} bytes"
-    elif _has_control(file_id):
-        problem = "it contains a control character"
-    elif _has_bidi(file_id):
-        problem = "it contains a bidirectional control character (it would be shown reordered)"
+    elif (unseen := unprintable(file_id)) is not None:
+        problem = unseen
     elif "\\" in file_id:
         problem = "it contains a backslash; use '/' between parts"
     else:
@@ -113,10 +134,8 @@ def check_agent(kind: str, value: object) -> str:
         problem = "it is not valid UTF-8 text"
     elif len(value.encode()) > MAX_AGENT_BYTES:
         problem = f"it is longer than {MAX_AGENT_BYTES} bytes"
-    elif _has_control(value):
-        problem = "it contains a control character (a newline, a tab, an escape ...)"
-    elif _has_bidi(value):
-        problem = "it contains a bidirectional control character (it would be shown reordered)"
+    elif (unseen := unprintable(value)) is not None:
+        problem = unseen
     if problem:
         shown = value if not isinstance(value, str) or len(value) <= 80 else value[:80] + "..."
         raise InvalidInput(
