@@ -22,7 +22,7 @@ from ..wire.exits import ExitCode, classify
 from ..wire.shapes import entry_json
 from .commands import local_source
 from .context import Context
-from .inputs import load_json, read_whole, shown
+from .inputs import ASCII_SPACE, lines, load_json, read_whole, shown
 from .output import PROG
 
 CLAIM_FIELDS = ("FILE_ID", "STAGE", "EPOCH", "LEASE_EXPIRES_AT")
@@ -86,8 +86,8 @@ def read_items(text: str, directory: Path | None) -> list[Item]:
     else:
         raw = [
             (f"line {n}", *_fields(line, n))
-            for n, line in enumerate(text.splitlines(), 1)
-            if line.strip()
+            for n, line in enumerate(lines(text), 1)
+            if line.strip(ASCII_SPACE)
         ]
     first: dict[str, str] = {}
     for where, file_id, _, _ in raw:
@@ -138,9 +138,9 @@ def _epoch(value: Any, where: str) -> int:
         epoch = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else -1
     except ValueError:
         epoch = -1
-    if epoch < 0:
+    if epoch < 1:
         raise om.InvalidInput(
-            f"{where}: the epoch {value!r} is not a whole number of 0 or more (the EPOCH "
+            f"{where}: the epoch {value!r} is not a whole number of at least 1 (the EPOCH "
             "`claim` printed)"
         )
     return epoch

@@ -21,7 +21,7 @@ from ..wire.polling import poll
 from ..wire.shapes import claim_json, entry_json, status_json
 from . import progress
 from .context import Context
-from .inputs import load_json, read_whole, shown
+from .inputs import ASCII_SPACE, lines, load_json, read_whole, shown
 from .render import (
     claim_line,
     entries_table,
@@ -94,7 +94,7 @@ def read_declarations(
     else:
         numbered = [
             (n, _json(line, f"line {n}") if line.startswith("{") else {"file_id": line})
-            for n, line in ((n, raw.strip()) for n, raw in enumerate(text.splitlines(), 1))
+            for n, line in ((n, raw.strip(ASCII_SPACE)) for n, raw in enumerate(lines(text), 1))
             if line
         ]
     decls = []

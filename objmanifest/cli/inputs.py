@@ -2,23 +2,19 @@
 
 A file or stdin read whole is refused past ``MAX_INPUT_BYTES`` (``/dev/zero`` piped in
 would otherwise be read until the machine runs out of memory), and JSON nested deeper
-than the parser can follow is refused as such: each with exit 2 and the limit named.
+than ``wire.inputs.MAX_NESTING`` is refused as such: each with exit 2 and the limit named
+(the MCP server reads its stdio under the same bounds).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import objmanifest as om
 
 from ..wire.errors import UsageError
-
-MAX_INPUT_BYTES = 64 * 1024 * 1024
-"""The most a command reads whole from a file or stdin (64 MiB): about a million
-declarations or claims; split a larger batch into several commands."""
+from ..wire.inputs import ASCII_SPACE, MAX_INPUT_BYTES, lines, load_json
 
 
 def read_whole(source: str, option: str) -> str:
@@ -51,24 +47,10 @@ def read_whole(source: str, option: str) -> str:
         ) from None
 
 
-def load_json(text: str, where: str) -> Any:
-    """``text`` parsed as JSON, or ``InvalidInput`` naming ``where`` (nested too deeply
-    included)."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise om.InvalidInput(
-            f"{where} is nested too deeply to read (arrays or objects inside each other "
-            f"about {sys.getrecursionlimit()} deep): a declaration or a claim is one object"
-        ) from None
-    except ValueError as e:
-        raise om.InvalidInput(f"{where} is not valid JSON: {e}") from None
-
-
 def shown(value: object, limit: int = 200) -> str:
     """``value`` as an error message may quote it: its repr, cut at ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
-__all__ = ["MAX_INPUT_BYTES", "load_json", "read_whole", "shown"]
+__all__ = ["ASCII_SPACE", "MAX_INPUT_BYTES", "lines", "load_json", "read_whole", "shown"]
