@@ -200,6 +200,11 @@ FACE_TOOLS: dict[tuple[str, str | None], str] = {
     ("objmanifest.core.settings", "check_retention"): "init, as above",
     ("objmanifest.core.settings", "check_timing"): "init compares --retry-backoff and "
     "--deadline with an existing task's, as create would take them",
+    ("objmanifest.core.ages", "age_problem"): "archive --older-than, gc "
+    "--consumed-older-than and log --since refuse an age past the API's bound before a "
+    "request",
+    ("objmanifest.core.ages", "AGE_RULE"): "log --since, as above",
+    ("objmanifest.core.ages", "MAX_AGE_DAYS"): "log --since, as above",
     ("objmanifest.core.leases", "Renewer"): "the demo's worker holds its claim while it works",
     ("objmanifest.store.errors", "NoSuchObject"): "the demo's audit heads a data object "
     "through the public ObjectStore, which answers a missing key with it",

@@ -137,6 +137,24 @@ def test_young_and_live_entries_stay(task: om.Task) -> None:
         task.archive(older_than=-1)
 
 
+@pytest.mark.parametrize("age", [7e10, 1e11, 1e308, float("inf"), float("nan"), -1, True])
+def test_an_age_past_the_bound_is_invalid_input_naming_it(task: om.Task, age: float) -> None:
+    """An age subtracted from the store's clock would reach back before year 1: one bound
+    (1000 years) for ``archive`` and ``gc``, said the same way, and nothing changed."""
+    task.declare("old", "collect")
+    produce(task, "old")
+    task.agent("c").consume("old")
+    rule = "must be a finite number of seconds from 0 to 31557600000 (1000 years), not "
+    with pytest.raises(om.InvalidInput) as caught:
+        task.archive(older_than=age)
+    assert str(caught.value) == f"older_than {rule}{age!r}"
+    with pytest.raises(om.InvalidInput) as caught:
+        task.gc(consumed_older_than=age)
+    assert str(caught.value) == f"consumed_older_than {rule}{age!r}"
+    assert task.entry("old").state is om.State.consumed and task.entry("old").key is not None
+    assert task.archive(older_than=31557600000).archived["collect"] == []
+
+
 class Died(Exception):
     """The archiver dies between its two writes."""
 
@@ -299,9 +317,12 @@ def test_gc_frees_the_data_of_archived_consumed_entries_past_their_retention(
     assert key is not None
     dry = task.gc(dry_run=True, consumed_older_than=0)
     assert [(i.kind, i.key) for i in dry.removed] == [("consumed_data", key)]
+    assert dry.kept == []  # the report never says it both removed and kept a key
     assert task.entry("old").data_removed_at is None  # a dry run marks nothing
     report = task.gc(consumed_older_than=0)
     assert [(i.kind, i.key, i.size) for i in report.removed] == [("consumed_data", key, 3)]
+    assert report.kept == [] and report.errors == []
+    assert task.gc().kept == []  # the data of an archived entry is its own, as a live one's
     entry = om.Task.open(task.store, task.task_id).entry("old")
     assert entry.state is om.State.consumed and entry.data_removed_at is not None
     assert entry.checksum is not None  # its record stays, as for a live entry

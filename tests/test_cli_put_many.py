@@ -135,7 +135,7 @@ def test_put_many_refuses_bad_input_before_anything_changes(
     assert twice == "line 1 and line 3 both name 'a': give each file once"
     epoch = refused(E.USAGE, "a\tcollect\tone\tX\n", "--dir", "out")
     assert epoch == (
-        "line 1: the epoch 'one' is not a whole number of 0 or more (the EPOCH `claim` printed)"
+        "line 1: the epoch 'one' is not a whole number of at least 1 (the EPOCH `claim` printed)"
     )
     assert "not valid JSON" in refused(E.USAGE, "{nope", "--dir", "out")
     assert "has no file_id" in refused(E.USAGE, '{"claims": [{"epoch": 1}]}', "--dir", "out")

@@ -135,7 +135,9 @@ def test_arguments_have_defaults_and_refuse_nonsense(capsys: pytest.CaptureFixtu
     assert args.backend == "seaweedfs" and args.endpoint_url is None
     with pytest.raises(SystemExit, match=r"^2$"):  # argparse's usage error
         parser().parse_args(["--agents", "0"])
-    assert "argument --agents: must be at least 1, not 0" in capsys.readouterr().err
+    assert (
+        "argument --agents: must be a whole number of at least 1, not 0" in capsys.readouterr().err
+    )
 
 
 # -- the consistency checks catch inconsistency --------------------------------------------

@@ -129,6 +129,80 @@ def test_init_refuses_every_bad_lease_with_one_message(
     )
 
 
+INTEGER_FLAGS = [
+    (
+        ("put", "f", "-", "--agent", "w", "--epoch", "{}"),
+        "--epoch",
+        "of at least 1 (the epoch `claim` printed)",
+    ),
+    (
+        ("renew", "f", "--agent", "w", "--epoch", "{}"),
+        "--epoch",
+        "of at least 1 (the epoch `claim` printed)",
+    ),
+    (
+        ("fail", "f", "--agent", "w", "--reason", "r", "--epoch", "{}"),
+        "--epoch",
+        "of at least 1 (the epoch `claim` printed)",
+    ),
+    (("--cas-attempts", "{}", "status"), "--cas-attempts", "of at least 1"),
+    (("claim", "--stage", "a", "--agent", "w", "--limit", "{}"), "--limit", "of at least 1"),
+    (
+        ("put", "f", "-", "--agent", "w", "--epoch", "1", "--concurrency", "{}"),
+        "--concurrency",
+        "of at least 1",
+    ),
+    (("doctor", "--racers", "{}"), "--racers", "from 2 to 64 (writers in a race)"),
+    (("serve", "--port", "{}"), "--port", "from 1 to 65535 (a TCP port)"),
+    (("web", "--port", "{}"), "--port", "from 0 to 65535 (a TCP port; 0: any free one)"),
+]
+
+
+@pytest.mark.parametrize(("args", "flag", "bound"), INTEGER_FLAGS, ids=lambda v: str(v)[:40])
+def test_every_integer_flag_says_one_bound_whatever_the_value_below_it(
+    args: tuple[str, ...], flag: str, bound: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--epoch -1`` and ``--epoch 0`` are refused with the same words (and so is every
+    value below or above any integer option's range), the bound the API holds too."""
+    low = int(bound.split()[1 if bound.startswith("from") else 3])
+    for value in (
+        str(low - 1),
+        str(low - 2),
+        "-99999999999999999999",
+        "70000" if "65535" in bound else str(low - 1),
+    ):
+        code, out, err = in_process(
+            capsys, "--url", "s3://work/p", "--task", "t", *(a.format(value) for a in args)
+        )
+        assert code == USAGE and out == ""
+        assert err.splitlines()[-1] == (
+            f"objmanifest: error: argument {flag}: must be a whole number {bound}, not {int(value)}"
+        ), err
+
+
+@pytest.mark.parametrize(
+    ("args", "value"),
+    [
+        (("archive", "--older-than"), "7e10"),
+        (("archive", "--older-than"), "1e308"),
+        (("archive", "--older-than"), "inf"),
+        (("gc", "--consumed-older-than"), "1e11"),
+        (("gc", "--consumed-older-than"), "1e308"),
+        (("gc", "--consumed-older-than"), "nan"),
+        (("gc", "--consumed-older-than"), "-1"),
+    ],
+)
+def test_an_age_past_1000_years_is_a_usage_error_naming_the_bound(
+    args: tuple[str, ...], value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = in_process(capsys, "--url", "s3://work/p", "--task", "t", *args, value)
+    assert code == USAGE and out == ""
+    assert err.splitlines()[-1] == (
+        f"objmanifest: error: argument {args[1]}: must be a finite number of seconds from 0 "
+        f"to 31557600000 (1000 years), not {value!r}"
+    ), err
+
+
 @pytest.mark.parametrize("value", ["-1", "1001"])
 def test_init_refuses_retries_out_of_range_with_the_apis_message(
     value: str, capsys: pytest.CaptureFixture[str]
@@ -147,7 +221,8 @@ def test_serve_refuses_a_port_out_of_range(port: str, capsys: pytest.CaptureFixt
     code, out, err = in_process(capsys, "serve", f"--port={port}")
     assert code == USAGE and out == ""
     assert err.endswith(
-        f"objmanifest: error: argument --port: a TCP port is from 1 to 65535, not {int(port)}\n"
+        "objmanifest: error: argument --port: must be a whole number from 1 to 65535 (a TCP "
+        f"port), not {int(port)}\n"
     )
 
 
@@ -255,6 +330,36 @@ def test_an_agent_name_with_control_characters_or_too_long_is_refused(cli: Cli, 
     err = cli.run("claim", "x", "--agent", name, code=USAGE).stderr
     assert one_line(err).startswith("objmanifest: invalid input: invalid agent name")
     assert cli.json("show", "x")["state"] == "pending"
+
+
+@MOTO_ONLY
+def test_separators_and_invisible_characters_are_refused_in_every_name_and_every_input(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """U+2028 is refused like a newline, naming the character: as a file id (an argument,
+    a line of ``declare --from``, a line of ``put-many --claims``), an agent name and a
+    consumer role; a file of such ids declares nothing, never two entries. Every other
+    character refused is tried in ``tests/test_input_properties.py``."""
+    cli.run("init", "a")
+    (tmp_path / "data").write_bytes(b"data")
+    said = "line or paragraph separator (U+2028)"
+    bad = "x\u2028y"
+    err = cli.run("declare", bad, "--stage", "a", code=USAGE).stderr
+    assert said in one_line(err) and "invalid file id" in err
+    (tmp_path / "ids").write_text(f"ok\n{bad}\n", encoding="utf-8")
+    err = cli.run("declare", "--from", "ids", "--stage", "a", code=USAGE).stderr
+    assert said in one_line(err)
+    (tmp_path / "ids").write_text("x\u2028\nz\n", encoding="utf-8")  # not stripped off
+    err = cli.run("declare", "--from", "ids", "--stage", "a", code=USAGE).stderr
+    assert said in one_line(err)
+    err = cli.run("declare", "ok", "--stage", "a", "--consumer", bad, code=USAGE).stderr
+    assert said in one_line(err) and "invalid consumer role" in err
+    err = cli.run("claim", "--stage", "a", "--agent", "w\u200b", code=USAGE).stderr
+    assert "invisible format character (U+200B)" in one_line(err) and "agent name" in err
+    line = f"{bad}\ta\t1\t2030-01-01T00:00:00+00:00\tdata\n"
+    err = cli.run("put-many", "--claims", "-", "--agent", "w", stdin=line.encode(), code=USAGE)
+    assert said in one_line(err.stderr)
+    assert cli.json("status")["totals"]["pending"] == 0
 
 
 @MOTO_ONLY
@@ -681,7 +786,9 @@ def test_log_since_past_year_one_and_unbounded_waits_are_usage_errors(cli: Cli) 
     cli.run("init", "a")
     for since in ("99999999d", "9" * 400 + "d"):
         err = cli.run("log", "--since", since, code=USAGE).stderr
-        assert "reaches back past year 1: give a duration of at most" in one_line(err)
+        assert "reaches back more than 1000 years: give a duration of at most 365250d" in one_line(
+            err
+        )
     assert cli.run("log", "--since", "1d").code == 0
     for value in ("-1", "0", "0.01", "nan", "inf", "3601"):
         err = cli.run("log", "--follow", "--interval", value, code=USAGE).stderr

@@ -328,8 +328,14 @@ def test_doctor_names_the_permission_a_refused_call_lacked(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["doctor", "--url", "s3://work/p", "--racers", "1"], "a race has 2 to 64 writers, not 1"),
-        (["doctor", "--url", "s3://work/p", "--racers", "100"], "2 to 64 writers, not 100"),
+        (
+            ["doctor", "--url", "s3://work/p", "--racers", "1"],
+            "must be a whole number from 2 to 64 (writers in a race), not 1",
+        ),
+        (
+            ["doctor", "--url", "s3://work/p", "--racers", "100"],
+            "from 2 to 64 (writers in a race), not 100",
+        ),
         (["doctor", "--url", "s3://work/a\nb"], "a store URL has no control characters"),
         (["doctor", "--url", "s3://["], "not a store URL: 's3://['"),
         (["iam-policy", "--url", "s3://work/p", "--for", "nobody"], "invalid choice: 'nobody'"),

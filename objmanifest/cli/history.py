@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import objmanifest as om
 
+from ..core.ages import AGE_RULE, MAX_AGE_DAYS, age_problem
 from ..wire.errors import UsageError
 from ..wire.shapes import record_json
 from .context import Context
@@ -29,15 +30,12 @@ def since_time(task: om.Task, text: str | None) -> datetime | None:
     match = _DURATION.match(text)
     if match:
         amount = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
-        now = task.store.now()
-        try:
-            return now - timedelta(seconds=amount)
-        except OverflowError:  # before year 1 (or no number at all: inf)
-            most = (now - datetime.min.replace(tzinfo=timezone.utc)).days
+        if age_problem(amount) is not None:
             raise UsageError(
-                f"--since {text!r} reaches back past year 1: give a duration of at most "
-                f"{most}d, or a time (2030-01-01T12:00:00Z)"
-            ) from None
+                f"--since {text!r} reaches back more than 1000 years: give a duration of at "
+                f"most {MAX_AGE_DAYS}d ({AGE_RULE}), or a time (2030-01-01T12:00:00Z)"
+            )
+        return task.store.now() - timedelta(seconds=amount)
     try:
         at = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from .values import (
-    non_negative_int,
+    epoch,
     positive_int,
     seconds,
 )
@@ -107,7 +107,7 @@ def add_holder(parser: argparse.ArgumentParser) -> None:
     add_agent(parser)
     parser.add_argument(
         "--epoch",
-        type=non_negative_int,
+        type=epoch,
         required=True,
         metavar="N",
         help="the epoch `claim` printed (the fencing token)",

@@ -17,6 +17,7 @@ from ..wire.errors import UsageError
 from .options import add_agent, add_globals, add_holder, add_wait
 from .parser_tools import add_demo, add_mcp, add_serve, add_store_checks, add_web
 from .values import (
+    age,
     number,
     partition_count,
     positive_int,
@@ -359,7 +360,7 @@ def _history(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--older-than",
-        type=seconds,
+        type=age,
         default=86400.0,
         metavar="SECONDS",
         help="archive entries last updated this long ago or more (default 86400, one day)",
@@ -445,7 +446,7 @@ def _gc(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--dry-run", action="store_true", help="report what would go, remove nothing")
     p.add_argument(
         "--consumed-older-than",
-        type=seconds,
+        type=age,
         metavar="SECONDS",
         help="also remove the data of consumed entries unchanged for this many seconds",
     )

@@ -7,19 +7,29 @@ import argparse
 import math
 import re
 
+from ..core.ages import age_problem
+
+
+def in_range(text: str, low: int, high: int | None = None, what: str = "") -> int:
+    """A whole number from ``low`` (to ``high``): every integer option says its bound in
+    these words, as the API does (``must be a whole number from 0 to 1000``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f"of at least {low}" if high is None else f"from {low} to {high}"
+        raise argparse.ArgumentTypeError(f"must be a whole number {bound}{what}, not {value}")
+    return value
+
 
 def positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+    return in_range(text, 1)
 
 
-def non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
+def epoch(text: str) -> int:
+    """``--epoch``: the fencing token ``claim`` printed (every claim's is 1 or more)."""
+    return in_range(text, 1, what=" (the epoch `claim` printed)")
 
 
 def _int(text: str) -> int:
@@ -30,10 +40,7 @@ def _int(text: str) -> int:
 
 
 def port(text: str) -> int:
-    value = _int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is from 1 to 65535, not {value}")
-    return value
+    return in_range(text, 1, 65535, " (a TCP port)")
 
 
 def number(text: str) -> float:
@@ -89,6 +96,19 @@ def seconds(text: str) -> float:
     return value
 
 
+def age(text: str) -> float:
+    """An age (``archive --older-than``, ``gc --consumed-older-than``): the API's bound
+    (``core.ages``), said before anything is read."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    problem = age_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{problem}, not {text!r}")
+    return value
+
+
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
 
 
@@ -109,10 +129,7 @@ def size(text: str) -> int:
 
 def web_port(text: str) -> int:
     """``web --port``: a TCP port, or 0 for any free one."""
-    value = _int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is from 0 (any free) to 65535, not {value}")
-    return value
+    return in_range(text, 0, 65535, " (a TCP port; 0: any free one)")
 
 
 def hold_seconds(text: str) -> float:
@@ -127,7 +144,4 @@ def hold_seconds(text: str) -> float:
 
 
 def racers(text: str) -> int:
-    value = _int(text)
-    if not 2 <= value <= 64:
-        raise argparse.ArgumentTypeError(f"a race has 2 to 64 writers, not {value}")
-    return value
+    return in_range(text, 2, 64, " (writers in a race)")

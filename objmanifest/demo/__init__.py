@@ -25,7 +25,7 @@ DEFAULTS = {"agents": 3, "files": 24, "big_mib": 48, "lease": 3.0, "work_ms": 20
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {value}")
     return value
 
 

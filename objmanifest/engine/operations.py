@@ -4,11 +4,11 @@ undeclare, repair and archive."""
 from __future__ import annotations
 
 from ..core import commands, verbs
+from ..core.ages import check_age
 from ..core.model import (
     ArchiveReport,
     Entry,
 )
-from ..ops.archive import check_age
 from ..ops.repair import Repairer
 from ..ops.reports import RepairReport
 from .declaring import repair_index
@@ -55,7 +55,7 @@ def repair(m: Manifest, dry_run: bool = False) -> RepairReport:
 
 def archive(m: Manifest, older_than: float = 86400.0, actor: str = "") -> ArchiveReport:
     """Every shard's old terminal entries moved to write-once archive objects."""
-    age = check_age(older_than)
+    age = check_age("older_than", older_than)
     archived: dict[str, list[str]] = {}
     written: list[str] = []
     adopted: list[str] = []

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 import shard_index
 
 from ..core import changes, commands, leases, states
+from ..core.ages import check_age
 from ..core.model import (
     DamageNote,
     Entry,
@@ -24,7 +25,6 @@ from ..data.chunked.rebuild import needs_parts
 from ..errors import (
     CorruptShard,
     DeadWaitedFor,
-    InvalidInput,
     UnsupportedSchema,
 )
 from ..ops.gc import Collector, GcReport
@@ -260,15 +260,8 @@ def reap(m: Manifest) -> list[Entry]:
 
 def gc(m: Manifest, dry_run: bool = False, consumed_older_than: float | None = None) -> GcReport:
     """The collector run over this task (see ``ops.gc``)."""
-    if consumed_older_than is not None and not (
-        isinstance(consumed_older_than, (int, float))
-        and not isinstance(consumed_older_than, bool)
-        and math.isfinite(consumed_older_than)
-        and consumed_older_than >= 0
-    ):
-        raise InvalidInput(
-            f"consumed_older_than must be a number of seconds >= 0, not {consumed_older_than!r}"
-        )
+    if consumed_older_than is not None:
+        consumed_older_than = check_age("consumed_older_than", consumed_older_than)
     collector = Collector(
         m.store,
         m.docs,

@@ -15,7 +15,6 @@ map. Readers find an archived entry only through that map, so:
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -27,7 +26,7 @@ from ..core.changes import TERMINAL
 from ..core.commands import Archive
 from ..core.layout import TaskLayout
 from ..core.model import ArchiveObject, Entry, Shard
-from ..errors import CorruptShard, InvalidInput, NotFound, StoreError
+from ..errors import CorruptShard, NotFound, StoreError
 from ..store import CREATE, ObjectStore
 from ..store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 
@@ -37,18 +36,6 @@ WRITE_TRIES = 3
 
 Commit = Callable[[str, Archive], list[str]]
 """Commits an ``Archive`` command to one shard (by name); returns the ids it moved."""
-
-
-def check_age(older_than: object) -> float:
-    """``older_than`` as seconds, or ``InvalidInput`` saying what is allowed."""
-    if (
-        not isinstance(older_than, (int, float))
-        or isinstance(older_than, bool)
-        or not math.isfinite(older_than)
-        or older_than < 0
-    ):
-        raise InvalidInput(f"older_than must be a number of seconds, 0 or more, not {older_than!r}")
-    return float(older_than)
 
 
 def due(shard: Shard, now: datetime, older_than: float) -> dict[str, Entry]:
@@ -196,4 +183,4 @@ class Archives:
         return sorted(moved), written, adopted
 
 
-__all__ = ["ARCHIVE_SCHEMA", "Archives", "check_age", "due"]
+__all__ = ["ARCHIVE_SCHEMA", "Archives", "due"]
