@@ -134,6 +134,8 @@ class Collector:
         if consumed_older_than is not None:
             self._consumed(report, dry_run, consumed_older_than)
         self._probes(report, dry_run)
+        removed = {item.key for item in report.removed}
+        report.kept = [k for k in report.kept if k.key not in removed]  # never both
         return report
 
     # -- data of fenced holders and fenced uploads ------------------------------------------
@@ -160,12 +162,15 @@ class Collector:
                 if shard not in archived:
                     archived[shard] = self.archived(shard)
                 gone = archived[shard].get(parsed.file_id)
-                if gone is not None and gone.key == key and gone.data_removed_at is not None:
-                    # Marked by an earlier run whose removal failed.
-                    head = self._head(key)
-                    if head is not None and self._remove(report, key, dry_run):
-                        report.removed.append(GcItem("consumed_data", key, head[0], gone.file_id))
-                    continue
+                if gone is not None and gone.key == key:
+                    if gone.data_removed_at is not None:
+                        # Marked by an earlier run whose removal failed.
+                        head = self._head(key)
+                        if head is not None and self._remove(report, key, dry_run):
+                            report.removed.append(
+                                GcItem("consumed_data", key, head[0], gone.file_id)
+                            )
+                    continue  # an archived entry's own data: as a live one's, or past it
             if entry is None or entry.stage != parsed.stage:
                 report.kept.append(GcKept(key, "its entry is not in the live shard"))
                 continue
