@@ -43,6 +43,8 @@ def test_revive_and_undeclare_from_a_shell(cli: Cli, store: om.ObjectStore) -> N
     claim = agent.claim("d")
     assert claim is not None
     agent.fail(claim, "bad input")
+    dead = cli.json("claim", "d", "--agent", "x", code=E.NOTHING_CLAIMABLE)  # max_retries=0
+    assert "state dead after 1 failure; last error: bad input" in dead["message"], dead
     not_dead = cli.json("revive", "p", code=E.REFUSED)
     assert not_dead["error"] == "WrongState" and "'p' is pending, not dead" in not_dead["message"]
     revived = cli.json("revive", "d")
@@ -53,6 +55,9 @@ def test_revive_and_undeclare_from_a_shell(cli: Cli, store: om.ObjectStore) -> N
     assert "'d' is failed, not pending" in wrong["message"]
     needed = cli.json("undeclare", "p", code=E.REFUSED)
     assert needed["error"] == "HasDependents" and needed["dependents"] == ["w"]
+    assert needed["message"] == (
+        "'p' cannot be undeclared: w depends on it; undeclare that entry first"
+    )
     assert cli.json("undeclare", "w") == {"undeclared": "w"}
     assert cli.run("undeclare", "p").text == "undeclared p\n"
     assert sorted(task.index().file_ids()) == ["d"]

@@ -62,7 +62,7 @@ def by_fail(task: om.Task, claim: om.Claim) -> None:
 
 def by_claim_takeover(task: om.Task, claim: om.Claim) -> None:
     wait_expired(task, claim)
-    with pytest.raises(om.NotClaimable, match="dead after 1 failures"):
+    with pytest.raises(om.NotClaimable, match=r"dead after 1 failure$"):
         task.agent("rescuer").claim(claim.file_id)
 
 

@@ -175,20 +175,25 @@ def blockers(entry: Entry, lookup: Lookup) -> tuple[list[str], list[str]]:
     return waiting, dead
 
 
+def failures(count: int) -> str:
+    """``1 failure``, ``2 failures``."""
+    return f"{count} failure{'' if count == 1 else 's'}"
+
+
 def why_not_claimable(entry: Entry, now: datetime, lookup: Lookup) -> str | None:
     """None if the entry can be claimed now, else the reason in words."""
     if entry.state is State.writing and not leases.expired(entry, now):
         expiry = entry.lease_expires_at.isoformat() if entry.lease_expires_at else "?"
         return f"state writing: held by {entry.owner} (epoch {entry.epoch}) until {expiry}"
     if entry.state is State.dead:
-        return f"state dead after {entry.retry_count} failures; last error: {entry.error}"
+        return f"state dead after {failures(entry.retry_count)}; last error: {entry.error}"
     if entry.state in (State.ready, State.consumed):
         return f"state {entry.state.value}: already produced"
     if leases.backing_off(entry, now):
         assert entry.retry_at is not None
         return (
-            f"backing off until {entry.retry_at.isoformat()} after {entry.retry_count} "
-            f"failures; last error: {entry.error}"
+            f"backing off until {entry.retry_at.isoformat()} after "
+            f"{failures(entry.retry_count)}; last error: {entry.error}"
         )
     waiting, dead = blockers(entry, lookup)
     if dead:
@@ -245,7 +250,7 @@ def claim(
     taken = _take(entry, agent, now, rules)
     new = shard.with_entries({file_id: taken})
     if taken.state is State.dead:
-        return new, NotClaimable(file_id, f"state dead after {taken.retry_count} failures")
+        return new, NotClaimable(file_id, f"state dead after {failures(taken.retry_count)}")
     return new, _claim_of(new, taken, rules)
 
 

@@ -104,7 +104,7 @@ def test_bad_data_backs_off() -> None:
 def test_a_backing_off_entry_is_not_claimable_and_says_until_when() -> None:
     e = entry(state=State.failed, retry_count=1, error="boom", retry_at=at(10))
     reason = changes.why_not_claimable(e, at(9), nothing)
-    assert reason == (f"backing off until {at(10).isoformat()} after 1 failures; last error: boom")
+    assert reason == (f"backing off until {at(10).isoformat()} after 1 failure; last error: boom")
     with pytest.raises(NotClaimable, match=exactly(f"'a' is not claimable: {reason}")):
         changes.claim(shard(e), "a", "ann", at(9), BACKOFF, nothing)
     assert changes.why_not_claimable(e, at(10), nothing) is None
