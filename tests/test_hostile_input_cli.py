@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -255,6 +256,38 @@ def test_endpoint_url_help_names_both_variables(capsys: pytest.CaptureFixture[st
     assert main(["--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "$AWS_ENDPOINT_URL_S3, then $AWS_ENDPOINT_URL" in text
+
+
+def install_hint(extra: str) -> str:
+    """The advice a command needing ``extra`` gives when it is missing, run from this
+    checkout (an editable install): pip of this Python, the checkout's path and the extra."""
+    target = shlex.quote(f"{ROOT}[{extra}]")
+    return (
+        "install it into this Python from the checkout it runs from: "
+        f"{shlex.quote(sys.executable)} -m pip install -e {target}"
+    )
+
+
+def test_serve_without_the_servers_extra_says_how_to_install_it(tmp_path: Path) -> None:
+    code = (
+        "import sys\nsys.modules['moto'] = None\n"
+        "from objmanifest.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--json", "serve", "--bucket", "work"],
+        capture_output=True,
+        env=clean_env(),
+        cwd=tmp_path,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == UNSUPPORTED, proc.stderr
+    refused = json.loads(proc.stdout)
+    assert refused["error"] == "ExtraMissing"
+    assert refused["message"].startswith(
+        "objmanifest serve needs the optional extra objmanifest[servers] (module 'moto"
+    )
+    assert refused["message"].endswith(install_hint("servers")), refused["message"]
 
 
 def test_serve_stop_without_a_detached_server_is_a_usage_error(

@@ -43,6 +43,7 @@ from tests.test_cli import (
     produce,
     read_line,
 )
+from tests.test_hostile_input_cli import install_hint
 
 pytestmark = pytest.mark.one_server  # the MCP server, not the backend, is under test
 
@@ -454,6 +455,7 @@ def test_without_the_mcp_extra_it_says_which_extra_to_install(tmp_path: Path) ->
     assert proc.returncode == E.UNSUPPORTED
     refused = json.loads(proc.stderr)
     assert refused["error"] == "ExtraMissing" and "objmanifest[mcp]" in refused["message"]
+    assert refused["message"].endswith(install_hint("mcp")), refused["message"]
 
 
 def test_the_server_module_imports_first_of_all() -> None:

@@ -58,3 +58,25 @@ def test_init_trim_and_log_say_what_retention_dropped(cli: Cli, store: om.Object
 def test_trim_options_are_checked_before_any_request(cli: Cli) -> None:
     cli.run("init", "collect")
     assert "journal_keep_seconds" in cli.json("trim", "--keep-seconds", "-1", code=2)["message"]
+
+
+def test_log_of_an_entry_whose_records_were_all_dropped_says_so_never_migrate(
+    cli: Cli, store: om.ObjectStore
+) -> None:
+    """Every record of ``f0`` dropped by retention: ``log f0`` says what was dropped, not
+    that the task keeps no journal (which would send the user to ``migrate``)."""
+    cli.run("init", "collect", "--journal-keep-versions", "1")
+    task = om.Task.open(store, "job")
+    task.declare("f0", "collect")
+    home = task.layout.shard_of("collect", "f0")
+    beside = (f"h{n}" for n in range(10_000) if task.layout.shard_of("collect", f"h{n}") == home)
+    for _, file_id in zip(range(70), beside, strict=False):  # more than two blocks
+        task.declare(file_id, "collect")
+    task.flush_journal()
+    dropped = cli.json("trim")["dropped"]
+    assert dropped, "retention dropped nothing"
+    text = cli.run("log", "f0").text
+    assert "were dropped by retention" in text
+    assert "no journal records for f0 left (the lines above say what was dropped or lost)" in text
+    assert "migrate" not in text
+    assert cli.json("log", "f0")["history"] == []

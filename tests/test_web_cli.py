@@ -21,6 +21,7 @@ import pytest
 from objmanifest.wire import exits
 from tests.support.stores import Server
 from tests.test_cli import Cli, base_env, finish, make_cli, read_line
+from tests.test_hostile_input_cli import install_hint
 
 pytestmark = pytest.mark.one_server  # the web page's CLI, not the backend, is under test
 
@@ -144,6 +145,7 @@ def test_without_the_web_extra_it_says_which_extra_to_install() -> None:
     assert code == E.UNSUPPORTED
     assert refused["error"] == "ExtraMissing"
     assert "objmanifest[web]" in refused["message"] and "starlette" in refused["message"]
+    assert refused["message"].endswith(install_hint("web")), refused["message"]
     code, refused = run_web(prelude="sys.modules['uvicorn'] = None")
     assert code == E.UNSUPPORTED and "uvicorn" in refused["message"]
 

@@ -33,8 +33,12 @@ from objmanifest.local import servers
 
 from ..local.errors import LocalServerError
 from ..wire.errors import UsageError
+from .extras import extra_needed
 from .output import Output
 
+SERVER_MODULES = ("moto", "flask", "flask_cors", "werkzeug")
+"""What ``--backend moto`` imports, of the ``servers`` extra (SeaweedFS is a binary it ships,
+said apart when missing)."""
 ENV_SERVE_PID = "OBJMANIFEST_SERVE_PID"
 BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 """A bucket name as S3 (and so the local servers) accepts it."""
@@ -114,7 +118,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return detach(args, out)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's per-request log lines
     with stop_on_signals() as stop:
-        local = servers.start(args.backend, port=args.port, data_dir=args.data)
+        with extra_needed("serve", "servers", SERVER_MODULES):
+            local = servers.start(args.backend, port=args.port, data_dir=args.data)
         try:
             if args.bucket:
                 local.create_bucket(args.bucket)
