@@ -267,6 +267,36 @@ def test_bad_filters_and_unknown_names_are_clear_errors(job: om.Task) -> None:
     assert client.get("/api/tasks/job/entries/a/../b").status_code in (400, 404)
 
 
+def test_a_damaged_shard_is_named_by_the_board_the_stage_and_the_task_list(
+    store: om.ObjectStore,
+) -> None:
+    """A shard that does not parse: the board lists it under damage, the stage's API shows
+    the entries of its sound partitions and names the damaged one (never a 500), and the
+    task list counts it as needing attention."""
+    task = om.Task.create(store, "dmg", stages=["collect", "write"])
+    ids = [f"f{n}" for n in range(12)]
+    task.declare_many([(f, "collect") for f in ids])
+    key = task.shard_key("collect", "f0")
+    rawstore.put(store, key, b"{ not json")
+    address = store.describe(key)
+    hidden = {f for f in ids if task.shard_key("collect", f) == key}
+    client = client_for(Site(store, "dmg", interval=0))
+    board = client.get("/api/tasks/dmg")
+    assert board.status_code == 200, board.text
+    objects = board.json()["damage"]["objects"]
+    assert [(o["key"], o["kind"]) for o in objects] == [(key, "shard")]
+    stage = client.get("/api/tasks/dmg/stages/collect")
+    assert stage.status_code == 200, stage.text
+    damaged = stage.json()["damaged"]
+    assert [(d["key"], d["address"]) for d in damaged] == [(key, address)]
+    assert "not JSON" in damaged[0]["problem"]
+    assert {e["file_id"] for e in stage.json()["entries"]} == set(ids) - hidden
+    listed = client_for(Site(store, None, interval=0)).get("/api/tasks").json()["tasks"]
+    row = next(r for r in listed if r["task_id"] == "dmg")
+    assert row["damaged"] == 1 and row["attention"] >= 1
+    assert rawstore.get(store, key) == b"{ not json"  # the page only looks
+
+
 # -- an entry ------------------------------------------------------------------------------
 
 

@@ -270,11 +270,13 @@ class Site:
             try:
                 task = self.task(task_id)
                 status = task.status()
+                damage = len(status.damaged) + len(status.unindexed)
                 row.update(
                     stages=list(task.stages),
                     totals=status.totals,
                     finished=status.finished,
-                    attention=sum(len(getattr(status, k, None) or ()) for k in ATTENTION),
+                    damaged=damage,
+                    attention=damage + sum(len(getattr(status, k, None) or ()) for k in ATTENTION),
                 )
             except om.ObjManifestError as e:
                 row["error"] = str(e)
@@ -358,19 +360,19 @@ class Site:
         limit: int,
         offset: int,
     ) -> dict[str, Any]:
-        shard = task.shard(stage)
+        entries, archived, damaged = self._sound_part(task, stage)
         now = task.store.now()
         split = len(task.shard_names(stage)) > 1
         rows: list[dict[str, Any]] = [
             entry_row(e, task.shard_names(stage, e.file_id)[0] if split else None)
-            for e in shard.entries.values()
+            for e in entries.values()
         ]
         if agent is None:  # archived entries have no holder to filter by
             rows += [
                 {"file_id": fid, "stage": stage, "state": ref.state.value, "archived": True}
-                for fid, ref in (shard.archived or {}).items()
+                for fid, ref in archived.items()
             ]
-        agents = sorted({e.owner for e in shard.entries.values() if e.owner})
+        agents = sorted({e.owner for e in entries.values() if e.owner})
         matched = [
             r
             for r in rows
@@ -378,9 +380,7 @@ class Site:
             and (agent is None or r.get("holder") == agent)
         ]
         matched.sort(key=lambda r: r["file_id"])
-        counts = state_counts(
-            shard.entries.values(), [a.state for a in (shard.archived or {}).values()]
-        )
+        counts = state_counts(entries.values(), [a.state for a in archived.values()])
         return {
             "task_id": task.task_id,
             "stage": stage,
@@ -393,7 +393,37 @@ class Site:
             "lease_seconds": task.lease_seconds,
             "max_retries": task.max_retries,
             "entries": matched[offset : offset + limit],
+            "damaged": damaged,
         }
+
+    @staticmethod
+    def _sound_part(
+        task: om.Task, stage: str
+    ) -> tuple[dict[str, om.Entry], dict[str, Any], list[dict[str, str]]]:
+        """The stage's entries and archived entries as its sound shards hold them, and each
+        shard that does not parse (its key, full address and problem; ``objmanifest
+        repair`` mends it): a damaged partition hides only its own entries."""
+        try:
+            whole = task.shard(stage)
+            return dict(whole.entries), dict(whole.archived or {}), []
+        except om.CorruptShard:
+            pass
+        entries: dict[str, om.Entry] = {}
+        archived: dict[str, Any] = {}
+        damaged: list[dict[str, str]] = []
+        shared = {n for other in task.stages if other != stage for n in task.shard_names(other)}
+        for name in task.shard_names(stage):
+            try:
+                doc = task.shards([name])[name]
+            except om.CorruptShard as e:
+                damaged.append(
+                    {"shard": name, "key": e.key, "address": e.address, "problem": e.detail}
+                )
+                continue
+            entries.update((f, x) for f, x in doc.entries.items() if x.stage == stage)
+            if name not in shared:  # the task's one shard: whose archived ids, unsure
+                archived.update(doc.archived or {})
+        return entries, archived, damaged
 
     def _build_entry(self, task: om.Task, file_id: str) -> dict[str, Any]:
         key = (task.task_id, file_id)

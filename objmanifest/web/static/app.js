@@ -335,6 +335,8 @@
       el("p", { class: "meta" }, d.matched + " of " + d.total + " entries" +
         (d.matched > d.entries.length ? ", showing " + (f.offset + 1) + "–" + (f.offset + d.entries.length) : "") +
         " · store time " + time(d.store_time)),
+      (d.damaged || []).length ? el("ul", {}, d.damaged.map((n) => el("li", { class: "damaged-object" },
+        "shard ", el("code", {}, n.address), " is damaged (" + n.problem + "): its entries are not shown; run `objmanifest repair`"))) : null,
       form,
       el("table", { class: "grid entries" },
         el("thead", {}, el("tr", {}, ["file id", "state", "holder", "epoch", "lease left", "retries", "size", "checksum", "updated", "error"]
