@@ -8,6 +8,7 @@ streamable HTTP transport on loopback. ``confine`` (the root's bound) is tested 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -30,8 +31,10 @@ from mcp.client.streamable_http import streamable_http_client
 
 import objmanifest as om
 from objmanifest.mcp import server as mcp_server
+from objmanifest.mcp import stdio as mcp_stdio
 from objmanifest.mcp.tools import MAX_INLINE, Session, confine
 from objmanifest.wire import exits
+from objmanifest.wire.inputs import MAX_INPUT_BYTES
 from tests.support.internals import engine
 from tests.support.stores import Server, memory_store
 from tests.test_cli import (
@@ -48,6 +51,7 @@ from tests.test_hostile_input_cli import install_hint
 pytestmark = pytest.mark.one_server  # the MCP server, not the backend, is under test
 
 E = exits.ExitCode
+MiB = 1024 * 1024
 TOOLS = {
     "status",
     "show",
@@ -298,6 +302,96 @@ def test_bad_input_is_a_tool_error_naming_it_and_the_server_goes_on(
             assert (await a.call("status"))["totals"]["consumed"] == 1
 
     run(main)
+
+
+def rpc(proc: subprocess.Popen[bytes], message: dict[str, Any] | bytes) -> None:
+    data = message if isinstance(message, bytes) else json.dumps(message).encode()
+    assert proc.stdin is not None
+    proc.stdin.write(data + b"\n")
+    proc.stdin.flush()
+
+
+def answer(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    found: dict[str, Any] = json.loads(read_line(proc.stdout, timeout=120))
+    return found
+
+
+@MOTO_ONLY
+def test_an_oversized_or_over_deep_request_gets_a_json_rpc_error_and_the_server_goes_on(
+    cli: Cli, store: om.ObjectStore, tmp_path: Path
+) -> None:
+    """A line of stdin nested 100,000 deep, or of 200 MiB, is answered with an error under
+    its own id (the client would otherwise wait for ever), what was read of it is bounded
+    (``wire.inputs``: 64 MiB a line, 100 deep), and the next request is served."""
+    om.Task.create(store, "job", ["draft"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "objmanifest", "mcp", "--agent", "a", "--root", str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli.env,
+        cwd=tmp_path,
+    )
+    try:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}}
+        hello["clientInfo"] = {"name": "test", "version": "1"}
+        rpc(proc, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
+        assert answer(proc)["id"] == 1
+        rpc(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+        call = b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "show", '
+        rpc(proc, call + b'"arguments": {"file_id": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}}")
+        deep = answer(proc)
+        assert deep["id"] == 2 and deep["error"]["code"] == -32600
+        assert "nested too deeply to read" in deep["error"]["message"]
+        assert "more than 100 deep" in deep["error"]["message"]
+        big = b'{"jsonrpc": "2.0", "id": "big", "method": "tools/call", "params": {"name": '
+        rpc(proc, big + b'"show", "arguments": {"file_id": "' + b"x" * (200 * MiB) + b'"}}}')
+        huge = answer(proc)
+        assert huge["id"] == "big" and huge["error"]["code"] == -32600
+        assert "longer than 64 MiB, the most read at once" in huge["error"]["message"]
+        peak = Path(f"/proc/{proc.pid}/status").read_text().split("VmHWM:")[1].split()[0]
+        assert int(peak) * 1024 < 150 * MiB + 64 * MiB, f"{peak} kB at its peak"
+        rpc(
+            proc,
+            {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "method": "tools/call",
+                "params": {"name": "status", "arguments": {}},
+            },
+        )
+        served = answer(proc)
+        assert served["id"] == 3 and not served["result"].get("isError"), served
+    finally:
+        code, _, _ = finish(proc)
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "found"),
+    [
+        (b'{"jsonrpc": "2.0", "id": 7, "method": "x"}', 7),
+        (b'{"params": {"id": 1, "a": ["{\\"id\\": 2"]}, "id": "s"}', "s"),
+        (b'{"method": "x", "params": [[[[', None),
+        (b'{"method": "x", "id": -3, "params": "' + b"y" * 1000, -3),
+        (b"[1, 2]", None),
+    ],
+)
+def test_a_refused_request_is_answered_under_its_top_level_id(line: bytes, found: Any) -> None:
+    assert mcp_stdio.request_id(line) == found
+
+
+def test_stdin_is_read_a_line_at_a_time_within_the_bound() -> None:
+    data = io.BytesIO(b"a\n" + b"x" * (MAX_INPUT_BYTES + 10) + b"\nb\n\nlast")
+    got = [(line[:3], len(line), over) for line, over in mcp_stdio.lines_of(data.read)]
+    assert got == [
+        (b"a", 1, False),
+        (b"xxx", mcp_stdio.HEAD, True),
+        (b"b", 1, False),
+        (b"", 0, False),
+        (b"las", 4, False),
+    ]
 
 
 @MOTO_ONLY

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from objmanifest import __version__
 
+from .stdio import Refuse, bounded_stdin
 from .tools import MAX_INLINE, MAX_LOG, MAX_WAIT, Reply, Session
 
 INSTRUCTIONS = """\
@@ -84,6 +85,7 @@ def build(session: Session) -> MCPServer[Any]:
         version=__version__,
         log_level="WARNING",
     )
+    server.middleware.append(Refuse())
 
     def call(op: Callable[[], dict[str, Any]]) -> CallToolResult:
         return result(session.run(op))
@@ -207,8 +209,10 @@ def build(session: Session) -> MCPServer[Any]:
 
 
 def serve_stdio(server: MCPServer[Any]) -> None:
-    """Serve on stdin/stdout until the client closes stdin."""
-    server.run("stdio")
+    """Serve on stdin/stdout until the client closes stdin; a line of stdin past the
+    bounds of ``wire.inputs`` is answered with a JSON-RPC error (``stdio``)."""
+    with bounded_stdin():
+        server.run("stdio")
 
 
 def listen(port: int) -> socket.socket:

@@ -7,6 +7,7 @@ input the same way.
 from __future__ import annotations
 
 import json
+import re
 import string
 from typing import Any
 
@@ -31,29 +32,24 @@ def lines(text: str) -> list[str]:
     return text.split("\n")
 
 
+TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+"""A JSON string (skipped whole, in C) or a bracket: what nesting is counted from."""
+
+
 def nesting(text: str | bytes, limit: int = MAX_NESTING) -> int:
     """How deep the arrays and objects of the JSON ``text`` nest, counted without
     recursion and outside strings; it stops counting past ``limit``."""
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     depth = deepest = 0
-    quoted = escaped = False
-    for byte in data:
-        if quoted:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                quoted = False
-        elif byte == 0x22:
-            quoted = True
-        elif byte in (0x5B, 0x7B):  # [ {
+    for token in TOKENS.finditer(data):
+        bracket = token.group()
+        if bracket in (b"[", b"{"):
             depth += 1
             if depth > deepest:
                 deepest = depth
                 if deepest > limit:
-                    return deepest
-        elif byte in (0x5D, 0x7D):  # ] }
+                    break
+        elif bracket in (b"]", b"}"):
             depth -= 1
     return deepest
 
@@ -79,4 +75,13 @@ def load_json(text: str, where: str) -> Any:
         raise InvalidInput(f"{where} is not valid JSON: {e}") from None
 
 
-__all__ = ["ASCII_SPACE", "MAX_INPUT_BYTES", "MAX_NESTING", "lines", "load_json", "nesting"]
+__all__ = [
+    "ASCII_SPACE",
+    "MAX_INPUT_BYTES",
+    "MAX_NESTING",
+    "TOKENS",
+    "lines",
+    "load_json",
+    "nesting",
+    "too_deep",
+]
