@@ -657,6 +657,7 @@ OUTSIDE_THE_CORE = (
     "objmanifest.cli",
     "objmanifest.demo",
     "objmanifest.web",
+    "objmanifest.mcp.stdio",
     "objmanifest.__main__",
 )
 """The runtime itself, and what runs processes and servers rather than the protocol."""
