@@ -35,11 +35,7 @@ from ..core.model import (
 )
 from ..errors import CorruptShard, DeclarationConflict, DependencyCycle, NotFound, UnsupportedSchema
 
-SHARD_REPAIR = (
-    "run `objmanifest repair` (Task.repair()), which copies it aside and rebuilds it; "
-    "or delete it and declare its entries again (`objmanifest status` lists them as declared "
-    "but not yet in their shard)"
-)
+SHARD_REPAIR = "run `objmanifest repair` (Task.repair()), which copies it aside and rebuilds it"
 INDEX_REPAIR = (
     "run `objmanifest repair` (Task.repair()), which copies it aside and rebuilds it from "
     "the shards"

@@ -24,6 +24,7 @@ from ..errors import (
 )
 from .commands import DeclareInIndex, RepairIndex, refuse_twice
 from .manifest import Manifest
+from .reads import lost_shard
 
 
 def resumed(m: Manifest, agent: str, held: list[tuple[str, int]]) -> list[Claim]:
@@ -99,6 +100,12 @@ def declare_many(
     # found in a shard and missing from a later read of the index is damage, not a race.
     shards = {shard: m.read_shard(shard) for shard in by_shard}
     refuse_unindexed(m, batch, shards)
+    if any(not doc.version for doc in shards.values()):
+        index = m.index()
+        for shard, doc in shards.items():
+            lost = lost_shard(m, shard, doc, index)
+            if lost is not None:
+                raise lost  # a new shard would hide what the index says it held
     for shard, group in by_shard.items():
         changes.declare(shards[shard], m.store.now(), group)
     if batch:

@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping
 import shard_index
 
 from ..core.model import Entry, Shard
-from ..errors import NotFound
+from ..errors import CorruptShard, NotFound
+from ..store import list_keys
 from .manifest import Manifest
 
 
@@ -56,6 +57,9 @@ def entry(m: Manifest, file_id: str) -> Entry:
     doc = m.read_shard(m.layout.shard_of(stage, file_id))
     found = doc.entries.get(file_id) or m.archives.entry(doc, file_id)
     if found is None:
+        lost = lost_shard(m, m.layout.shard_of(stage, file_id), doc, m.index())
+        if lost is not None:
+            raise lost
         raise NotFound(
             f"{file_id!r} is in the index but not in shard {stage!r}: its declaration "
             "was interrupted; declare it again to finish it"
@@ -67,3 +71,48 @@ def entries(m: Manifest, stage: str | None = None) -> list[Entry]:
     """The live entries of ``stage`` (every stage: None), read fresh."""
     stages = [stage] if stage else list(m.stages)
     return [e for s in stages for e in shard(m, s).entries.values()]
+
+
+def lost_shard(
+    m: Manifest, shard: str, doc: Shard, index: shard_index.ShardIndex
+) -> CorruptShard | None:
+    """``CorruptShard`` naming ``shard`` if it was deleted: it does not exist, the index
+    names entries in it, and something shows it was written (its journal, an archive
+    object, the data of one of those entries). Without a trace it is a first declaration
+    still in flight, or one interrupted before its shard was written: running the same
+    declaration again finishes it and loses nothing."""
+    if doc.version or doc.entries:
+        return None
+    own = m.layout.stage_of_shard(shard)
+    stages = [own] if own is not None else list(m.stages)
+    indexed = sorted(
+        fid
+        for stage in stages
+        for fid in index.file_ids(stage)
+        if m.layout.shard_of(stage, fid) == shard
+    )
+    if not indexed:
+        return None
+    key = m.layout.shard(shard)
+    trace = next(iter(list_keys(m.store, m.layout.journal_of(key))), None)
+    trace = trace or next(iter(list_keys(m.store, m.layout.archive_of(shard))), None)
+    wanted = set(indexed)
+    for stage in stages if trace is None else ():
+        for row in m.store.list(m.layout.data_of(stage)):
+            if m.layout.parse(row.key).file_id in wanted:
+                trace = row.key
+                break
+        if trace is not None:
+            break
+    if trace is None:
+        return None
+    shown = ", ".join(repr(f) for f in indexed[:5]) + (" ..." if len(indexed) > 5 else "")
+    return CorruptShard(
+        key,
+        f"it does not exist, yet the index names {len(indexed)} entr"
+        f"{'y' if len(indexed) == 1 else 'ies'} in it ({shown}) and "
+        f"{m.store.describe(trace)} shows it was written: it was deleted",
+        m.store.describe(key),
+        "run `objmanifest repair` (Task.repair()), which rebuilds it from its journal, its "
+        "data and the index; declaring its entries again would lose what they were",
+    )
