@@ -25,8 +25,10 @@ from ..data.chunked.rebuild import needs_parts
 from ..errors import (
     CorruptShard,
     DeadWaitedFor,
+    NotFound,
     UnsupportedSchema,
 )
+from ..journal.retention import MarkerCodec
 from ..ops.gc import Collector, GcReport
 from ..store import list_keys
 from ..store.errors import NoSuchObject
@@ -118,6 +120,50 @@ def unclaimable(m: Manifest, stage: str) -> str:
     )
 
 
+def marker_damage(m: Manifest) -> list[DamageNote]:
+    """The retention markers of the shards and the index that do not decode (every reader
+    of their journal stops at one): a conditional GET each."""
+    keys = [m.layout.shard(n) for n in m.shard_names()]
+    keys.append(m.layout.index)
+
+    def problem(key: str) -> DamageNote | None:
+        marker = m.layout.journal_retention(key)
+        try:
+            m.docs.read(marker, MarkerCodec(key))
+        except CorruptShard as e:
+            return m.damage(marker, "retention marker", e.detail)
+        except UnsupportedSchema:
+            return None  # a newer release's: not damage
+        return None
+
+    with m.store.runtime.pool(min(len(keys), PARALLEL_READS), "read-markers") as pool:
+        return [n for n in pool.map(problem, keys) if n is not None]
+
+
+def archive_damage(m: Manifest, docs: dict[str, Shard]) -> list[DamageNote]:
+    """The archive objects the shards' ``archived`` maps name that do not read back (each
+    read once by this process: written once, they never change)."""
+    named = sorted(
+        {(name, ref.archive) for name, doc in docs.items() for ref in (doc.archived or {}).values()}
+    )
+    if not named:
+        return []
+
+    def problem(pair: tuple[str, str]) -> DamageNote | None:
+        shard, archive_id = pair
+        key = m.layout.archive_object(shard, archive_id)
+        try:
+            m.archives.read(shard, archive_id)
+        except CorruptShard as e:
+            return m.damage(key, "archive object", e.detail)
+        except NotFound:
+            return m.damage(key, "archive object", "it does not exist")
+        return None
+
+    with m.store.runtime.pool(min(len(named), PARALLEL_READS), "read-archives") as pool:
+        return [n for n in pool.map(problem, named) if n is not None]
+
+
 def status(m: Manifest) -> TaskStatus:
     """Every shard read once (damage named, not raised), then the index and the upload
     states ready chunked entries need."""
@@ -129,6 +175,12 @@ def status(m: Manifest) -> TaskStatus:
     except CorruptShard as e:
         damaged.append(m.damage(m.layout.index, "index", e.detail))
         index = None
+    if index is not None:
+        noted = {n.key for n in damaged}
+        for name, doc in docs.items():
+            lost = reads.lost_shard(m, name, doc, index)
+            if lost is not None and lost.key not in noted:
+                damaged.append(m.damage(lost.key, "shard", lost.detail))
     shards = {s: reads.view(m, s, docs, lambda: index) for s in m.stages}
     everything = {fid: e for sh in shards.values() for fid, e in sh.entries.items()}
     for sh in shards.values():  # archiving: archived entries count in their state
@@ -193,7 +245,12 @@ def status(m: Manifest) -> TaskStatus:
         unfinished=unfinished,
         unindexed=unindexed,
         archived=archived,
-        damaged=damaged + parts_damage(m, everything.values()),
+        damaged=[
+            *damaged,
+            *parts_damage(m, everything.values()),
+            *marker_damage(m),
+            *archive_damage(m, docs),
+        ],
         **notes,
     )
 

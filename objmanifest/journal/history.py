@@ -246,12 +246,18 @@ def decode_block(store: ObjectStore, key: str, body: bytes, ref: BlockRef) -> Jo
     return block
 
 
+MARKER_REPAIR = (
+    "run `objmanifest repair` (Task.repair()), which copies it aside and writes it again "
+    "from the journal blocks there are (the versions no block holds are then said lost)"
+)
+
+
 def decode_marker(key: str, body: bytes, where: str) -> RetentionMarker:
-    """A retention marker, or ``CorruptShard`` naming it."""
+    """A retention marker, or ``CorruptShard`` naming it by its address and repair."""
     try:
         return decode_model(key, body, MARKER_SCHEMA, RetentionMarker, "a journal retention marker")
     except CorruptShard as e:
-        raise e.at(where) from None
+        raise e.at(where, MARKER_REPAIR) from None
 
 
 def covered(marker: RetentionMarker | None, journal_id: str, last: int) -> bool:
@@ -297,7 +303,14 @@ class History:
         prefix = self.layout.journal_of(object_key)
         rows = list(self.store.list(prefix))
         marker_key = self.layout.journal_retention(object_key)
-        marker = self._marker(marker_key) if any(r.key == marker_key for r in rows) else None
+        marker = None
+        if any(r.key == marker_key for r in rows):
+            try:
+                marker = self._marker(marker_key)
+            except CorruptShard as e:
+                if damaged is None:
+                    raise
+                damaged.append(e)  # a repair reads every block, its own repair says lost
         for row in rows:
             ref = self.layout.parse_block(row.key)
             if ref is None or ref.object_key != object_key or ref.last <= after:

@@ -86,8 +86,12 @@ def find(
 ) -> list[BlockDamage]:
     """Every damaged block of ``object_key`` and every range of versions between two known
     ones that nothing accounts for (``live``: the journal id and records the object carries
-    now, if it can be read)."""
-    marker = _marker(store, layout, object_key)
+    now, if it can be read). A corrupt retention marker counts for nothing here (repair
+    writes it again first, ``mend_marker``): every range it covered is then a gap."""
+    try:
+        marker = _marker(store, layout, object_key)
+    except CorruptShard:
+        marker = None
     refs: list[BlockRef] = []
     for row in store.list(layout.journal_of(object_key)):
         ref = layout.parse_block(row.key)
@@ -211,4 +215,70 @@ def mend(
     return "recorded as lost", moved
 
 
-__all__ = ["BlockDamage", "RecordLost", "find", "mend"]
+@dataclass(frozen=True)
+class RebuildMarker:
+    """A retention marker written again, empty, in place of one that does not decode (its
+    bytes copied aside first): the ranges it covered are found as gaps and said lost."""
+
+    object_key: str
+    actor: str = ""
+    name: ClassVar[str] = "repair"
+
+    def apply(self, doc: RetentionMarker, now: datetime) -> tuple[RetentionMarker | None, bool]:
+        if doc.dropped or doc.lost or doc.commit_id:
+            return None, False  # a sound marker is there by now
+        return RetentionMarker(object_key=self.object_key), True
+
+
+def damaged_marker(
+    store: ObjectStore, layout: TaskLayout, object_key: str
+) -> tuple[str, str, bytes, str | None] | None:
+    """The retention marker of ``object_key`` if it does not decode: (its key, the
+    problem, its bytes, its ETag)."""
+    key = layout.journal_retention(object_key)
+    try:
+        blob = store.get(key)
+    except NoSuchObject:
+        return None
+    assert blob is not None
+    try:
+        decode_marker(key, blob.body, store.describe(key))
+    except CorruptShard as e:
+        return key, e.detail, blob.body, blob.etag
+    except UnsupportedSchema:
+        return None  # a newer release's: not damage
+    return None
+
+
+def mend_marker(
+    store: ObjectStore,
+    docs: Documents,
+    layout: TaskLayout,
+    object_key: str,
+    found: tuple[str, str, bytes, str | None],
+) -> tuple[str, bool]:
+    """Copy a damaged marker aside (create-only, read back), then write it again empty by a
+    commit over exactly those bytes; returns where the bytes went and whether it landed."""
+    key, _, body, etag = found
+    moved = layout.damaged(key, store.now())
+    store.put(moved, body, mode=CREATE)
+    blob = store.get(moved)
+    if blob is None or blob.body != body:
+        raise CorruptShard(
+            moved,
+            "the copy of the damaged marker does not read back as written; nothing was replaced",
+            store.describe(moved),
+        )
+    landed = docs.commit(key, MarkerCodec(object_key), RebuildMarker(object_key), over=etag)
+    return moved, bool(landed)
+
+
+__all__ = [
+    "BlockDamage",
+    "RebuildMarker",
+    "RecordLost",
+    "damaged_marker",
+    "find",
+    "mend",
+    "mend_marker",
+]

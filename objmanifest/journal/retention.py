@@ -26,14 +26,16 @@ from ..core.model import DroppedRange, JournalBlock, JournalRecord, RetentionMar
 from ..errors import NotFound, ObjManifestError
 from ..store import ObjectStore
 from ..store.errors import NoSuchObject
-from .history import MARKER_SCHEMA, Dropped, covered, decode_block, decode_marker
+from .history import (
+    MARKER_REPAIR,
+    MARKER_SCHEMA,
+    Dropped,
+    covered,
+    decode_block,
+    decode_marker,
+)
 
 log = logging.getLogger(__name__)
-
-MARKER_REPAIR = (
-    "it only says which journal records retention dropped: move it aside and run the trim "
-    "again (the dropped records are gone either way)"
-)
 
 
 @dataclass(frozen=True)
@@ -222,4 +224,4 @@ class Trimmer:
         return dropped
 
 
-__all__ = ["MARKER_SCHEMA", "MarkerCodec", "TrimJournal", "Trimmer"]
+__all__ = ["MARKER_REPAIR", "MARKER_SCHEMA", "MarkerCodec", "TrimJournal", "Trimmer"]

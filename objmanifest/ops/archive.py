@@ -31,6 +31,10 @@ from ..store import CREATE, ObjectStore
 from ..store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 
 ARCHIVE_SCHEMA = 1
+ARCHIVE_REPAIR = (
+    "run `objmanifest repair` (Task.repair()), which copies it aside and writes its entries "
+    "to a new archive object from their journal records"
+)
 WRITE_TRIES = 3
 """How often an archive object's create-only write is tried at one key, and how many keys."""
 
@@ -69,15 +73,19 @@ class Archives:
         except NoSuchObject as e:
             raise NotFound(str(e)) from e
         assert blob is not None
-        data = load_json(key, blob.body, ARCHIVE_SCHEMA)
+        where = self.store.describe(key)
+        try:
+            data = load_json(key, blob.body, ARCHIVE_SCHEMA)
+        except CorruptShard as e:
+            raise e.at(where, ARCHIVE_REPAIR) from None
         try:
             doc = ArchiveObject.model_validate(data)
         except ValidationError as e:
             problem = f"not an archive object: {schema_problems(e)}"
-            raise CorruptShard(key, problem, self.store.describe(key)) from None
+            raise CorruptShard(key, problem, where, ARCHIVE_REPAIR) from None
         if (doc.task_id, doc.shard, doc.archive_id) != (self.layout.task_id, shard, archive_id):
             problem = f"it is archive {doc.archive_id!r} of {doc.task_id}/{doc.shard}"
-            raise CorruptShard(key, problem, self.store.describe(key))
+            raise CorruptShard(key, problem, where, ARCHIVE_REPAIR)
         with self._lock:
             self._read[key] = doc
         return doc
@@ -91,7 +99,7 @@ class Archives:
         if found is None:
             key = self.layout.archive_object(shard.stage, ref.archive)
             problem = f"it lacks {file_id!r}, which shard {shard.stage!r} says it holds"
-            raise CorruptShard(key, problem, self.store.describe(key))
+            raise CorruptShard(key, problem, self.store.describe(key), ARCHIVE_REPAIR)
         if ref.data_removed_at is not None:  # gc removed its data since (the shard says)
             return found.model_copy(update={"data_removed_at": ref.data_removed_at})
         return found

@@ -36,7 +36,6 @@ the data object where it can be, and named in the report where it cannot.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import shard_index
@@ -54,7 +53,9 @@ from ..journal import mending
 from ..journal.history import History
 from ..store import CREATE, ObjectStore
 from ..store.errors import NoSuchObject
+from . import mend
 from .archive import Archives
+from .mend import Found, inspect
 from .replay import (
     RECORDS_AT_RISK,
     RebuildIndex,
@@ -65,40 +66,12 @@ from .replay import (
     replay,
     salvage,
 )
-from .reports import Action, Damage, ObjectRepair, RepairReport, RestoredEntry
+from .reports import Action, ObjectRepair, RepairReport, RestoredEntry
 
 # -- the commands -----------------------------------------------------------------------
 
 
 # -- reading what is left ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Found:
-    """A manifest object as the store holds it: missing, corrupt (with its bytes and ETag),
-    newer than this release, or fine."""
-
-    key: str
-    damage: Damage | None
-    problem: str = ""
-    body: bytes = b""
-    etag: str | None = None
-
-
-def inspect(store: ObjectStore, key: str, decode: Callable[[str, bytes], object]) -> Found:
-    """What is wrong with ``key``, if anything (a raw read: the CAS cache is not trusted)."""
-    try:
-        blob = store.get(key)
-    except NoSuchObject:
-        return Found(key, "deleted", "it does not exist")
-    assert blob is not None
-    try:
-        decode(key, blob.body)
-    except UnsupportedSchema as e:
-        return Found(key, "newer", str(e))
-    except CorruptShard as e:
-        return Found(key, "corrupt", e.detail, blob.body, blob.etag)
-    return Found(key, None)
 
 
 # -- rebuilding a shard ------------------------------------------------------------------
@@ -138,7 +111,13 @@ class Repairer:
         ready chunked entries need, and last the damaged blocks, mended or said lost."""
         self.block_damage: dict[str, list[mending.BlockDamage]] = {}
         self.carried: dict[str, tuple[str | None, Sequence[JournalRecord]]] = {}
-        for key, codec in self.objects():
+        objects = list(self.objects())
+        reports: list[ObjectRepair] = []
+        for key, _ in objects:  # first: what every later read of the journal relies on
+            damaged_marker = mend.marker(self, key, dry_run)
+            if damaged_marker is not None:
+                reports.append(damaged_marker)
+        for key, codec in objects:
             try:
                 live = codec.journal(self.docs.read(key, codec))
             except (NotFound, CorruptShard, UnsupportedSchema):
@@ -148,7 +127,6 @@ class Repairer:
             self.block_damage[key] = mending.find(self.store, self.layout, key, live)
         index_found = inspect(self.store, self.layout.index, self.index_codec.decode)
         index = None if index_found.damage else self.docs.read(self.layout.index, self.index_codec)
-        reports: list[ObjectRepair] = []
         shards: dict[str, Shard] = {}
         for shard, codec in self.codecs.items():
             key = self.layout.shard(shard)
@@ -170,6 +148,14 @@ class Repairer:
         elif index is not None and not any(r.damage == "newer" for r in reports):
             lacking = sorted({f for sh in shards.values() for f in sh.entries if f not in index})
             added = lacking if dry_run or not lacking else repair_index()
+        for shard, doc in shards.items():
+            if doc.archived:
+                key = self.layout.shard(shard)
+                carried = self.carried.get(key, (None, ()))[1]
+                records = [*self.history.blocks(key, damaged=[]), *carried]
+                reports += mend.archives(
+                    self, shard, doc, self.codecs[shard], records, index, self._entry, dry_run
+                )
         for doc in shards.values():
             for entry in sorted(doc.entries.values(), key=lambda e: e.file_id):
                 if needs_parts(entry):
@@ -180,7 +166,7 @@ class Repairer:
             reports += [self._block(d, dry_run) for d in damages]
         return RepairReport(self.layout.task_id, dry_run, tuple(reports), tuple(added))
 
-    # -- journal blocks and upload states ------------------------------------------------
+    # -- journal blocks, retention markers and upload states ------------------------------
 
     def _block(self, damage: mending.BlockDamage, dry_run: bool) -> ObjectRepair:
         journal_id, records = self.carried.get(damage.object_key, (None, ()))

@@ -13,7 +13,9 @@ Action = Literal[
 ]
 
 
-Kind = Literal["shard", "index", "journal block", "upload state"]
+Kind = Literal[
+    "shard", "index", "journal block", "upload state", "retention marker", "archive object"
+]
 
 
 @dataclass(frozen=True)
