@@ -27,7 +27,9 @@ import objmanifest as om
 from objmanifest.cli import main
 from tests.support import rawstore
 from tests.support.faults import FaultProxy
+from tests.support.internals import engine
 from tests.support.stores import Server
+from tests.test_cli import in_layout
 from tests.test_hostile_input import not_s3
 
 pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
@@ -61,7 +63,7 @@ class Cli:
         if shell:
             command = ["bash", "-c", f'om() {{ "$PY" -m objmanifest "$@"; }}\n{shell}']
         else:
-            command = [sys.executable, "-m", "objmanifest", *args]
+            command = [sys.executable, "-m", "objmanifest", *in_layout(args)]
         proc = subprocess.run(
             command,
             input=stdin,
@@ -393,6 +395,83 @@ def test_separators_and_invisible_characters_are_refused_in_every_name_and_every
     err = cli.run("put-many", "--claims", "-", "--agent", "w", stdin=line.encode(), code=USAGE)
     assert said in one_line(err.stderr)
     assert cli.json("status")["totals"]["pending"] == 0
+
+
+@MOTO_ONLY
+@pytest.mark.layouts
+def test_a_deleted_shard_is_damage_until_repair_and_no_declare_papers_it_over(
+    cli: Cli, store: om.ObjectStore
+) -> None:
+    """The shard of a ready entry deleted by hand: ``status`` exits 12 naming it and the
+    repair; ``declare`` into it (the entry again, or another) and ``show`` exit 12 and
+    write nothing; ``repair`` rebuilds it and the task is sound again."""
+    cli.run("init", "a", "b")
+    cli.run("declare", "f", "--stage", "a")
+    cli.run("claim", "f", "--agent", "p")
+    cli.run("put", "f", "-", "--agent", "p", "--epoch", "1", stdin=b"hi\n")
+    task = om.Task.open(store, "job")
+    key = engine(task).shard_key("a", "f")
+    address = store.describe(key)
+    other = next(f"g{n}" for n in range(10_000) if engine(task).shard_key("a", f"g{n}") == key)
+    rawstore.delete(store, key)
+    damaged = cli.json("status", code=UNSUPPORTED)
+    assert damaged["error"] == "CorruptShard" and damaged["address"] == address
+    assert "objmanifest repair" in damaged["message"]
+    text = cli.run("status", code=UNSUPPORTED).stdout.decode()
+    assert "rerun the declare" not in text
+    for file_id in ("f", other):
+        err = cli.run("declare", file_id, "--stage", "a", code=UNSUPPORTED).stderr
+        assert address in one_line(err) and "it was deleted" in err
+        assert "objmanifest repair" in err and "delete it" not in err
+    assert address in one_line(cli.run("show", "f", code=UNSUPPORTED).stderr)
+    assert rawstore.keys(store, key) == []
+    repaired = cli.json("repair")
+    assert [(o["key"], o["action"]) for o in repaired["objects"]] == [(key, "rebuilt")]
+    assert cli.json("status")["totals"]["pending"] == 1
+    cli.run("declare", other, "--stage", "a")
+
+
+@MOTO_ONLY
+@pytest.mark.layouts
+def test_a_corrupt_marker_or_archive_object_is_named_by_every_command_until_repair(
+    cli: Cli, store: om.ObjectStore
+) -> None:
+    """A retention marker raw-PUT as ``[]`` and an archive object nested 50,000 deep:
+    ``status``, ``log``, ``show``, ``consume``, ``lineage`` and ``gc`` exit 12 naming the
+    object by its s3:// address and ``objmanifest repair``; ``repair`` mends both and the
+    archived data can be freed."""
+    cli.run("init", "a")
+    for file_id in ("q1", "q2"):
+        cli.run("declare", file_id, "--stage", "a")
+        cli.run("claim", file_id, "--agent", "p")
+        cli.run("put", file_id, "-", "--agent", "p", "--epoch", "1", stdin=b"hi\n")
+    cli.run("consume", "q1", "--agent", "c", "-o", os.devnull)
+    [archive] = cli.json("archive", "--older-than", "0")["objects"]
+    task = om.Task.open(store, "job")
+    marker = engine(task).layout.journal_retention(engine(task).shard_key("a", "q2"))
+    rawstore.put(store, marker, b"[]")
+    rawstore.put(store, archive, b'{"a": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")
+    for key, args in (
+        (marker, ("log",)),
+        (archive, ("show", "q1")),
+        (archive, ("consume", "q1", "--agent", "c", "-o", os.devnull)),
+        (archive, ("lineage", "q1")),
+        (archive, ("gc", "--consumed-older-than", "0")),
+    ):
+        err = cli.run(*args, code=UNSUPPORTED).stderr
+        assert store.describe(key) in one_line(err) and "objmanifest repair" in err, args
+        assert store.describe(key).startswith("s3://")
+    status = cli.run("status", code=UNSUPPORTED).stdout.decode()
+    assert "retention marker" in status and "archive object" in status
+    done = cli.json("repair")
+    assert {(o["key"], o["action"]) for o in done["objects"]} >= {
+        (marker, "rebuilt"),
+        (archive, "rebuilt"),
+    }
+    assert cli.json("show", "q1")["state"] == "consumed"
+    assert cli.json("gc", "--consumed-older-than", "0")["removed"]["consumed_data"]["count"] == 1
+    cli.run("log")
+    cli.run("status")
 
 
 @MOTO_ONLY

@@ -211,3 +211,157 @@ def test_an_upload_state_is_not_rebuilt_over_data_that_does_not_verify(
     with pytest.raises(om.ChecksumMismatch, match="checked together"):
         om.Task.open(store, "job").agent("r").consume("big")
     assert om.Task.open(store, "job").entry("big").state is om.State.failed
+
+
+def beside(task: om.Task, stage: str, file_id: str) -> str:
+    """Another file id whose entry would live in the same shard as ``file_id``'s."""
+    home = engine(task).shard_key(stage, file_id)
+    return next(
+        f"{file_id}-{n}"
+        for n in range(10_000)
+        if engine(task).shard_key(stage, f"{file_id}-{n}") == home
+    )
+
+
+def test_a_deleted_shard_is_damage_a_declare_refuses_and_repair_rebuilds_it(
+    task: om.Task,
+) -> None:
+    """A shard deleted after its entry was produced: status names it as damage (its full
+    address, the repair), a declare into it refuses instead of starting a new shard over
+    what the index says it held, a read names it too, and repair rebuilds it."""
+    task.declare("f", "collect")
+    agent = task.agent("p")
+    claim = agent.claim("f")
+    assert claim is not None
+    agent.put(claim, b"hi")
+    key = engine(task).shard_key("collect", "f")
+    raw_delete(task.store, key)
+    status = task.status()
+    assert [(d.key, d.kind) for d in status.damaged] == [(key, "shard")]
+    note = status.damaged[0]
+    assert note.address == task.store.describe(key) and "objmanifest repair" in note.fix
+    assert "it was deleted" in note.problem and "'f'" in note.problem
+    assert [(n.file_id, n.reason) for n in status.unfinished] == [
+        ("f", f"its shard {key} is damaged: run `objmanifest repair`")
+    ]
+    for file_id in ("f", beside(task, "collect", "f")):
+        with pytest.raises(om.CorruptShard, match="objmanifest repair") as caught:
+            task.declare(file_id, "collect")
+        assert caught.value.address == task.store.describe(key)
+        assert "declare" not in str(caught.value).split("otherwise")[1].split(";")[0]
+    with pytest.raises(om.CorruptShard, match="it was deleted"):
+        task.entry("f")
+    assert keys(task.store, key) == []  # nothing papered over
+    report = task.repair()
+    assert [(r.key, r.damage, r.action) for r in report.objects] == [(key, "deleted", "rebuilt")]
+    assert task.entry("f").state is om.State.pending  # its records went with the object
+    assert task.status().damaged == []
+    task.declare(beside(task, "collect", "f"), "collect")
+
+
+def test_a_first_declaration_interrupted_before_its_shard_is_finished_by_a_rerun(
+    task: om.Task,
+) -> None:
+    """The index written, the new shard not: nothing shows the shard was ever written, so
+    it is no damage, and the same declaration again finishes it."""
+    task.declare("a", "collect")
+    raw_delete(task.store, engine(task).shard_key("collect", "a"))  # as if never written
+    status = task.status()
+    assert status.damaged == []
+    assert [n.reason for n in status.unfinished] == [
+        "declared, not yet in its shard: rerun the declare"
+    ]
+    task.declare("a", "collect", consumers=[])
+    assert task.entry("a").state is om.State.pending and task.status().unfinished == []
+
+
+def test_a_corrupt_retention_marker_is_named_copied_aside_and_written_again(
+    task: om.Task,
+) -> None:
+    """A retention marker that does not decode, its shard deleted too: status names both,
+    ``log`` says which object by its address and how to repair it, and repair copies the
+    marker aside, writes it again from the blocks there are and rebuilds the shard."""
+    task.declare("f", "collect")
+    agent = task.agent("p")
+    claim = agent.claim("f")
+    assert claim is not None
+    agent.put(claim, b"hi")
+    key = engine(task).shard_key("collect", "f")
+    marker = engine(task).layout.journal_retention(key)
+    raw_put(task.store, marker, b"[]")
+    raw_delete(task.store, key)
+    status = task.status()
+    found = {(d.key, d.kind) for d in status.damaged}
+    assert found == {(key, "shard"), (marker, "retention marker")}
+    note = next(d for d in status.damaged if d.kind == "retention marker")
+    assert note.address == task.store.describe(marker) and "not a JSON object" in note.problem
+    with pytest.raises(om.CorruptShard) as caught:
+        task.log()
+    assert caught.value.address == task.store.describe(marker)
+    assert "objmanifest repair" in str(caught.value)
+    dry = task.repair(dry_run=True)
+    assert {(r.key, r.action) for r in dry.objects} == {
+        (marker, "would rebuild"),
+        (key, "would rebuild"),
+    }
+    assert raw_get(task.store, marker) == b"[]"  # a dry run changes nothing
+    report = task.repair()
+    done = {r.key: r for r in report.objects}
+    assert done[marker].action == "rebuilt" and done[key].action == "rebuilt"
+    moved = done[marker].moved_to
+    assert moved is not None and raw_get(task.store, moved) == b"[]"
+    assert task.status().damaged == []
+    assert task.log()  # readable again
+    assert task.repair().objects == ()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"a": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", b'{"x": 1'],
+    ids=["nested-50000-deep", "not-json"],
+)
+def test_a_corrupt_archive_object_is_named_and_rebuilt_from_the_journal(
+    task: om.Task, body: bytes
+) -> None:
+    """An archive object that does not decode: status names it, every read of the entries
+    it holds (show, consume, lineage, gc) names it and the repair, and repair copies it
+    aside and writes its entries again from their journal records, so gc frees their data."""
+    task.declare("q1", "collect")
+    agent = task.agent("p")
+    claim = agent.claim("q1")
+    assert claim is not None
+    agent.put(claim, b"hi")
+    task.agent("c").consume("q1")
+    before = task.entry("q1")
+    archived = task.archive(older_than=0)
+    [key] = archived.objects
+    raw_put(task.store, key, body)
+    fresh = om.Task.open(task.store, task.task_id)  # reads it anew
+    assert [(d.key, d.kind) for d in fresh.status().damaged] == [(key, "archive object")]
+    address = task.store.describe(key)
+    for read in (
+        lambda: fresh.entry("q1"),
+        lambda: fresh.agent("c").consume("q1"),
+        lambda: fresh.lineage("q1"),
+        lambda: fresh.gc(consumed_older_than=0),
+    ):
+        with pytest.raises(om.CorruptShard) as caught:
+            read()
+        assert caught.value.address == address and "objmanifest repair" in str(caught.value)
+    report = fresh.repair()
+    [done] = [r for r in report.objects if r.kind == "archive object"]
+    assert (done.key, done.damage, done.action) == (key, "corrupt", "rebuilt")
+    assert done.moved_to is not None and raw_get(task.store, done.moved_to) == body
+    assert keys(task.store, key) == []
+    again = om.Task.open(task.store, task.task_id)
+    entry = again.entry("q1")
+    assert (entry.state, entry.checksum, entry.key, entry.epoch) == (
+        om.State.consumed,
+        before.checksum,
+        before.key,
+        before.epoch,
+    )
+    assert again.status().damaged == []
+    freed = again.gc(consumed_older_than=0)
+    assert [i.key for i in freed.removed] == [before.key]
+    assert again.repair().objects == ()
