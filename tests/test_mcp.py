@@ -142,6 +142,7 @@ def run(main: Any) -> None:
 # -- one agent ---------------------------------------------------------------------------
 
 
+@pytest.mark.layouts
 def test_an_agent_declares_claims_puts_and_consumes_through_the_tools(
     cli: Cli, store: om.ObjectStore
 ) -> None:
@@ -418,6 +419,7 @@ def test_binary_data_is_not_returned_inline_and_a_path_gets_it(
 # -- two agents --------------------------------------------------------------------------
 
 
+@pytest.mark.layouts
 def test_two_servers_as_two_agents_hand_a_file_over(
     cli: Cli, store: om.ObjectStore, tmp_path: Path
 ) -> None:

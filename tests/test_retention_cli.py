@@ -15,6 +15,7 @@ pytestmark = pytest.mark.one_server  # the CLI, not the backend, is under test
 cli = test_cli.cli  # the fixture
 
 
+@pytest.mark.layouts
 def test_init_trim_and_log_say_what_retention_dropped(cli: Cli, store: om.ObjectStore) -> None:
     cli.run("--task", "r", "init", "collect", "--journal-keep-seconds", "inf", code=2)
     cli.run("--task", "r", "init", "collect", "--journal-keep-versions", "0", code=2)
@@ -60,6 +61,7 @@ def test_trim_options_are_checked_before_any_request(cli: Cli) -> None:
     assert "journal_keep_seconds" in cli.json("trim", "--keep-seconds", "-1", code=2)["message"]
 
 
+@pytest.mark.layouts
 def test_log_of_an_entry_whose_records_were_all_dropped_says_so_never_migrate(
     cli: Cli, store: om.ObjectStore
 ) -> None:

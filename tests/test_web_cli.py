@@ -63,6 +63,7 @@ def web(cli: Cli, *args: str, **env: str) -> Iterator[tuple[str, subprocess.Pope
         assert secret.encode() not in out and secret not in err
 
 
+@pytest.mark.layouts
 def test_it_serves_a_tasks_board_and_the_tasks_under_the_url(cli: Cli) -> None:
     cli.run("init", "collect", "write")
     cli.run("declare", "raw/a.json", "--stage", "collect")
