@@ -475,6 +475,23 @@ def test_a_corrupt_marker_or_archive_object_is_named_by_every_command_until_repa
 
 
 @MOTO_ONLY
+def test_a_corrupt_upload_state_is_named_by_its_s3_address(
+    cli: Cli, store: om.ObjectStore, tmp_path: Path
+) -> None:
+    cli.run("init", "a")
+    cli.run("declare", "big", "--stage", "a")
+    cli.run("claim", "big", "--agent", "w")
+    (tmp_path / "big").write_bytes(b"b" * (6 * MiB))
+    cli.run("put", "big", "big", "--agent", "w", "--epoch", "1", "--threshold", "5MiB")
+    key = om.Task.open(store, "job").entry("big").parts_key
+    assert key is not None
+    rawstore.put(store, key, b"{ not json")
+    damaged = cli.json("status", code=UNSUPPORTED)
+    assert damaged["address"] == store.describe(key) and damaged["address"].startswith("s3://")
+    assert "objmanifest repair" in damaged["message"]
+
+
+@MOTO_ONLY
 def test_a_long_fail_reason_is_stored_cut(cli: Cli) -> None:
     cli.run("init", "a")
     cli.run("declare", "x", "--stage", "a")
@@ -997,7 +1014,9 @@ def test_repair_dry_run_names_a_corrupt_journal_block(cli: Cli, store: om.Object
     agent.renew(claim)
     (block,) = [k for k in rawstore.keys(store, "job/journal/shards/") if "-000000000032" in k]
     rawstore.put(store, block, b"\x00 not a block")
-    assert cli.run("log", "f", code=UNSUPPORTED).code == UNSUPPORTED
+    err = cli.run("log", "f", code=UNSUPPORTED).stderr
+    assert store.describe(block).startswith("s3://") and store.describe(block) in one_line(err)
+    assert "objmanifest repair" in err
     dry = cli.run("repair", "--dry-run").out
     assert f"{block}: corrupt (not JSON" in dry and "would record as lost" in dry
     assert rawstore.get(store, block) == b"\x00 not a block"
