@@ -15,21 +15,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import shard_index
 
 from ..cas.codecs import ShardCodec
+from ..cas.loop import Documents
+from ..core.layout import TaskLayout
 from ..core.model import Entry, JournalRecord, Shard
 from ..errors import CorruptShard, NotFound, UnsupportedSchema
 from ..journal import mending
 from ..store import CREATE, ObjectStore
 from ..store.errors import NoSuchObject
+from .archive import Archives
 from .replay import Seen, merged, replay
 from .reports import Action, Damage, ObjectRepair, RestoredEntry
-
-if TYPE_CHECKING:
-    from .repair import Repairer
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,11 @@ def inspect(store: ObjectStore, key: str, decode: Callable[[str, bytes], object]
     return Found(key, None)
 
 
-def marker(repairer: Repairer, object_key: str, dry_run: bool) -> ObjectRepair | None:
+def marker(
+    store: ObjectStore, docs: Documents, layout: TaskLayout, object_key: str, dry_run: bool
+) -> ObjectRepair | None:
     """The retention marker of ``object_key`` if it does not decode: copied aside and
     written again empty (with ``dry_run``: only said)."""
-    store, layout = repairer.store, repairer.layout
     found = mending.damaged_marker(store, layout, object_key)
     if found is None:
         return None
@@ -71,7 +72,7 @@ def marker(repairer: Repairer, object_key: str, dry_run: bool) -> ObjectRepair |
     moved = None
     action: Action = "would rebuild"
     if not dry_run:
-        moved, landed = mending.mend_marker(store, repairer.docs, layout, object_key, found)
+        moved, landed = mending.mend_marker(store, docs, layout, object_key, found)
         action = "rebuilt" if landed else "left alone"
     return ObjectRepair(
         key=key,
@@ -109,8 +110,18 @@ class Repoint:
 EntryFrom = Callable[[str, Seen, int, "shard_index.ShardIndex | None"], tuple[Entry, RestoredEntry]]
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where repair works: the store, its documents, the task's keys and archive objects."""
+
+    store: ObjectStore
+    docs: Documents
+    layout: TaskLayout
+    archives: Archives
+
+
 def archives(
-    repairer: Repairer,
+    place: Place,
     shard: str,
     doc: Shard,
     codec: ShardCodec,
@@ -121,14 +132,14 @@ def archives(
 ) -> list[ObjectRepair]:
     """Every archive object ``doc``'s map points at that does not decode, rebuilt from
     ``records`` (the shard's journal) as the module says."""
-    store, layout = repairer.store, repairer.layout
+    store, layout = place.store, place.layout
     out: list[ObjectRepair] = []
     named = sorted({ref.archive for ref in (doc.archived or {}).values()})
     seen = replay(merged(records))
     for archive_id in named:
         key = layout.archive_object(shard, archive_id)
         try:
-            repairer.archives.read(shard, archive_id)
+            place.archives.read(shard, archive_id)
             continue
         except NotFound:
             blob = None
@@ -180,8 +191,8 @@ def archives(
                         "written; nothing was replaced",
                         store.describe(moved),
                     )
-            new = repairer.archives.write(shard, entries, store.now())
-            repairer.docs.commit(layout.shard(shard), codec, Repoint(archive_id, new))
+            new = place.archives.write(shard, entries, store.now())
+            place.docs.commit(layout.shard(shard), codec, Repoint(archive_id, new))
             if blob is not None:
                 store.delete(key)  # its bytes are kept aside; the map points elsewhere
             action = "rebuilt"
@@ -203,4 +214,4 @@ def archives(
     return out
 
 
-__all__ = ["Found", "Repoint", "archives", "inspect", "marker"]
+__all__ = ["Found", "Place", "Repoint", "archives", "inspect", "marker"]

@@ -114,7 +114,7 @@ class Repairer:
         objects = list(self.objects())
         reports: list[ObjectRepair] = []
         for key, _ in objects:  # first: what every later read of the journal relies on
-            damaged_marker = mend.marker(self, key, dry_run)
+            damaged_marker = mend.marker(self.store, self.docs, self.layout, key, dry_run)
             if damaged_marker is not None:
                 reports.append(damaged_marker)
         for key, codec in objects:
@@ -153,8 +153,9 @@ class Repairer:
                 key = self.layout.shard(shard)
                 carried = self.carried.get(key, (None, ()))[1]
                 records = [*self.history.blocks(key, damaged=[]), *carried]
+                place = mend.Place(self.store, self.docs, self.layout, self.archives)
                 reports += mend.archives(
-                    self, shard, doc, self.codecs[shard], records, index, self._entry, dry_run
+                    place, shard, doc, self.codecs[shard], records, index, self._entry, dry_run
                 )
         for doc in shards.values():
             for entry in sorted(doc.entries.values(), key=lambda e: e.file_id):
