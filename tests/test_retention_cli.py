@@ -70,8 +70,8 @@ def test_log_of_an_entry_whose_records_were_all_dropped_says_so_never_migrate(
     cli.run("init", "collect", "--journal-keep-versions", "1")
     task = om.Task.open(store, "job")
     task.declare("f0", "collect")
-    home = task.layout.shard_of("collect", "f0")
-    beside = (f"h{n}" for n in range(10_000) if task.layout.shard_of("collect", f"h{n}") == home)
+    home = task.shard_names("collect", "f0")
+    beside = (f"h{n}" for n in range(10_000) if task.shard_names("collect", f"h{n}") == home)
     for _, file_id in zip(range(70), beside, strict=False):  # more than two blocks
         task.declare(file_id, "collect")
     task.flush_journal()
