@@ -1,0 +1,613 @@
+"""``AzureStore``: the storage seam over Azure Blob Storage (``az://CONTAINER/PREFIX``),
+through Microsoft's ``azure-storage-blob``.
+
+No layer above it sees the SDK. Azure's answers are normalised here to the seam's:
+
+* create-only is ``If-None-Match: *`` (a second create: 409 ``BlobAlreadyExists``), an
+  update ``If-Match`` on the blob's ETag, its version token (a stale or missing one: 412
+  ``ConditionNotMet``): both ``PreconditionFailed``; a conditional read answered 304 is
+  None; ``BlobNotFound`` is ``NotFound``, a missing container a ``StoreError`` saying so;
+* every whole object and every block carries its ``Content-MD5``, which Azure checks: a
+  body damaged on its way is refused (400 ``Md5Mismatch``; one cut short breaks the Shared
+  Key signature, 403, told apart from a refusal of the credentials by asking again) and
+  sent again (``send_whole``);
+* a PUT whose answer was lost is ``OutcomeUnknown`` (never retried: ``AzureRetry``); 503
+  ``ServerBusy``, 500 ``OperationTimedOut`` and other refusals that changed nothing are
+  retried with backoff, by that one policy;
+* the store's clock is the ``Date`` of every response, errors included
+  (``raw_response_hook``);
+* metadata names are C# identifiers on Azure: a name that is not lowercase letters and
+  digits goes as ``_`` and the hex of its UTF-8 (``xxh3-128`` is ``_787868332d313238``);
+* listings are put in code-point order (UTF-8 byte order, as S3 sorts) whatever order the
+  pages came in, and leave the store's own namespace (``UPLOADS``) out.
+
+Multipart uploads map to staged blocks and a create-only block-list commit, with upload
+ids and markers of our own: ``azure_uploads`` says how.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import Any, BinaryIO, cast
+
+from azure.core import MatchConditions
+from azure.core.exceptions import AzureError, HttpResponseError, ServiceResponseError
+from azure.storage.blob import (
+    BlobBlock,
+    BlobClient,
+    BlobPrefix,
+    BlobServiceClient,
+    BlockState,
+    ContentSettings,
+)
+
+from ..core import checksum
+from ..core.runtime import DEFAULT, Runtime
+from ..errors import InvalidInput, NotFound, StoreError
+from .azure_answers import (
+    BLOCK_LIST_CODES,
+    DAMAGED_CODES,
+    RACE_CODES,
+    SIGNATURE_CODES,
+    AzureStream,
+    answer,
+    failure,
+    md5_of_part,
+    metadata_in,
+    metadata_out,
+    quoted,
+    read_all,
+    said,
+    shown,
+    stream,
+)
+from .azure_client import (
+    CONNECTIONS,
+    RETRIES,
+    Credentials,
+    check_container,
+    make_service,
+    redact,
+)
+from .azure_uploads import (
+    MAX_PART_NUMBER,
+    UPLOADS,
+    block_id,
+    hidden,
+    is_upload_id,
+    marker,
+    new_upload_id,
+    parse_block_id,
+    parse_marker,
+)
+from .base import (
+    CREATE,
+    OVERWRITE,
+    Blob,
+    Head,
+    Listed,
+    PartBody,
+    PartsListed,
+    PutMode,
+    StoreClock,
+    send_whole,
+)
+from .errors import BodyDamaged, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
+
+log = logging.getLogger(__name__)
+
+_BLOB_CLIENTS = 1024
+"""Blob clients kept for reuse (one per key: the shards a process commits to, mostly)."""
+
+
+class AzureStore:
+    """One container and prefix of an Azure storage account. Keys are relative to the
+    prefix."""
+
+    scheme = "az"
+
+    def __init__(
+        self,
+        service: BlobServiceClient,
+        container: str,
+        prefix: str = "",
+        *,
+        runtime: Runtime | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
+        self.service = service
+        self.container = container
+        self.prefix = prefix.strip("/")
+        self.runtime = runtime or DEFAULT
+        self.clock = StoreClock(monotonic=self.runtime.monotonic)
+        self.credentials = credentials or Credentials(
+            redact(str(service.url)).rstrip("/"), "the client given"
+        )
+        self.list_page_size: int | None = None
+        """Rows per listing request (None: Azure's 5000); tests make it small."""
+        self._client = service.get_container_client(container)
+        self._blobs: dict[str, BlobClient] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"AzureStore({self.url!r})"
+
+    @property
+    def bucket(self) -> str:
+        """The container (what the other stores call their bucket)."""
+        return self.container
+
+    @property
+    def url(self) -> str:
+        base = f"az://{self.container}"
+        return f"{base}/{self.prefix}" if self.prefix else base
+
+    @property
+    def connections(self) -> int:
+        return CONNECTIONS
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        """What enforces this store's conditions: the account and the container."""
+        return self.credentials.account_url, self.container
+
+    def full_key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def describe(self, key: str) -> str:
+        return f"az://{self.container}/{self.full_key(key)}"
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _observe(self, response: Any) -> None:
+        """Every response, errors too, tells the store's clock."""
+        self.clock.observe({"date": response.http_response.headers.get("Date", "")})
+
+    def _blob(self, key: str) -> BlobClient:
+        name = self.full_key(key)
+        with self._lock:
+            found = self._blobs.get(name)
+            if found is None:
+                if len(self._blobs) >= _BLOB_CLIENTS:
+                    self._blobs.clear()
+                found = self._blobs[name] = self._client.get_blob_client(name)
+        return found
+
+    def _shown(self, e: BaseException) -> str:
+        return shown(e, self.credentials.secrets)
+
+    def _fail(self, e: Exception, action: str, key: str) -> StoreError | NotFound | InvalidInput:
+        """Turn an SDK error into one that names the object and the fix."""
+        return failure(e, action, self.describe(key), self.container, self.credentials)
+
+    def _call(
+        self,
+        action: str,
+        key: str,
+        call: Callable[[], Any],
+        *,
+        conditional: bool = False,
+        upload: bool = False,
+        write: bool = False,
+        resent: bool = False,
+    ) -> Any:
+        """Run one request and map its outcome.
+
+        ``conditional``: a lost race is ``PreconditionFailed``; ``upload``: a block list
+        naming a block the blob lacks is ``PartsRejected``; ``write``: a connection lost
+        after sending is ``OutcomeUnknown``; ``resent``: a body refused as damaged is
+        ``BodyDamaged`` (the caller sends it again, ``send_whole``).
+        """
+        try:
+            return call()
+        except HttpResponseError as e:
+            status, code = answer(e)
+            if resent and (code in DAMAGED_CODES or self._cut_short(status, code, key)):
+                raise BodyDamaged(f"{self.describe(key)}: {status} {code}") from None
+            if upload and code in BLOCK_LIST_CODES:
+                raise PartsRejected(f"{self.describe(key)}: {code}") from None
+            if conditional and (status == 412 or code in RACE_CODES):
+                raise PreconditionFailed(f"{self.describe(key)}: {code}", answer=said(e)) from None
+            raise self._fail(e, action, key) from None
+        except ServiceResponseError as e:
+            if write:
+                raise OutcomeUnknown(f"{self.describe(key)}: {self._shown(e)}") from None
+            raise self._fail(e, action, key) from None
+        except AzureError as e:
+            raise self._fail(e, action, key) from None
+
+    def _cut_short(self, status: int, code: str, key: str) -> bool:
+        """Whether a 403 to a request with a body means the body was cut short on its way:
+        the account takes our credentials for a request without one."""
+        if status != 403 or code not in SIGNATURE_CODES:
+            return False
+        try:
+            self._blob(key).exists(raw_response_hook=self._observe)
+        except AzureError:
+            return False
+        return True
+
+    # -- objects --------------------------------------------------------------------------
+
+    def get(self, key: str, if_none_match: str | None = None) -> Blob | None:
+        options: dict[str, Any] = {"raw_response_hook": self._observe}
+        if if_none_match:
+            options.update(etag=quoted(if_none_match), match_condition=MatchConditions.IfModified)
+        blob = self._blob(key)
+        try:
+            downloaded = blob.download_blob(**options)
+            body = downloaded.readall()
+        except HttpResponseError as e:
+            if answer(e)[0] == 304:
+                return None
+            raise self._fail(e, "read", key) from None
+        except AzureError as e:
+            raise self._fail(e, "read", key) from None
+        properties = downloaded.properties
+        return Blob(body, str(properties.etag), metadata_in(properties.metadata))
+
+    def open(self, key: str, byte_range: tuple[int, int] | None = None) -> AzureStream:
+        """The object's bytes, or ``[start, end)`` of them (an ``end`` past the object's end
+        is its end), as they arrive. A range that starts at or past the end is refused, as
+        Azure does (Azurite answers one at the end with no bytes)."""
+        start = length = None
+        if byte_range is not None:
+            start, end = byte_range
+            if start < 0 or end <= start:
+                size = self.head(key).size if start == end >= 0 else -1
+                if not 0 <= start < size and size != 0:
+                    raise self._outside(key, byte_range, size)
+                return AzureStream(None, self.describe(key))
+            length = end - start
+        blob = self._blob(key)
+        try:
+            chunks, content_range = stream(blob, start, length, self._observe)
+        except HttpResponseError as e:
+            if answer(e)[0] != 416 or byte_range is None:
+                raise self._fail(e, "read", key) from None
+            size = self.head(key).size
+            if size:
+                raise self._outside(key, byte_range, size) from None
+            return AzureStream(None, self.describe(key))
+        except AzureError as e:
+            raise self._fail(e, "read", key) from None
+        opened = AzureStream(chunks, self.describe(key), self.credentials.secrets)
+        total = content_range.rpartition("/")[2]
+        if byte_range is not None and total.isdigit() and byte_range[0] >= int(total) > 0:
+            opened.close()
+            raise self._outside(key, byte_range, int(total))
+        return opened
+
+    def _outside(self, key: str, byte_range: tuple[int, int], size: int) -> StoreError:
+        start, end = byte_range
+        return StoreError(
+            f"could not read {self.describe(key)}: range {start}-{end} is outside its "
+            f"{size if size >= 0 else '?'} bytes"
+        )
+
+    def head(self, key: str) -> Head:
+        blob = self._blob(key)
+        properties = self._call(
+            "inspect", key, lambda: blob.get_blob_properties(raw_response_hook=self._observe)
+        )
+        return Head(str(properties.etag), int(properties.size), metadata_in(properties.metadata))
+
+    def _refuse_reserved(self, key: str, action: str) -> None:
+        if hidden(key):
+            raise InvalidInput(
+                f"cannot {action} {self.describe(key)}: {UPLOADS} is the store's own namespace "
+                "(the markers of open multipart uploads)"
+            )
+
+    def put(
+        self,
+        key: str,
+        body: bytes | BinaryIO,
+        *,
+        mode: PutMode = OVERWRITE,
+        metadata: dict[str, str] | None = None,
+        content_type: str = "application/octet-stream",
+    ) -> str:
+        """Write an object in one Put Blob and return its ETag; the body carries its
+        ``Content-MD5`` (a file object is read whole first), so a damaged one is refused
+        and sent again (``send_whole``)."""
+        self._refuse_reserved(key, "write")
+        data = read_all(body)
+        options: dict[str, Any] = {
+            "length": len(data),
+            "overwrite": mode.kind != "create",
+            "metadata": metadata_out(metadata, self.describe(key)),
+            "content_settings": ContentSettings(content_type=content_type),
+            "transactional_content_md5": hashlib.md5(data, usedforsecurity=False).digest(),
+            "raw_response_hook": self._observe,
+        }
+        if mode.kind == "create":
+            options["match_condition"] = MatchConditions.IfMissing
+        elif mode.kind == "update":
+            options.update(
+                etag=quoted(mode.etag or ""), match_condition=MatchConditions.IfNotModified
+            )
+        blob = self._blob(key)
+        answered = send_whole(
+            lambda: self._call(
+                "write",
+                key,
+                lambda: blob.upload_blob(data, **options),
+                conditional=mode.kind != "overwrite",
+                write=True,
+                resent=True,
+            ),
+            self.runtime,
+            self.describe(key),
+        )
+        return str(answered["etag"])
+
+    def put_digested(self, key: str, body: bytes, content_md5: str) -> tuple[bool, str]:
+        """Write ``body`` with ``content_md5`` (base64) as its ``Content-MD5``, whatever its
+        real digest: (stored, the store's answer). ``doctor`` asks with it whether the
+        store verifies a digest."""
+        blob = self._blob(key)
+        try:
+            self._call(
+                "write",
+                key,
+                lambda: blob.upload_blob(
+                    body,
+                    overwrite=True,
+                    transactional_content_md5=base64.b64decode(content_md5),
+                    raw_response_hook=self._observe,
+                ),
+                resent=True,
+            )
+        except BodyDamaged as e:
+            return False, str(e).rpartition(": ")[2]
+        return True, "201"
+
+    def delete(self, key: str) -> None:
+        blob = self._blob(key)
+        with contextlib.suppress(NotFound):
+            self._call("delete", key, lambda: blob.delete_blob(raw_response_hook=self._observe))
+
+    def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
+        """Keys under ``prefix`` in code-point order (UTF-8 byte order, as S3 sorts), every
+        page read first; the store's own namespace left out."""
+        base = len(self.full_key(""))
+        start = self.full_key(prefix) or None
+        options: dict[str, Any] = {
+            "name_starts_with": start,
+            "results_per_page": self.list_page_size,
+            "raw_response_hook": self._observe,
+        }
+
+        def rows() -> list[Listed]:
+            found: Iterable[Any] = (
+                self._client.walk_blobs(delimiter=delimiter, **options)
+                if delimiter
+                else self._client.list_blobs(**options)
+            )
+            return [Listed(item.name[base:], isinstance(item, BlobPrefix)) for item in found]
+
+        listed = self._call("list", prefix, rows)
+        for row in sorted(listed, key=lambda row: row.key):
+            if not hidden(row.key):
+                yield row
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        """Every object key under ``prefix``."""
+        return (row.key for row in self.list(prefix))
+
+    # -- multipart uploads ----------------------------------------------------------------
+
+    def create_upload(self, key: str) -> str:
+        self._refuse_reserved(key, "upload")
+        upload_id = new_upload_id(self.runtime.new_id())
+        blob = self._blob(marker(key, upload_id))
+        self._call(
+            "start a multipart upload of",
+            key,
+            lambda: blob.upload_blob(b"", overwrite=True, raw_response_hook=self._observe),
+        )
+        return upload_id
+
+    def _check_open(self, key: str, upload_id: str, action: str) -> None:
+        """``UploadGone`` unless ``upload_id`` of ``key`` is open (its marker is there)."""
+        if not is_upload_id(upload_id):
+            raise UploadGone(f"{self.describe(key)}: no upload {upload_id!r} of this store")
+        blob = self._blob(marker(key, upload_id))
+        try:
+            self._call(
+                action, key, lambda: blob.get_blob_properties(raw_response_hook=self._observe)
+            )
+        except NotFound:
+            raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from None
+
+    def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
+        """Stage part ``number`` as a block named by the upload, the number and the part's
+        MD5, which Azure checks (a damaged part is refused and sent again); its bare ETag
+        is that MD5."""
+        action = f"upload part {number} of"
+        if not isinstance(number, int) or not 1 <= number <= MAX_PART_NUMBER:
+            raise StoreError(
+                f"could not upload part {number} of {self.describe(key)}: part numbers are "
+                f"1 to {MAX_PART_NUMBER}"
+            )
+        self._check_open(key, upload_id, action)
+        md5, length = md5_of_part(body)
+        block = block_id(upload_id, number, md5.hex())
+        blob = self._blob(key)
+
+        def send() -> Any:
+            if not isinstance(body, bytes):
+                body.seek(0)
+            return self._call(
+                action,
+                key,
+                lambda: blob.stage_block(
+                    block,
+                    cast(Any, body),
+                    length=length,
+                    transactional_content_md5=md5,
+                    raw_response_hook=self._observe,
+                ),
+                resent=True,
+            )
+
+        send_whole(send, self.runtime, f"part {number} of {self.describe(key)}")
+        return md5.hex()
+
+    def list_parts(self, key: str, upload_id: str) -> PartsListed:
+        self._check_open(key, upload_id, "list the parts of")
+        blob = self._blob(key)
+        try:
+            _, uncommitted = self._call(
+                "list the parts of",
+                key,
+                lambda: blob.get_block_list("uncommitted", raw_response_hook=self._observe),
+            )
+        except NotFound:
+            return {}
+        listed: PartsListed = {}
+        for block in uncommitted:
+            parsed = parse_block_id(str(block.id))
+            if parsed is not None and parsed[0] == upload_id:
+                listed.setdefault(parsed[1], {})[parsed[2]] = int(block.size)
+        return dict(sorted(listed.items()))
+
+    def complete_upload(
+        self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
+    ) -> None:
+        """Commit exactly the named blocks, in order, under ``mode``'s condition; then the
+        upload's marker goes. A lost answer is checked once: if the blob holds our blocks,
+        the marker goes too (the caller still hears ``OutcomeUnknown``)."""
+        action = "complete the multipart upload of"
+        self._check_open(key, upload_id, action)
+        if not etags:
+            raise StoreError(f"could not complete {self.describe(key)}: no parts named")
+        bare = [checksum.bare_etag(etag).lower() for etag in etags]
+        if not all(checksum.is_md5(etag) for etag in bare):
+            raise PartsRejected(f"{self.describe(key)}: a part's ETag is not an MD5")
+        ids = [block_id(upload_id, n, etag) for n, etag in enumerate(bare, start=1)]
+        blocks = [BlobBlock(block_id=i, state=BlockState.UNCOMMITTED) for i in ids]
+        options: dict[str, Any] = {"validate_content": True, "raw_response_hook": self._observe}
+        if mode.kind == "create":
+            options["match_condition"] = MatchConditions.IfMissing
+        elif mode.kind == "update":
+            options.update(
+                etag=quoted(mode.etag or ""), match_condition=MatchConditions.IfNotModified
+            )
+        blob = self._blob(key)
+        try:
+            send_whole(
+                lambda: self._call(
+                    action,
+                    key,
+                    lambda: blob.commit_block_list(blocks, **options),
+                    conditional=mode.kind != "overwrite",
+                    upload=True,
+                    write=True,
+                    resent=True,
+                ),
+                self.runtime,
+                f"the completion of {self.describe(key)}",
+            )
+        except OutcomeUnknown:
+            if self._holds(key, ids):
+                self._forget(key, upload_id)
+            raise
+        self._forget(key, upload_id)
+
+    def _holds(self, key: str, ids: Sequence[str]) -> bool:
+        """Whether the blob is exactly these committed blocks (False if it cannot tell)."""
+        blob = self._blob(key)
+        try:
+            committed, _ = blob.get_block_list("committed", raw_response_hook=self._observe)
+        except AzureError:
+            return False
+        return [str(block.id) for block in committed] == list(ids)
+
+    def _forget(self, key: str, upload_id: str) -> None:
+        """Remove a completed upload's marker; one left behind is listed until aborted."""
+        try:
+            self.abort_upload(key, upload_id)
+        except (StoreError, NotFound) as e:
+            log.warning("could not remove the marker of the completed upload of %s: %s", key, e)
+
+    def abort_upload(self, key: str, upload_id: str) -> bool:
+        """Forget the upload (its marker goes); False if it was already gone. Its staged
+        blocks stay until the blob's next commit or seven days have passed."""
+        if not is_upload_id(upload_id):
+            return False
+        blob = self._blob(marker(key, upload_id))
+        try:
+            self._call(
+                "abort the multipart upload of",
+                key,
+                lambda: blob.delete_blob(raw_response_hook=self._observe),
+            )
+        except NotFound:
+            return False
+        return True
+
+    def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
+        """(key, upload id) of every open upload under ``prefix``: its markers."""
+        base = len(self.full_key(""))
+        options: dict[str, Any] = {
+            "name_starts_with": self.full_key(UPLOADS + prefix),
+            "results_per_page": self.list_page_size,
+            "raw_response_hook": self._observe,
+        }
+        names = self._call(
+            "list the multipart uploads under",
+            prefix,
+            lambda: [item.name for item in self._client.list_blobs(**options)],
+        )
+        for name in sorted(names):
+            parsed = parse_marker(name[base:])
+            if parsed is not None:
+                yield parsed
+
+    # -- time -----------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The store's time; asks the store once if no response has told it yet (a
+        listing of at most one key under the prefix: even a refusal carries a ``Date``)."""
+        if not self.clock.known:
+            options: dict[str, Any] = {
+                "name_starts_with": self.full_key("") or None,
+                "results_per_page": 1,
+                "raw_response_hook": self._observe,
+            }
+            try:
+                self._call(
+                    "list",
+                    "",
+                    lambda: next(iter(self._client.list_blobs(**options).by_page()), None),
+                )
+            except StoreError:
+                if not self.clock.known:
+                    raise
+        return self.clock.now()
+
+
+def connect_azure(
+    container: str,
+    prefix: str = "",
+    *,
+    endpoint_url: str | None = None,
+    runtime: Runtime | None = None,
+    retries: int = RETRIES,
+    connection_string: str | None = None,
+) -> AzureStore:
+    """Open ``az://container/prefix`` with the credentials ``make_service`` finds."""
+    check_container(container)
+    runtime = runtime or DEFAULT
+    service, credentials = make_service(
+        endpoint_url, runtime=runtime, retries=retries, connection_string=connection_string
+    )
+    return AzureStore(service, container, prefix, runtime=runtime, credentials=credentials)
