@@ -8,7 +8,8 @@
 * No import cycle hidden behind ``TYPE_CHECKING``, no private name imported from another
   module.
 * No import inside a function (one documented exception: the demo's run machinery).
-* botocore and boto3 stay in the S3 store (and the tooling that starts local servers).
+* botocore and boto3 stay in the S3 store (and the tooling that starts local servers); the
+  Azure SDK stays in the Azure store.
 * Exceptions are defined in an ``errors.py`` only: the public tree at the root, each
   layer's own outcomes in its package (``store/errors.py``, ``wire/errors.py`` ...).
 * Conditional updates of manifest objects are written by the CAS loop only.
@@ -166,6 +167,20 @@ def test_botocore_stays_in_the_s3_store(path: Path) -> None:
     text = path.read_text()
     uses = any(line.startswith(("import boto", "from boto")) for line in text.splitlines())
     assert not uses or rel(path) in BOTO_ALLOWED
+
+
+AZURE_ALLOWED = {
+    "objmanifest/store/azure.py",
+    "objmanifest/store/azure_client.py",
+    "objmanifest/store/azure_answers.py",
+}
+
+
+@pytest.mark.parametrize("path", modules(), ids=rel)
+def test_the_azure_sdk_stays_in_the_azure_store(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    uses = any(line.startswith(("import azure", "from azure")) for line in lines)
+    assert not uses or rel(path) in AZURE_ALLOWED
 
 
 # -- the faces use the public API -------------------------------------------------------------

@@ -47,7 +47,6 @@ from azure.storage.blob import (
     ContentSettings,
 )
 
-from ..core import checksum
 from ..core.runtime import DEFAULT, Runtime
 from ..errors import InvalidInput, NotFound, StoreError
 from .azure_answers import (
@@ -57,6 +56,7 @@ from .azure_answers import (
     SIGNATURE_CODES,
     AzureStream,
     answer,
+    conditions,
     failure,
     md5_of_part,
     metadata_in,
@@ -66,10 +66,10 @@ from .azure_answers import (
     said,
     shown,
     stream,
+    unreadable,
 )
 from .azure_client import (
     CONNECTIONS,
-    RETRIES,
     Credentials,
     check_container,
     make_service,
@@ -82,9 +82,10 @@ from .azure_uploads import (
     hidden,
     is_upload_id,
     marker,
+    named_blocks,
     new_upload_id,
-    parse_block_id,
     parse_marker,
+    parts_of,
 )
 from .base import (
     CREATE,
@@ -139,8 +140,7 @@ class AzureStore:
         return f"AzureStore({self.url!r})"
 
     @property
-    def bucket(self) -> str:
-        """The container (what the other stores call their bucket)."""
+    def bucket(self) -> str:  # what the other stores call their container
         return self.container
 
     @property
@@ -179,9 +179,6 @@ class AzureStore:
                 found = self._blobs[name] = self._client.get_blob_client(name)
         return found
 
-    def _shown(self, e: BaseException) -> str:
-        return shown(e, self.credentials.secrets)
-
     def _fail(self, e: Exception, action: str, key: str) -> StoreError | NotFound | InvalidInput:
         """Turn an SDK error into one that names the object and the fix."""
         return failure(e, action, self.describe(key), self.container, self.credentials)
@@ -217,10 +214,14 @@ class AzureStore:
             raise self._fail(e, action, key) from None
         except ServiceResponseError as e:
             if write:
-                raise OutcomeUnknown(f"{self.describe(key)}: {self._shown(e)}") from None
+                raise OutcomeUnknown(
+                    f"{self.describe(key)}: {shown(e, self.credentials.secrets)}"
+                ) from None
             raise self._fail(e, action, key) from None
         except AzureError as e:
             raise self._fail(e, action, key) from None
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # the SDK choked
+            raise unreadable(e, action, self.describe(key), self.credentials) from None
 
     def _cut_short(self, status: int, code: str, key: str) -> bool:
         """Whether a 403 to a request with a body means the body was cut short on its way:
@@ -327,12 +328,7 @@ class AzureStore:
             "transactional_content_md5": hashlib.md5(data, usedforsecurity=False).digest(),
             "raw_response_hook": self._observe,
         }
-        if mode.kind == "create":
-            options["match_condition"] = MatchConditions.IfMissing
-        elif mode.kind == "update":
-            options.update(
-                etag=quoted(mode.etag or ""), match_condition=MatchConditions.IfNotModified
-            )
+        options.update(conditions(mode))
         blob = self._blob(key)
         answered = send_whole(
             lambda: self._call(
@@ -399,7 +395,6 @@ class AzureStore:
                 yield row
 
     def list_keys(self, prefix: str) -> Iterator[str]:
-        """Every object key under ``prefix``."""
         return (row.key for row in self.list(prefix))
 
     # -- multipart uploads ----------------------------------------------------------------
@@ -472,12 +467,7 @@ class AzureStore:
             )
         except NotFound:
             return {}
-        listed: PartsListed = {}
-        for block in uncommitted:
-            parsed = parse_block_id(str(block.id))
-            if parsed is not None and parsed[0] == upload_id:
-                listed.setdefault(parsed[1], {})[parsed[2]] = int(block.size)
-        return dict(sorted(listed.items()))
+        return parts_of(upload_id, ((str(b.id), int(b.size)) for b in uncommitted))
 
     def complete_upload(
         self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
@@ -489,18 +479,12 @@ class AzureStore:
         self._check_open(key, upload_id, action)
         if not etags:
             raise StoreError(f"could not complete {self.describe(key)}: no parts named")
-        bare = [checksum.bare_etag(etag).lower() for etag in etags]
-        if not all(checksum.is_md5(etag) for etag in bare):
+        ids = named_blocks(upload_id, etags)
+        if ids is None:
             raise PartsRejected(f"{self.describe(key)}: a part's ETag is not an MD5")
-        ids = [block_id(upload_id, n, etag) for n, etag in enumerate(bare, start=1)]
         blocks = [BlobBlock(block_id=i, state=BlockState.UNCOMMITTED) for i in ids]
         options: dict[str, Any] = {"validate_content": True, "raw_response_hook": self._observe}
-        if mode.kind == "create":
-            options["match_condition"] = MatchConditions.IfMissing
-        elif mode.kind == "update":
-            options.update(
-                etag=quoted(mode.etag or ""), match_condition=MatchConditions.IfNotModified
-            )
+        options.update(conditions(mode))
         blob = self._blob(key)
         try:
             send_whole(
@@ -601,13 +585,11 @@ def connect_azure(
     *,
     endpoint_url: str | None = None,
     runtime: Runtime | None = None,
-    retries: int = RETRIES,
-    connection_string: str | None = None,
+    **client: Any,
 ) -> AzureStore:
-    """Open ``az://container/prefix`` with the credentials ``make_service`` finds."""
+    """Open ``az://container/prefix`` with the credentials ``make_service`` finds (``client``:
+    its ``retries``, ``connection_string`` or ``transport``)."""
     check_container(container)
     runtime = runtime or DEFAULT
-    service, credentials = make_service(
-        endpoint_url, runtime=runtime, retries=retries, connection_string=connection_string
-    )
+    service, credentials = make_service(endpoint_url, runtime=runtime, **client)
     return AzureStore(service, container, prefix, runtime=runtime, credentials=credentials)

@@ -10,6 +10,7 @@ import re
 from enum import Enum
 from typing import Any, BinaryIO
 
+from azure.core import MatchConditions
 from azure.core.exceptions import (
     AzureError,
     ClientAuthenticationError,
@@ -20,7 +21,7 @@ from azure.core.exceptions import (
 
 from ..errors import AccessDenied, InvalidInput, NotFound, ReadBrokeOff, StoreError
 from .azure_client import Credentials, redact
-from .base import PartBody
+from .base import PartBody, PutMode
 
 RACE_CODES = frozenset({"BlobAlreadyExists", "ConditionNotMet", "TargetConditionNotMet"})
 """A conditional write that lost: create-only on an existing blob (409), a version that
@@ -103,9 +104,9 @@ def failure(
                 f"trying to {action} {where} ({status} {code}): check the account key or "
                 "SAS token (its expiry and permissions), or sign in again (az login)"
             )
-        if status == 404:
+        if status == 404 or not code:
             return StoreError(
-                f"{account} does not behave like Azure Blob Storage: it answered 404 "
+                f"{account} does not behave like Azure Blob Storage: it answered {status} "
                 f"{code or 'without an error code'} when asked to {action} {where}. Check "
                 "the account URL (--endpoint-url, AZURE_STORAGE_ACCOUNT_URL) or the "
                 "connection string's BlobEndpoint"
@@ -119,12 +120,6 @@ def failure(
             f"{credentials.how}: {shown(e, credentials.secrets)}. Sign in (az login, a managed "
             "identity, AZURE_CLIENT_ID with AZURE_TENANT_ID and AZURE_CLIENT_SECRET) or set "
             "AZURE_STORAGE_CONNECTION_STRING"
-        )
-    if isinstance(e, ServiceRequestError) and "https" in str(e).lower():
-        return StoreError(
-            f"could not {action} {where}: azure-identity signs in over https only, and "
-            f"{account} is not https; use the https account URL, or set "
-            "AZURE_STORAGE_CONNECTION_STRING (Azurite: its connection string)"
         )
     if isinstance(e, (ServiceRequestError, ServiceResponseError)):
         return StoreError(
@@ -167,6 +162,24 @@ def metadata_in(metadata: dict[str, str] | None) -> dict[str, str]:
             shown_name = name
         out[shown_name] = value
     return out
+
+
+def unreadable(e: Exception, action: str, where: str, credentials: Credentials) -> StoreError:
+    """An answer the SDK could not read (it raised something of Python's own)."""
+    return StoreError(
+        f"{credentials.account_url} does not behave like Azure Blob Storage: its answer when "
+        f"asked to {action} {where} could not be read ({type(e).__name__}); check the account "
+        "URL or the connection string"
+    )
+
+
+def conditions(mode: PutMode) -> dict[str, Any]:
+    """A write's condition as the SDK takes it."""
+    if mode.kind == "create":
+        return {"match_condition": MatchConditions.IfMissing}
+    if mode.kind == "update":
+        return {"etag": quoted(mode.etag or ""), "match_condition": MatchConditions.IfNotModified}
+    return {}
 
 
 def quoted(etag: str) -> str:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
 import requests
 from azure.core.exceptions import ServiceResponseError
-from azure.core.pipeline.transport import RequestsTransport
+from azure.core.pipeline.transport import HttpTransport, RequestsTransport
 from azure.identity import DefaultAzureCredential
 from azure.storage.blob import BlobServiceClient, ExponentialRetry
 from requests.adapters import HTTPAdapter
@@ -121,7 +121,7 @@ class Credentials:
 
     account_url: str
     how: str
-    secrets: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = field(default=(), repr=False)
     """Values to hide wherever text is shown (an account key, a SAS token)."""
 
 
@@ -196,17 +196,19 @@ def make_service(
     runtime: Runtime,
     retries: int = RETRIES,
     connection_string: str | None = None,
+    transport: HttpTransport[Any, Any] | None = None,
 ) -> tuple[BlobServiceClient, Credentials]:
     """The client of the account, and where its credentials came from.
 
     ``AZURE_STORAGE_CONNECTION_STRING`` wins when set; an ``endpoint_url`` given with it
     must be the endpoint it names (requests signed with its key go nowhere else). Without
     it, the account URL is ``endpoint_url`` or ``AZURE_STORAGE_ACCOUNT_URL``, signed in with
-    ``DefaultAzureCredential``. ``connection_string`` stands for the variable's value.
+    ``DefaultAzureCredential``. ``connection_string`` stands for the variable's value;
+    ``transport`` for requests with a pool of ``CONNECTIONS``.
     """
     options: dict[str, Any] = {
         "retry_policy": AzureRetry(runtime, retries),
-        "transport": _transport(),
+        "transport": transport or _transport(),
         "max_single_put_size": SINGLE_PUT,
         "max_single_get_size": GET_CHUNK,
         "max_chunk_get_size": GET_CHUNK,
@@ -250,8 +252,13 @@ def make_service(
             "and sign in the way azure-identity finds (az login, a managed identity, "
             "AZURE_CLIENT_ID with AZURE_TENANT_ID and AZURE_CLIENT_SECRET ...)"
         )
-    credential = DefaultAzureCredential()
-    service = BlobServiceClient(url, credential=credential, **options)
+    if not url.lower().startswith("https://"):
+        raise InvalidInput(
+            f"the account URL {redact(url)!r} is not https, and azure-identity signs in over "
+            f"https only; use https://ACCOUNT.blob.core.windows.net, or set {CONNECTION_STRING} "
+            "(an emulator such as Azurite: its connection string)"
+        )
+    service = BlobServiceClient(url, credential=DefaultAzureCredential(), **options)
     return service, Credentials(url, "azure-identity (DefaultAzureCredential)")
 
 

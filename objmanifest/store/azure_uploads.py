@@ -39,6 +39,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable, Sequence
+
+from ..core import checksum
 
 UPLOADS = ".objmanifest-uploads/"
 """The namespace of upload markers, under the store's prefix."""
@@ -76,6 +79,24 @@ def parse_block_id(block: str) -> tuple[str, int, str] | None:
     if found is None:
         return None
     return found.group(1), int(found.group(2)), found.group(3)
+
+
+def parts_of(upload_id: str, blocks: Iterable[tuple[str, int]]) -> dict[int, dict[str, int]]:
+    """Part number -> {MD5: size} of the blocks (id, size) that carry parts of the upload."""
+    listed: dict[int, dict[str, int]] = {}
+    for block, size in blocks:
+        parsed = parse_block_id(block)
+        if parsed is not None and parsed[0] == upload_id:
+            listed.setdefault(parsed[1], {})[parsed[2]] = size
+    return dict(sorted(listed.items()))
+
+
+def named_blocks(upload_id: str, etags: Sequence[str]) -> list[str] | None:
+    """The blocks of parts 1..N with these ETags; None if one is no MD5 (names no block)."""
+    bare = [checksum.bare_etag(etag).lower() for etag in etags]
+    if not all(checksum.is_md5(etag) for etag in bare):
+        return None
+    return [block_id(upload_id, n, etag) for n, etag in enumerate(bare, start=1)]
 
 
 def marker(key: str, upload_id: str) -> str:
