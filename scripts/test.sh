@@ -13,8 +13,10 @@
 # pay); an -n of your own, or -p no:xdist, replaces that.
 #
 # Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv),
-# OBJMANIFEST_TEST_BACKENDS (default memory,file,moto,seaweedfs), OBJMANIFEST_TEST_ENDPOINT (any
-# S3), OBJMANIFEST_TEST_WORKERS (default 4).
+# OBJMANIFEST_TEST_BACKENDS (default memory,file,moto,seaweedfs; azurite adds Azure's
+# emulator, installed with npm into OBJMANIFEST_AZURITE_DIR, default
+# ~/.cache/objmanifest/azurite), OBJMANIFEST_TEST_ENDPOINT (any S3), OBJMANIFEST_TEST_WORKERS
+# (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,6 +71,26 @@ if ! command -v xxhsum >/dev/null; then
         exit 1
     fi
 fi
+
+# Azurite, the emulator of the az:// backend, is an npm package (Node.js): installed into a
+# directory of ours, once, when a run names that backend.
+case ",${OBJMANIFEST_TEST_BACKENDS:-}," in
+    *,azurite,*)
+        azurite_dir=${OBJMANIFEST_AZURITE_DIR:-$HOME/.cache/objmanifest/azurite}
+        azurite_version=$("$venv/bin/python" -c \
+            'from objmanifest.local.azurite import AZURITE_VERSION; print(AZURITE_VERSION)')
+        if ! grep -qs "\"version\": \"$azurite_version\"" \
+            "$azurite_dir/node_modules/azurite/package.json"; then
+            if ! command -v npm >/dev/null; then
+                echo "scripts/test.sh: the azurite backend needs Node.js and npm" >&2
+                exit 1
+            fi
+            mkdir -p "$azurite_dir"
+            flock "$azurite_dir" npm install --prefix "$azurite_dir" --no-audit --no-fund \
+                --no-save --silent "azurite@$azurite_version" >/dev/null
+        fi
+        ;;
+esac
 
 parallel=(-n "${OBJMANIFEST_TEST_WORKERS:-4}" --dist loadgroup)
 for arg in "$@"; do
