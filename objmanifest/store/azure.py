@@ -192,20 +192,21 @@ class AzureStore:
         conditional: bool = False,
         upload: bool = False,
         write: bool = False,
-        resent: bool = False,
+        resent: Callable[[int, str, str], bool] | None = None,
     ) -> Any:
         """Run one request and map its outcome.
 
         ``conditional``: a lost race is ``PreconditionFailed``; ``upload``: a block list
         naming a block the blob lacks is ``PartsRejected``; ``write``: a connection lost
-        after sending is ``OutcomeUnknown``; ``resent``: a body refused as damaged is
-        ``BodyDamaged`` (the caller sends it again, ``send_whole``).
+        after sending is ``OutcomeUnknown``; ``resent`` (the request has a body, and this
+        tells whether a refusal of its signature was one cut short): a body refused as
+        damaged is ``BodyDamaged`` (the caller sends it again, ``send_whole``).
         """
         try:
             return call()
         except HttpResponseError as e:
             status, code = answer(e)
-            if resent and (code in DAMAGED_CODES or self._cut_short(status, code, key)):
+            if resent is not None and (code in DAMAGED_CODES or resent(status, code, key)):
                 raise BodyDamaged(f"{self.describe(key)}: {status} {code}") from None
             if upload and code in BLOCK_LIST_CODES:
                 raise PartsRejected(f"{self.describe(key)}: {code}") from None
@@ -337,7 +338,7 @@ class AzureStore:
                 lambda: blob.upload_blob(data, **options),
                 conditional=mode.kind != "overwrite",
                 write=True,
-                resent=True,
+                resent=self._cut_short,
             ),
             self.runtime,
             self.describe(key),
@@ -359,7 +360,7 @@ class AzureStore:
                     transactional_content_md5=base64.b64decode(content_md5),
                     raw_response_hook=self._observe,
                 ),
-                resent=True,
+                resent=self._cut_short,
             )
         except BodyDamaged as e:
             return False, str(e).rpartition(": ")[2]
@@ -450,7 +451,7 @@ class AzureStore:
                     transactional_content_md5=md5,
                     raw_response_hook=self._observe,
                 ),
-                resent=True,
+                resent=self._cut_short,
             )
 
         send_whole(send, self.runtime, f"part {number} of {self.describe(key)}")
@@ -495,7 +496,7 @@ class AzureStore:
                     conditional=mode.kind != "overwrite",
                     upload=True,
                     write=True,
-                    resent=True,
+                    resent=self._cut_short,
                 ),
                 self.runtime,
                 f"the completion of {self.describe(key)}",
