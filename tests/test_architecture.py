@@ -173,6 +173,7 @@ AZURE_ALLOWED = {
     "objmanifest/store/azure.py",
     "objmanifest/store/azure_client.py",
     "objmanifest/store/azure_answers.py",
+    "objmanifest/store/azure_blocks.py",
 }
 
 

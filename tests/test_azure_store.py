@@ -35,8 +35,9 @@ import objmanifest as om
 from objmanifest.core.runtime import DEFAULT, Runtime
 from objmanifest.errors import AccessDenied, InvalidInput, NotFound, ReadBrokeOff, StoreError
 from objmanifest.local.azurite import ACCOUNT
-from objmanifest.store import CREATE, Blob, Head, Listed, PutMode
+from objmanifest.store import CREATE, PROBE_PREFIX, Blob, Head, Listed, PutMode
 from objmanifest.store.azure import AzureStore, connect_azure
+from objmanifest.store.azure_answers import ENFORCES
 from objmanifest.store.azure_uploads import UPLOADS, block_id
 from objmanifest.store.errors import (
     OutcomeUnknown,
@@ -44,6 +45,7 @@ from objmanifest.store.errors import (
     PreconditionFailed,
     UploadGone,
 )
+from objmanifest.store.probe import probe_conditional_writes, probe_store
 from tests.support.azure import CONTAINER, azure_store, azurite, flaky_store
 from tests.support.faults import FaultProxy
 from tests.support.stores import backend_names
@@ -76,11 +78,8 @@ def raw_blob(store: AzureStore, key: str) -> Any:
     return service.get_blob_client(CONTAINER, store.full_key(key))
 
 
-class Recorded(Runtime):
-    """The real runtime, except that sleeps are recorded, not slept."""
-
-
 def recording_runtime() -> tuple[Runtime, list[float]]:
+    """The real runtime, except that sleeps are recorded, not slept."""
     slept: list[float] = []
     return replace(DEFAULT, sleep=slept.append), slept
 
@@ -506,6 +505,24 @@ def test_a_read_that_breaks_off_raises_read_broke_off(prefix: str) -> None:
         stream.close()
         assert proxy.cut == 1
         assert through.open("fragile", (1000, 300_000)).read() == body[1000:]
+
+
+# -- what doctor asks ------------------------------------------------------------------------------
+
+
+def test_the_probe_finds_azure_safe_and_says_how_it_enforces_each_check(prefix: str) -> None:
+    store = azure_store(prefix)
+    report = probe_store(store, f"{PROBE_PREFIX}{prefix}")
+    assert report.safe and [c.verdict for c in report.checks] == ["ok"] * len(report.checks)
+    answers = {c.name: c.answer for c in report.checks}
+    assert "409 BlobAlreadyExists" in answers["create-only"]
+    assert "412 ConditionNotMet" in answers["update-if-match, missing key"]
+    assert "a create-only Put Block List" in answers["conditional multipart completion"]
+    assert "400 Md5Mismatch" in answers["digest verification"]
+    for name, how in ENFORCES.items():
+        assert answers[name].endswith(f"[{how}]"), name
+    assert list(store.list("")) == [] and list(store.list_uploads("")) == []
+    assert probe_conditional_writes(store, f"{PROBE_PREFIX}again") == []
 
 
 # -- the store's clock ----------------------------------------------------------------------------

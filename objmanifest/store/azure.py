@@ -22,7 +22,7 @@ No layer above it sees the SDK. Azure's answers are normalised here to the seam'
   pages came in, and leave the store's own namespace (``UPLOADS``) out.
 
 Multipart uploads map to staged blocks and a create-only block-list commit, with upload
-ids and markers of our own: ``azure_uploads`` says how.
+ids and markers of our own: ``azure_blocks`` says how.
 """
 
 from __future__ import annotations
@@ -34,16 +34,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 from azure.core import MatchConditions
 from azure.core.exceptions import AzureError, HttpResponseError, ServiceResponseError
 from azure.storage.blob import (
-    BlobBlock,
     BlobClient,
     BlobPrefix,
     BlobServiceClient,
-    BlockState,
     ContentSettings,
 )
 
@@ -52,13 +50,13 @@ from ..errors import InvalidInput, NotFound, StoreError
 from .azure_answers import (
     BLOCK_LIST_CODES,
     DAMAGED_CODES,
+    ENFORCES,
     RACE_CODES,
     SIGNATURE_CODES,
     AzureStream,
     answer,
     conditions,
     failure,
-    md5_of_part,
     metadata_in,
     metadata_out,
     quoted,
@@ -68,6 +66,7 @@ from .azure_answers import (
     stream,
     unreadable,
 )
+from .azure_blocks import BlockUploads
 from .azure_client import (
     CONNECTIONS,
     Credentials,
@@ -76,16 +75,8 @@ from .azure_client import (
     redact,
 )
 from .azure_uploads import (
-    MAX_PART_NUMBER,
     UPLOADS,
-    block_id,
     hidden,
-    is_upload_id,
-    marker,
-    named_blocks,
-    new_upload_id,
-    parse_marker,
-    parts_of,
 )
 from .base import (
     CREATE,
@@ -99,7 +90,7 @@ from .base import (
     StoreClock,
     send_whole,
 )
-from .errors import BodyDamaged, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
+from .errors import BodyDamaged, OutcomeUnknown, PartsRejected, PreconditionFailed
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +121,11 @@ class AzureStore:
         self.credentials = credentials or Credentials(
             redact(str(service.url)).rstrip("/"), "the client given"
         )
+        self.enforces = ENFORCES
         self.list_page_size: int | None = None
         """Rows per listing request (None: Azure's 5000); tests make it small."""
         self._client = service.get_container_client(container)
+        self.blocks = BlockUploads(self)
         self._blobs: dict[str, BlobClient] = {}
         self._lock = threading.Lock()
 
@@ -398,164 +391,27 @@ class AzureStore:
     def list_keys(self, prefix: str) -> Iterator[str]:
         return (row.key for row in self.list(prefix))
 
-    # -- multipart uploads ----------------------------------------------------------------
+    # -- multipart uploads: staged blocks and a block-list commit (azure_blocks) -----------
 
     def create_upload(self, key: str) -> str:
-        self._refuse_reserved(key, "upload")
-        upload_id = new_upload_id(self.runtime.new_id())
-        blob = self._blob(marker(key, upload_id))
-        self._call(
-            "start a multipart upload of",
-            key,
-            lambda: blob.upload_blob(b"", overwrite=True, raw_response_hook=self._observe),
-        )
-        return upload_id
-
-    def _check_open(self, key: str, upload_id: str, action: str) -> None:
-        """``UploadGone`` unless ``upload_id`` of ``key`` is open (its marker is there)."""
-        if not is_upload_id(upload_id):
-            raise UploadGone(f"{self.describe(key)}: no upload {upload_id!r} of this store")
-        blob = self._blob(marker(key, upload_id))
-        try:
-            self._call(
-                action, key, lambda: blob.get_blob_properties(raw_response_hook=self._observe)
-            )
-        except NotFound:
-            raise UploadGone(f"{self.describe(key)}: the upload no longer exists") from None
+        return self.blocks.create_upload(key)
 
     def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
-        """Stage part ``number`` as a block named by the upload, the number and the part's
-        MD5, which Azure checks (a damaged part is refused and sent again); its bare ETag
-        is that MD5."""
-        action = f"upload part {number} of"
-        if not isinstance(number, int) or not 1 <= number <= MAX_PART_NUMBER:
-            raise StoreError(
-                f"could not upload part {number} of {self.describe(key)}: part numbers are "
-                f"1 to {MAX_PART_NUMBER}"
-            )
-        self._check_open(key, upload_id, action)
-        md5, length = md5_of_part(body)
-        block = block_id(upload_id, number, md5.hex())
-        blob = self._blob(key)
-
-        def send() -> Any:
-            if not isinstance(body, bytes):
-                body.seek(0)
-            return self._call(
-                action,
-                key,
-                lambda: blob.stage_block(
-                    block,
-                    cast(Any, body),
-                    length=length,
-                    transactional_content_md5=md5,
-                    raw_response_hook=self._observe,
-                ),
-                resent=self._cut_short,
-            )
-
-        send_whole(send, self.runtime, f"part {number} of {self.describe(key)}")
-        return md5.hex()
+        return self.blocks.upload_part(key, upload_id, number, body)
 
     def list_parts(self, key: str, upload_id: str) -> PartsListed:
-        self._check_open(key, upload_id, "list the parts of")
-        blob = self._blob(key)
-        try:
-            _, uncommitted = self._call(
-                "list the parts of",
-                key,
-                lambda: blob.get_block_list("uncommitted", raw_response_hook=self._observe),
-            )
-        except NotFound:
-            return {}
-        return parts_of(upload_id, ((str(b.id), int(b.size)) for b in uncommitted))
+        return self.blocks.list_parts(key, upload_id)
 
     def complete_upload(
         self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
     ) -> None:
-        """Commit exactly the named blocks, in order, under ``mode``'s condition; then the
-        upload's marker goes. A lost answer is checked once: if the blob holds our blocks,
-        the marker goes too (the caller still hears ``OutcomeUnknown``)."""
-        action = "complete the multipart upload of"
-        self._check_open(key, upload_id, action)
-        if not etags:
-            raise StoreError(f"could not complete {self.describe(key)}: no parts named")
-        ids = named_blocks(upload_id, etags)
-        if ids is None:
-            raise PartsRejected(f"{self.describe(key)}: a part's ETag is not an MD5")
-        blocks = [BlobBlock(block_id=i, state=BlockState.UNCOMMITTED) for i in ids]
-        options: dict[str, Any] = {"validate_content": True, "raw_response_hook": self._observe}
-        options.update(conditions(mode))
-        blob = self._blob(key)
-        try:
-            send_whole(
-                lambda: self._call(
-                    action,
-                    key,
-                    lambda: blob.commit_block_list(blocks, **options),
-                    conditional=mode.kind != "overwrite",
-                    upload=True,
-                    write=True,
-                    resent=self._cut_short,
-                ),
-                self.runtime,
-                f"the completion of {self.describe(key)}",
-            )
-        except OutcomeUnknown:
-            if self._holds(key, ids):
-                self._forget(key, upload_id)
-            raise
-        self._forget(key, upload_id)
-
-    def _holds(self, key: str, ids: Sequence[str]) -> bool:
-        """Whether the blob is exactly these committed blocks (False if it cannot tell)."""
-        blob = self._blob(key)
-        try:
-            committed, _ = blob.get_block_list("committed", raw_response_hook=self._observe)
-        except AzureError:
-            return False
-        return [str(block.id) for block in committed] == list(ids)
-
-    def _forget(self, key: str, upload_id: str) -> None:
-        """Remove a completed upload's marker; one left behind is listed until aborted."""
-        try:
-            self.abort_upload(key, upload_id)
-        except (StoreError, NotFound) as e:
-            log.warning("could not remove the marker of the completed upload of %s: %s", key, e)
+        self.blocks.complete_upload(key, upload_id, etags, mode)
 
     def abort_upload(self, key: str, upload_id: str) -> bool:
-        """Forget the upload (its marker goes); False if it was already gone. Its staged
-        blocks stay until the blob's next commit or seven days have passed."""
-        if not is_upload_id(upload_id):
-            return False
-        blob = self._blob(marker(key, upload_id))
-        try:
-            self._call(
-                "abort the multipart upload of",
-                key,
-                lambda: blob.delete_blob(raw_response_hook=self._observe),
-            )
-        except NotFound:
-            return False
-        return True
+        return self.blocks.abort_upload(key, upload_id)
 
     def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
-        """(key, upload id) of every open upload under ``prefix``: its markers."""
-        base = len(self.full_key(""))
-        options: dict[str, Any] = {
-            "name_starts_with": self.full_key(UPLOADS + prefix),
-            "results_per_page": self.list_page_size,
-            "raw_response_hook": self._observe,
-        }
-        names = self._call(
-            "list the multipart uploads under",
-            prefix,
-            lambda: [item.name for item in self._client.list_blobs(**options)],
-        )
-        for name in sorted(names):
-            parsed = parse_marker(name[base:])
-            if parsed is not None:
-                yield parsed
+        return self.blocks.list_uploads(prefix)
 
     # -- time -----------------------------------------------------------------------------
 

@@ -51,6 +51,21 @@ BLOCK_LIST_CODES = frozenset({"InvalidBlockList", "InvalidBlockId"})
 """A commit that names a block the blob does not hold uncommitted."""
 
 
+ENFORCES = {
+    "create-only": "Put Blob with If-None-Match: *",
+    "create-only race": "Put Blob with If-None-Match: *",
+    "update-if-match": "Put Blob with If-Match on the blob's ETag",
+    "update-if-match, missing key": "If-Match on a blob that is gone",
+    "update-if-match race": "Put Blob with If-Match on the blob's ETag",
+    "conditional multipart completion": "a create-only Put Block List of staged blocks",
+    "Date header": "the Date of every response, errors too",
+    "ranged reads": "Get Blob with x-ms-range",
+    "listing": "List Blobs with prefix and delimiter, sorted by code point here",
+    "digest verification": "the transactional Content-MD5 of every Put Blob and Put Block",
+}
+"""How Azure enforces each of the probe's checks, for ``doctor``'s answers."""
+
+
 def answer(e: BaseException) -> tuple[int, str]:
     """The HTTP status and Azure's error code of an SDK error (0 and "" if none)."""
     response = getattr(e, "response", None)

@@ -1,27 +1,5 @@
-"""Multipart uploads on Azure, which has staged blocks and a block-list commit but no
-upload ids and no abort, and the names of their pieces.
-
-The seam's calls map so (``AzureStore`` makes them):
-
-* ``create_upload``: an id of ours, and an empty marker blob ``UPLOADS/KEY~ID`` that says
-  the upload is open (markers are what ``list_uploads`` lists);
-* ``upload_part``: ``stage_block`` with block id ``ID + part number + MD5 of the part``,
-  its ``Content-MD5`` checked by Azure; the part's ETag is that MD5. A marker that is gone
-  is ``UploadGone``;
-* ``list_parts``: the blob's uncommitted blocks (``get_block_list``) whose id names the
-  upload: its parts, their MD5s and sizes, on any machine (so an upload is adopted as on S3);
-* ``complete_upload``: ``commit_block_list`` of exactly the named blocks, in order, under
-  the mode's condition (create-only: ``If-None-Match: *``); a named block the blob does not
-  hold is ``PartsRejected``, and the marker is removed once the commit landed;
-* ``abort_upload``: the marker is removed, so the upload is gone for every call. Its
-  blocks cannot be deleted without a blob: Azure discards them at the blob's next commit or
-  after seven days;
-* Azure keeps one list of uncommitted blocks per blob: the commit of one upload of a key
-  discards the blocks of every other upload of that key (their completion then names blocks
-  that are gone: ``PartsRejected``), and an abort racing a completion may lose (the commit
-  lands; a fenced holder's data object is left to ``gc``).
-
-The names:
+"""The names of the pieces of a multipart upload on Azure (``azure_blocks`` makes the
+upload of them):
 
 * An upload id is ``ID_LENGTH`` hex digits of our own.
 * Part N of upload U, whose bytes have the MD5 M, is the block ``U + NNNNN + M`` (hex M,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -216,6 +216,31 @@ class ObjectStore(Protocol):
     def now(self) -> datetime:
         """The store's time (leases are judged on it, never on the caller's clock)."""
         ...
+
+
+@runtime_checkable
+class Remote(Protocol):
+    """A store other than S3 that says what enforces its conditions (an account and a
+    container), so a verdict about it holds for every prefix."""
+
+    @property
+    def identity(self) -> tuple[str, str]: ...
+
+
+@runtime_checkable
+class Digested(Protocol):
+    """A store that can be asked whether it verifies a body's digest: ``put_digested``
+    writes a body with the given ``Content-MD5``, whatever its real one."""
+
+    def put_digested(self, key: str, body: bytes, content_md5: str) -> tuple[bool, str]: ...
+
+
+@runtime_checkable
+class Explained(Protocol):
+    """A store that says how it enforces each check (check name -> its own mechanism), for
+    ``doctor``'s answers."""
+
+    enforces: Mapping[str, str]
 
 
 T = TypeVar("T")

@@ -37,7 +37,7 @@ from datetime import datetime
 from typing import Literal
 
 from ..errors import AccessDenied, NotFound, ObjManifestError, StoreError
-from .base import CREATE, OVERWRITE, Blob, ObjectStore, PutMode
+from .base import CREATE, OVERWRITE, Blob, Digested, Explained, ObjectStore, PutMode, Remote
 from .errors import NoSuchObject, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
 from .s3 import S3Store
 
@@ -58,6 +58,7 @@ again, up to this many times in all, before it counts as a failure."""
 STALE_ETAG = '"00000000000000000000000000000000"'
 
 log = logging.getLogger(__name__)
+
 
 Verdict = Literal["ok", "failed", "denied", "error", "skipped"]
 
@@ -157,12 +158,15 @@ _VERIFIED_LOCK = threading.Lock()
 
 
 def _identity(store: ObjectStore) -> tuple[str, str] | None:
-    """What a verdict is about: an S3 store's endpoint and bucket. None for a store in this
-    process (``MemoryStore`` and the like), which is asked every time: it costs nothing,
-    and a simulation replays the same calls whatever ran before."""
-    if not isinstance(store, S3Store):
-        return None
-    return str(getattr(store.client.meta, "endpoint_url", "")), store.bucket
+    """What a verdict is about: a remote store's endpoint and bucket (or account and
+    container). None for a store in this process (``MemoryStore`` and the like), which is
+    asked every time: it costs nothing, and a simulation replays the same calls whatever ran
+    before."""
+    if isinstance(store, S3Store):
+        return str(getattr(store.client.meta, "endpoint_url", "")), store.bucket
+    if isinstance(store, Remote):
+        return store.identity
+    return None
 
 
 def probe_conditional_writes(store: ObjectStore, key: str, racers: int = RACERS) -> list[str]:
@@ -310,10 +314,15 @@ class _Probe:
                 raise
             return Check(name, required, "error", f"{type(e).__name__}: {e}")
         if isinstance(outcome, _Fail):
-            return Check(
-                name, required, "failed", outcome.answer or outcome.problem, outcome.problem
-            )
-        return Check(name, required, "ok", outcome)
+            answer = self.how(name, outcome.answer or outcome.problem)
+            return Check(name, required, "failed", answer, outcome.problem)
+        return Check(name, required, "ok", self.how(name, outcome))
+
+    def how(self, name: str, answer: str) -> str:
+        """The store's answer, and the mechanism that enforces the check on it, if it says."""
+        if isinstance(self.store, Explained) and name in self.store.enforces:
+            return f"{answer} [{self.store.enforces[name]}]"
+        return answer
 
     # -- conditional writes ------------------------------------------------------------------
 
@@ -514,7 +523,7 @@ class _Probe:
         return "keys in order; a delimiter rolls up common prefixes"
 
     def digest(self) -> Outcome:
-        if not isinstance(self.store, S3Store):
+        if not isinstance(self.store, Digested):
             said = getattr(self.store, "integrity", None)
             return str(said or "not asked: an in-process store has no transit to damage")
         key = self.beside("digest")
