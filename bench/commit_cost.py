@@ -3,14 +3,17 @@
 All run in the same process against the same server, interleaved, so the ratio is fair:
 
     python bench/commit_cost.py --backend seaweedfs --rounds 300 --runs 3
+    python bench/commit_cost.py --backend azurite --rounds 300 --runs 3
     python -m bench --only commit_cost
 
 A commit here is ``agent.renew(claim)`` on a warm cache: build and encode the shard, one PUT
 with ``If-Match`` (and its ``Content-MD5``). The peer is ``put_object(IfMatch=...)`` of the
 very bytes that commit wrote (same size, same content type, the journal records the shard
 carries counted on both sides); a second peer adds the ``Content-MD5`` header (computed each
-time), which shows what the digest itself costs. Odd rounds put the raw PUTs first, so
-neither side always follows the other. Each run is on a fresh task; the ratio reported is
+time), which shows what the digest itself costs. On Azurite the peer is the SDK's own
+``upload_blob`` with ``If-Match`` (the commit sends ``Content-MD5`` there too). Odd rounds
+put the raw PUTs first, so neither side always follows the other. Each run is on a fresh
+task; the ratio reported is
 the median of the runs' ratios (median commit over median raw PUT), and a paired ratio too
 (1 + the median of each round's commit minus its raw PUT, over the median raw PUT: the two
 of one round ran back to back under the same load, so it shakes less on a busy machine).
@@ -19,12 +22,21 @@ of one round ran back to back under the same load, so it shakes less on a busy m
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import re
 import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.pipeline.transport import RequestsTransport
+from azure.storage.blob import BlobServiceClient, ContentSettings
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -32,10 +44,110 @@ if __package__ in (None, ""):
 import objmanifest as om
 from bench.common import Bench, bench_context, fmt, ms, new_prefix, pct, say
 from objmanifest.core import checksum
+from objmanifest.local.azurite import LocalAzurite, start_azurite
+from objmanifest.store.azure import AzureStore, connect_azure
 from tests.support.internals import engine
 
 
-def one_run(b: Bench, rounds: int, entries: int) -> dict[str, Any]:
+@dataclass
+class Peer:
+    """The raw conditional write a commit is measured against (``put(body, etag, md5)``:
+    ``If-Match`` on ``etag``, none for the first; with its ``Content-MD5`` when ``md5``), and
+    the requests counted while ``counting(True)``."""
+
+    put: Callable[[bytes, str | None, bool], str]
+    ops: Counter[str]
+    counting: Callable[[bool], None]
+
+
+def s3_peer(store: Any) -> Peer:
+    client, bucket = store.client, store.bucket
+    raw_key = store.full_key("raw/object.json")
+    ops: Counter[str] = Counter()
+
+    def put(body: bytes, etag: str | None, md5: bool) -> str:
+        extra: dict[str, str] = {"ContentMD5": checksum.content_md5(body)} if md5 else {}
+        if etag is not None:
+            extra["IfMatch"] = etag
+        response = client.put_object(
+            Bucket=bucket, Key=raw_key, Body=body, ContentType="application/json", **extra
+        )
+        return str(response["ETag"])
+
+    def count(model: object, **_: object) -> None:
+        ops[getattr(model, "name", "?")] += 1
+
+    def counting(on: bool) -> None:
+        if on:
+            client.meta.events.register("before-call.s3", count)
+        else:
+            client.meta.events.unregister("before-call.s3", count)
+
+    return Peer(put, ops, counting)
+
+
+class CountingTransport(RequestsTransport):
+    """requests, counting each request (method and ``comp=``) while ``on``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.on = False
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        if self.on:
+            comp = re.search(r"[?&]comp=(\w+)", request.url)
+            self.ops[f"{request.method}{' ' + comp.group(1) if comp else ''}"] += 1
+        return super().send(request, **kwargs)
+
+
+@dataclass
+class AzuriteBench:
+    """Azurite on loopback, the store a run writes to, and its raw peer: the SDK's own
+    ``upload_blob`` of the same bytes with ``If-Match`` (what ``AzureStore.put`` sends)."""
+
+    local: LocalAzurite
+    transport: CountingTransport
+    backend: str = "azurite"
+
+    def store(self, prefix: str) -> AzureStore:
+        return connect_azure(
+            "bench",
+            prefix,
+            connection_string=self.local.connection_string,
+            transport=self.transport,
+        )
+
+    def peer(self, store: AzureStore) -> Peer:
+        blob = store.service.get_blob_client(store.container, store.full_key("raw/object.json"))
+        settings = ContentSettings(content_type="application/json")
+
+        def put(body: bytes, etag: str | None, md5: bool) -> str:
+            extra: dict[str, Any] = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+            if md5:
+                extra["transactional_content_md5"] = hashlib.md5(
+                    body, usedforsecurity=False
+                ).digest()
+            answer = blob.upload_blob(
+                body, overwrite=True, content_settings=settings, **(extra if etag else {})
+            )
+            return str(answer["etag"])
+
+        def counting(on: bool) -> None:
+            self.transport.on = on
+
+        self.transport.ops.clear()
+        return Peer(put, self.transport.ops, counting)
+
+
+@contextlib.contextmanager
+def azurite_bench() -> Iterator[AzuriteBench]:
+    with start_azurite() as local:
+        BlobServiceClient.from_connection_string(local.connection_string).create_container("bench")
+        yield AzuriteBench(local, CountingTransport())
+
+
+def one_run(b: Bench | AzuriteBench, rounds: int, entries: int) -> dict[str, Any]:
     store = b.store(new_prefix("commit"))
     task = om.Task.create(store, "bench", stages=["s"], lease_seconds=600)
     task.declare_many([(f"file/{i:05d}", "s") for i in range(entries)])
@@ -48,43 +160,26 @@ def one_run(b: Bench, rounds: int, entries: int) -> dict[str, Any]:
         """The body of the version the last commit wrote (encoded again, untimed)."""
         return codec.encode(engine(task).docs.cached(key, codec))
 
-    client, bucket = store.client, store.bucket
-    raw_key = store.full_key("raw/object.json")
-    etag = client.put_object(Bucket=bucket, Key=raw_key, Body=written())["ETag"]
-
-    def raw_put(body: bytes, etag: str, md5: bool = False) -> str:
-        extra = {"ContentMD5": checksum.content_md5(body)} if md5 else {}
-        return str(
-            client.put_object(
-                Bucket=bucket,
-                Key=raw_key,
-                Body=body,
-                IfMatch=etag,
-                ContentType="application/json",
-                **extra,
-            )["ETag"]
-        )
+    peer = b.peer(store) if isinstance(b, AzuriteBench) else s3_peer(store)
+    raw_put = peer.put
+    etag = raw_put(written(), None, False)
 
     for _ in range(5):  # warm every path
         agent.renew(claim)
-        etag = raw_put(written(), etag)
-        etag = raw_put(written(), etag, md5=True)
+        etag = raw_put(written(), etag, False)
+        etag = raw_put(written(), etag, True)
 
-    ops: Counter[str] = Counter()
-
-    def count(model: object, **_: object) -> None:
-        ops[getattr(model, "name", "?")] += 1
-
+    ops = peer.ops
     commit_s, raw_s, md5_s, sizes = [], [], [], []
-    client.meta.events.register("before-call.s3", count)
+    peer.counting(True)
     try:
         for n in range(rounds):
             if n % 2:  # the raw PUTs first, of the last commit's bytes
                 body = written()
                 t0 = time.perf_counter()
-                etag = raw_put(body, etag)
+                etag = raw_put(body, etag, False)
                 t1 = time.perf_counter()
-                etag = raw_put(body, etag, md5=True)
+                etag = raw_put(body, etag, True)
                 t2 = time.perf_counter()
                 agent.renew(claim)
                 t3 = time.perf_counter()
@@ -95,9 +190,9 @@ def one_run(b: Bench, rounds: int, entries: int) -> dict[str, Any]:
                 t1 = time.perf_counter()
                 body = written()
                 t2 = time.perf_counter()
-                etag = raw_put(body, etag)
+                etag = raw_put(body, etag, False)
                 t3 = time.perf_counter()
-                etag = raw_put(body, etag, md5=True)
+                etag = raw_put(body, etag, True)
                 t4 = time.perf_counter()
                 commit, raw, md5 = t1 - t0, t3 - t2, t4 - t3
             commit_s.append(commit)
@@ -105,7 +200,7 @@ def one_run(b: Bench, rounds: int, entries: int) -> dict[str, Any]:
             md5_s.append(md5)
             sizes.append(len(body))
     finally:
-        client.meta.events.unregister("before-call.s3", count)
+        peer.counting(False)
     task.flush_journal()
     commit_med, raw_med, md5_med = (statistics.median(x) for x in (commit_s, raw_s, md5_s))
     extra = statistics.median(c - r for c, r in zip(commit_s, raw_s, strict=True))
@@ -125,7 +220,9 @@ def one_run(b: Bench, rounds: int, entries: int) -> dict[str, Any]:
     }
 
 
-def run(b: Bench, rounds: int = 300, runs: int = 3, entries: int = 100) -> dict[str, Any]:
+def run(
+    b: Bench | AzuriteBench, rounds: int = 300, runs: int = 3, entries: int = 100
+) -> dict[str, Any]:
     results = []
     for i in range(runs):
         r = one_run(b, rounds, entries)
@@ -168,13 +265,18 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--backend", default="seaweedfs", choices=["seaweedfs", "moto"])
+    parser.add_argument("--backend", default="seaweedfs", choices=["seaweedfs", "moto", "azurite"])
     parser.add_argument("--endpoint-url", default=None, help="any S3 (default: start one)")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--runs", type=int, default=3, help="runs, each on a fresh task")
     parser.add_argument("--entries", type=int, default=100, help="entries in the shard")
     args = parser.parse_args()
-    with bench_context(args.backend, args.endpoint_url) as b:
+    context = (
+        azurite_bench()
+        if args.backend == "azurite"
+        else bench_context(args.backend, args.endpoint_url)
+    )
+    with context as b:
         result = run(b, args.rounds, args.runs, args.entries)
     print(f"backend={b.backend} rounds={args.rounds} runs={args.runs} entries={args.entries}")
     print(table(result))

@@ -592,6 +592,20 @@ def test_connecting_needs_an_account_and_https_for_azure_identity(
     assert connect_azure(CONTAINER, endpoint_url=azurite().account_url).now()
 
 
+def test_the_environments_proxy_is_used_and_no_proxy_honoured(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    through_proxy = azure_store(prefix, retries=0)
+    with pytest.raises(StoreError, match="no answer from"):
+        through_proxy.head("k")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with pytest.raises(NotFound):
+        azure_store(prefix, retries=0).head("k")
+
+
 # -- secrets --------------------------------------------------------------------------------------
 
 KEY_SECRET = base64.b64encode(b"OBJMANIFEST-PLANTED-ACCOUNT-KEY-0123456789").decode()
