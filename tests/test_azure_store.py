@@ -33,13 +33,14 @@ from azure.storage.blob import BlobServiceClient
 
 import objmanifest as om
 from objmanifest.core.runtime import DEFAULT, Runtime
-from objmanifest.errors import AccessDenied, InvalidInput, NotFound, ReadBrokeOff, StoreError
+from objmanifest.errors import AccessDenied, InvalidInput, ReadBrokeOff, StoreError
 from objmanifest.local.azurite import ACCOUNT
 from objmanifest.store import CREATE, PROBE_PREFIX, Blob, Head, Listed, PutMode
 from objmanifest.store.azure import AzureStore, connect_azure
 from objmanifest.store.azure_answers import ENFORCES
 from objmanifest.store.azure_uploads import UPLOADS, block_id
 from objmanifest.store.errors import (
+    NoSuchObject,
     OutcomeUnknown,
     PartsRejected,
     PreconditionFailed,
@@ -269,7 +270,7 @@ def test_parts_are_blocks_named_by_upload_number_and_digest(store: AzureStore) -
         2: {md5(two): 10, md5(other): 7},
     }
     assert store.list_parts("big", second) == {1: {md5(two): 10}}
-    with pytest.raises(NotFound):  # nothing is a blob before its commit
+    with pytest.raises(NoSuchObject):  # nothing is a blob before its commit
         store.head("big")
 
     # A refused commit (a named block not there) keeps every staged block.
@@ -322,7 +323,7 @@ def test_an_aborted_upload_is_gone_and_ids_not_ours_name_no_upload(store: AzureS
         assert store.abort_upload("gone", foreign) is False
     with pytest.raises(StoreError, match="part numbers are 1 to 10000"):
         store.upload_part("gone", store.create_upload("gone"), 10_001, b"x")
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("gone")
 
 
@@ -448,7 +449,7 @@ def test_reads_blocks_and_deletes_whose_answer_is_lost_are_sent_again(prefix: st
     assert store.upload_part("big", upload, 1, b"part") == md5(b"part")
     transport.plan("DELETE", "/k", "lost")
     store.delete("k")  # applied, lost, sent again: 404, which a delete takes as done
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("k")
     assert transport.faults["lost"] == 4 and len(slept) == 4
 
@@ -538,7 +539,7 @@ def test_the_clock_is_the_stores_date_even_from_refusals(prefix: str) -> None:
                 server.account_url, f"{proxy.endpoint_url}/{ACCOUNT}"
             ),
         )
-        with pytest.raises(NotFound):
+        with pytest.raises(NoSuchObject):
             through.head("missing")  # a 404 carries a Date too
         assert through.clock.known
         ahead = through.now() - azure_store(prefix).now()
@@ -602,7 +603,7 @@ def test_the_environments_proxy_is_used_and_no_proxy_honoured(
     with pytest.raises(StoreError, match="no answer from"):
         through_proxy.head("k")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         azure_store(prefix, retries=0).head("k")
 
 
@@ -640,7 +641,7 @@ def everything_a_store_shows(store: AzureStore) -> list[str]:
         lambda: list(store.list_uploads("")),
     ]
     for call in calls:
-        with pytest.raises((StoreError, NotFound)) as info:
+        with pytest.raises((StoreError, NoSuchObject)) as info:
             call()
         shown.append(str(info.value))
         shown.append(repr(info.value))

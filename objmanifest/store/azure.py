@@ -6,7 +6,7 @@ No layer above it sees the SDK. Azure's answers are normalised here to the seam'
 * create-only is ``If-None-Match: *`` (a second create: 409 ``BlobAlreadyExists``), an
   update ``If-Match`` on the blob's ETag, its version token (a stale or missing one: 412
   ``ConditionNotMet``): both ``PreconditionFailed``; a conditional read answered 304 is
-  None; ``BlobNotFound`` is ``NotFound``, a missing container a ``StoreError`` saying so;
+  None; ``BlobNotFound`` on a read is ``NoSuchObject``, a missing container a ``StoreError``;
 * every whole object and every block carries its ``Content-MD5``, which Azure checks: a
   body damaged on its way is refused (400 ``Md5Mismatch``; one cut short breaks the Shared
   Key signature, 403, told apart from a refusal of the credentials by asking again) and
@@ -46,7 +46,7 @@ from azure.storage.blob import (
 )
 
 from ..core.runtime import DEFAULT, Runtime
-from ..errors import InvalidInput, NotFound, StoreError
+from ..errors import InvalidInput, StoreError
 from .azure_answers import (
     BLOCK_LIST_CODES,
     DAMAGED_CODES,
@@ -86,21 +86,25 @@ from .base import (
     Listed,
     PartBody,
     PartsListed,
+    PrefixedStore,
     PutMode,
     StoreClock,
     send_whole,
 )
-from .errors import BodyDamaged, OutcomeUnknown, PartsRejected, PreconditionFailed
+from .errors import BodyDamaged, NoSuchObject, OutcomeUnknown, PartsRejected, PreconditionFailed
 
 log = logging.getLogger(__name__)
+
+READS = ("read", "inspect")
+"""The actions (``get``/``open``, ``head``) whose missing blob is ``NoSuchObject``."""
 
 _BLOB_CLIENTS = 1024
 """Blob clients kept for reuse (one per key: the shards a process commits to, mostly)."""
 
 
-class AzureStore:
-    """One container and prefix of an Azure storage account. Keys are relative to the
-    prefix."""
+class AzureStore(PrefixedStore):
+    """One container (its ``bucket``) and prefix of an Azure storage account. Keys are
+    relative to the prefix."""
 
     scheme = "az"
 
@@ -113,10 +117,9 @@ class AzureStore:
         runtime: Runtime | None = None,
         credentials: Credentials | None = None,
     ) -> None:
+        super().__init__(container, prefix, runtime)
         self.service = service
         self.container = container
-        self.prefix = prefix.strip("/")
-        self.runtime = runtime or DEFAULT
         self.clock = StoreClock(monotonic=self.runtime.monotonic)
         self.credentials = credentials or Credentials(
             redact(str(service.url)).rstrip("/"), "the client given"
@@ -129,18 +132,6 @@ class AzureStore:
         self._blobs: dict[str, BlobClient] = {}
         self._lock = threading.Lock()
 
-    def __repr__(self) -> str:
-        return f"AzureStore({self.url!r})"
-
-    @property
-    def bucket(self) -> str:  # what the other stores call their container
-        return self.container
-
-    @property
-    def url(self) -> str:
-        base = f"az://{self.container}"
-        return f"{base}/{self.prefix}" if self.prefix else base
-
     @property
     def connections(self) -> int:
         return CONNECTIONS
@@ -149,12 +140,6 @@ class AzureStore:
     def identity(self) -> tuple[str, str]:
         """What enforces this store's conditions: the account and the container."""
         return self.credentials.account_url, self.container
-
-    def full_key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def describe(self, key: str) -> str:
-        return f"az://{self.container}/{self.full_key(key)}"
 
     # -- requests --------------------------------------------------------------------------
 
@@ -172,7 +157,9 @@ class AzureStore:
                 found = self._blobs[name] = self._client.get_blob_client(name)
         return found
 
-    def _fail(self, e: Exception, action: str, key: str) -> StoreError | NotFound | InvalidInput:
+    def _fail(
+        self, e: Exception, action: str, key: str
+    ) -> StoreError | NoSuchObject | InvalidInput:
         """Turn an SDK error into one that names the object and the fix."""
         return failure(e, action, self.describe(key), self.container, self.credentials)
 
@@ -186,6 +173,7 @@ class AzureStore:
         upload: bool = False,
         write: bool = False,
         resent: Callable[[int, str, str], bool] | None = None,
+        missing_ok: bool = False,
     ) -> Any:
         """Run one request and map its outcome.
 
@@ -193,7 +181,8 @@ class AzureStore:
         naming a block the blob lacks is ``PartsRejected``; ``write``: a connection lost
         after sending is ``OutcomeUnknown``; ``resent`` (the request has a body, and this
         tells whether a refusal of its signature was one cut short): a body refused as
-        damaged is ``BodyDamaged`` (the caller sends it again, ``send_whole``).
+        damaged is ``BodyDamaged`` (the caller sends it again, ``send_whole``). A blob that
+        is not there is ``NoSuchObject`` on a read or where ``missing_ok``, an error otherwise.
         """
         try:
             return call()
@@ -205,7 +194,12 @@ class AzureStore:
                 raise PartsRejected(f"{self.describe(key)}: {code}") from None
             if conditional and (status == 412 or code in RACE_CODES):
                 raise PreconditionFailed(f"{self.describe(key)}: {code}", answer=said(e)) from None
-            raise self._fail(e, action, key) from None
+            failed = self._fail(e, action, key)
+            if isinstance(failed, NoSuchObject) and not missing_ok and action not in READS:
+                raise StoreError(
+                    f"could not {action} {self.describe(key)}: {status} {code}"
+                ) from None
+            raise failed from None
         except ServiceResponseError as e:
             if write:
                 raise OutcomeUnknown(
@@ -361,8 +355,13 @@ class AzureStore:
 
     def delete(self, key: str) -> None:
         blob = self._blob(key)
-        with contextlib.suppress(NotFound):
-            self._call("delete", key, lambda: blob.delete_blob(raw_response_hook=self._observe))
+        with contextlib.suppress(NoSuchObject):
+            self._call(
+                "delete",
+                key,
+                lambda: blob.delete_blob(raw_response_hook=self._observe),
+                missing_ok=True,
+            )
 
     def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
         """Keys under ``prefix`` in code-point order (UTF-8 byte order, as S3 sorts), every
@@ -387,9 +386,6 @@ class AzureStore:
         for row in sorted(listed, key=lambda row: row.key):
             if not hidden(row.key):
                 yield row
-
-    def list_keys(self, prefix: str) -> Iterator[str]:
-        return (row.key for row in self.list(prefix))
 
     # -- multipart uploads: staged blocks and a block-list commit (azure_blocks) -----------
 

@@ -19,9 +19,10 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 
-from ..errors import AccessDenied, InvalidInput, NotFound, ReadBrokeOff, StoreError
+from ..errors import AccessDenied, InvalidInput, ReadBrokeOff, StoreError
 from .azure_client import Credentials, redact
 from .base import PartBody, PutMode
+from .errors import NoSuchObject
 
 RACE_CODES = frozenset({"BlobAlreadyExists", "ConditionNotMet", "TargetConditionNotMet"})
 """A conditional write that lost: create-only on an existing blob (409), a version that
@@ -92,9 +93,10 @@ def said(e: HttpResponseError) -> str:
 
 def failure(
     e: Exception, action: str, where: str, container: str, credentials: Credentials
-) -> StoreError | NotFound | InvalidInput:
+) -> StoreError | NoSuchObject | InvalidInput:
     """An SDK error as the error users see: it names the object and the fix, and never a
-    secret."""
+    secret (a blob that is not there: ``NoSuchObject``, which the store turns into an error
+    on any call but a read's)."""
     status, code = answer(e)
     account = credentials.account_url
     if isinstance(e, HttpResponseError) and status:
@@ -105,7 +107,7 @@ def failure(
                 f"--name {container}"
             )
         if code == "BlobNotFound" or (status == 404 and not code and action == "inspect"):
-            return NotFound(f"{where} does not exist")
+            return NoSuchObject(where)
         if code in DENIED_CODES:
             return AccessDenied(
                 f"the store refused to {action} {where} ({code}): the identity's role "

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 from azure.core.exceptions import AzureError
 from azure.storage.blob import BlobBlock, BlockState
 
-from ..errors import NotFound, StoreError
+from ..errors import StoreError
 from .azure_answers import conditions, md5_of_part
 from .azure_uploads import (
     MAX_PART_NUMBER,
@@ -43,7 +43,7 @@ from .azure_uploads import (
     parts_of,
 )
 from .base import CREATE, PartBody, PartsListed, PutMode, send_whole
-from .errors import OutcomeUnknown, PartsRejected, UploadGone
+from .errors import NoSuchObject, OutcomeUnknown, PartsRejected, UploadGone
 
 if TYPE_CHECKING:
     from .azure import AzureStore
@@ -75,9 +75,12 @@ class BlockUploads:
         blob = self.store._blob(marker(key, upload_id))
         try:
             self.store._call(
-                action, key, lambda: blob.get_blob_properties(raw_response_hook=self.store._observe)
+                action,
+                key,
+                lambda: blob.get_blob_properties(raw_response_hook=self.store._observe),
+                missing_ok=True,
             )
-        except NotFound:
+        except NoSuchObject:
             raise UploadGone(f"{self.store.describe(key)}: the upload no longer exists") from None
 
     def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
@@ -122,8 +125,9 @@ class BlockUploads:
                 "list the parts of",
                 key,
                 lambda: blob.get_block_list("uncommitted", raw_response_hook=self.store._observe),
+                missing_ok=True,
             )
-        except NotFound:
+        except NoSuchObject:
             return {}
         return parts_of(upload_id, ((str(b.id), int(b.size)) for b in uncommitted))
 
@@ -180,7 +184,7 @@ class BlockUploads:
         """Remove a completed upload's marker; one left behind is listed until aborted."""
         try:
             self.abort_upload(key, upload_id)
-        except (StoreError, NotFound) as e:
+        except (StoreError, NoSuchObject) as e:
             log.warning("could not remove the marker of the completed upload of %s: %s", key, e)
 
     def abort_upload(self, key: str, upload_id: str) -> bool:
@@ -194,8 +198,9 @@ class BlockUploads:
                 "abort the multipart upload of",
                 key,
                 lambda: blob.delete_blob(raw_response_hook=self.store._observe),
+                missing_ok=True,
             )
-        except NotFound:
+        except NoSuchObject:
             return False
         return True
 

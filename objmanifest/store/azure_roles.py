@@ -64,7 +64,6 @@ DATA_ACTIONS: Mapping[str, frozenset[str]] = {
     "head": frozenset({READ}),
     "open": frozenset({READ}),
     "list": frozenset({READ}),
-    "list_keys": frozenset({READ}),
     "now": frozenset({READ}),
     "put": frozenset({READ, WRITE, ADD}),  # READ: a 403 is asked again without a body
     "put_digested": frozenset({READ, WRITE, ADD}),
