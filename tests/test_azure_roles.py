@@ -165,3 +165,11 @@ def test_the_role_document_is_a_custom_role_scoped_to_the_container() -> None:
         azure_roles.role("work", "jo*bs", "agent")
     with pytest.raises(InvalidInput, match="unknown role"):
         azure_roles.role("work", "jobs", "root")  # type: ignore[arg-type]
+
+
+def test_a_refused_call_is_reported_with_the_data_actions_it_needs() -> None:
+    said = azure_roles.needed("complete_upload", "az://work/jobs/t/data/s/f@1")
+    for action in (READ, WRITE, ADD, DELETE):
+        assert action in said
+    assert "az://work/jobs/t/data/s/f@1" in said
+    assert azure_roles.needed("get", "az://work/k").startswith(f"{READ} on az://work/k")

@@ -178,3 +178,13 @@ def role(container: str, prefix: str, role: Role = "agent") -> dict[str, Any]:
         "reserved": f"{PROBE_PREFIX} (doctor's objects) and {UPLOADS} (open uploads) are the "
         "store's own, under the prefix",
     }
+
+
+def needed(op: str, address: str) -> str:
+    """What a call of ``op`` on ``address`` (``az://container/key``) needs, in words, as
+    ``doctor`` reports a refused call."""
+    wanted = sorted(DATA_ACTIONS.get(op, frozenset({f"(the data actions of {op})"})))
+    return (
+        f"{' and '.join(wanted)} on {address}, in a role assigned with objmanifest's "
+        "condition (`objmanifest iam-policy --url az://...` prints both)"
+    )
