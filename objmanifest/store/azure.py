@@ -49,6 +49,7 @@ from ..core.runtime import DEFAULT, Runtime
 from ..errors import InvalidInput, StoreError
 from .azure_answers import (
     BLOCK_LIST_CODES,
+    COMPLETED_UPLOAD,
     DAMAGED_CODES,
     ENFORCES,
     RACE_CODES,
@@ -92,6 +93,7 @@ from .base import (
     send_whole,
 )
 from .errors import BodyDamaged, NoSuchObject, OutcomeUnknown, PartsRejected, PreconditionFailed
+from .urls import StoreURL
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +287,9 @@ class AzureStore(PrefixedStore):
         properties = self._call(
             "inspect", key, lambda: blob.get_blob_properties(raw_response_hook=self._observe)
         )
-        return Head(str(properties.etag), int(properties.size), metadata_in(properties.metadata))
+        metadata = properties.metadata or {}
+        completed = next((v for k, v in metadata.items() if k.lower() == COMPLETED_UPLOAD), None)
+        return Head(str(properties.etag), int(properties.size), metadata_in(metadata), completed)
 
     def _refuse_reserved(self, key: str, action: str) -> None:
         if hidden(key):
@@ -446,3 +450,10 @@ def connect_azure(
     runtime = runtime or DEFAULT
     service, credentials = make_service(endpoint_url, runtime=runtime, **client)
     return AzureStore(service, container, prefix, runtime=runtime, credentials=credentials)
+
+
+def open_store(
+    url: StoreURL, *, endpoint_url: str | None = None, runtime: Runtime | None = None
+) -> AzureStore:
+    """``connect``'s way in: the store of an ``az://`` URL."""
+    return connect_azure(url.bucket, url.prefix, endpoint_url=endpoint_url, runtime=runtime)

@@ -169,9 +169,18 @@ def metadata_out(metadata: dict[str, str] | None, where: str) -> dict[str, str] 
     return out
 
 
+COMPLETED_UPLOAD = "objmanifest_upload"
+"""The metadata name under which a blob committed from an upload's blocks records the
+upload's id (``Head.completed_upload``): no name of a caller's goes as it (``metadata_out``
+sends a name with ``_`` as ``_`` and hex)."""
+
+
 def metadata_in(metadata: dict[str, str] | None) -> dict[str, str]:
+    """Metadata as the caller wrote it (the store's own ``COMPLETED_UPLOAD`` left out)."""
     out: dict[str, str] = {}
     for name, value in (metadata or {}).items():
+        if name.lower() == COMPLETED_UPLOAD:
+            continue
         encoded = _ENCODED_NAME.fullmatch(name)
         try:
             shown_name = bytes.fromhex(encoded.group(1)).decode() if encoded else name

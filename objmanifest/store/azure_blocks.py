@@ -10,7 +10,9 @@ block-list commit but no upload ids and no abort (``azure_uploads`` names the pi
   upload: its parts, their MD5s and sizes, on any machine (so an upload is adopted as on S3);
 * ``complete_upload``: ``commit_block_list`` of exactly the named blocks, in order, under
   the mode's condition (create-only: ``If-None-Match: *``); a named block the blob does not
-  hold is ``PartsRejected``, and the marker is removed once the commit landed;
+  hold is ``PartsRejected``, and the marker is removed once the commit landed. The blob
+  records the upload's id in its metadata (``Head.completed_upload``), so whether an
+  object is an upload's completion is told on any machine;
 * ``abort_upload``: the marker is removed, so the upload is gone for every call. Its
   blocks cannot be deleted without a blob: Azure discards them at the blob's next commit or
   after seven days;
@@ -30,7 +32,7 @@ from azure.core.exceptions import AzureError
 from azure.storage.blob import BlobBlock, BlockState
 
 from ..errors import StoreError
-from .azure_answers import conditions, md5_of_part
+from .azure_answers import COMPLETED_UPLOAD, conditions, md5_of_part
 from .azure_uploads import (
     MAX_PART_NUMBER,
     UPLOADS,
@@ -146,6 +148,7 @@ class BlockUploads:
             raise PartsRejected(f"{self.store.describe(key)}: a part's ETag is not an MD5")
         blocks = [BlobBlock(block_id=i, state=BlockState.UNCOMMITTED) for i in ids]
         options: dict[str, Any] = {
+            "metadata": {COMPLETED_UPLOAD: upload_id},
             "validate_content": True,
             "raw_response_hook": self.store._observe,
         }

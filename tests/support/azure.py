@@ -1,8 +1,9 @@
 """Azurite for the tests that need an ``az://`` store, and a transport double that makes the
 SDK meet what a healthy emulator never answers.
 
-``azurite()`` starts one Azurite per process (the launcher in ``objmanifest.local.azurite``)
-and creates the test container; ``azure_store(prefix)`` opens a store under it.
+``azurite()`` is the process's Azurite, the ``azurite`` backend of ``tests.support.stores``
+(the launcher in ``objmanifest.local.azurite``); ``azure_store(prefix)`` opens a store in
+the test container.
 ``FlakyTransport`` sits under the SDK's pipeline (so the store's own retry policy, hooks
 and error mapping all run above it) and, by plan, answers 503 ``ServerBusy`` or 500
 ``OperationTimedOut`` without forwarding, fails to connect, or forwards the request and then
@@ -12,7 +13,6 @@ loses its answer.
 from __future__ import annotations
 
 import io
-import os
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -23,27 +23,21 @@ import requests
 from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from azure.core.pipeline.transport import HttpTransport, RequestsTransport
 from azure.core.rest._requests_basic import RestRequestsTransportResponse
-from azure.storage.blob import BlobServiceClient
 
 from objmanifest.core.runtime import Runtime
-from objmanifest.local.azurite import LocalAzurite, start_azurite
+from objmanifest.local.azurite import LocalAzurite
 from objmanifest.store.azure import AzureStore, connect_azure
+from tests.support.stores import BUCKET, running
 
-CONTAINER = os.environ.get("OBJMANIFEST_TEST_CONTAINER", "objmanifest-test")
-
-_lock = threading.Lock()
-_running: LocalAzurite | None = None
+CONTAINER = BUCKET
 
 
 def azurite() -> LocalAzurite:
-    """This process's Azurite, started on first use (with the test container in it)."""
-    global _running
-    with _lock:
-        if _running is None or not _running.running:
-            _running = start_azurite()
-            service = BlobServiceClient.from_connection_string(_running.connection_string)
-            service.create_container(CONTAINER)
-        return _running
+    """This process's Azurite (the ``azurite`` backend of the registry, with the test
+    container in it)."""
+    local = running("azurite").local
+    assert isinstance(local, LocalAzurite)
+    return local
 
 
 def azure_store(prefix: str, **client: Any) -> AzureStore:

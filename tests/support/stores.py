@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from azure.core.exceptions import ResourceExistsError
+from azure.storage.blob import BlobServiceClient
 
 import objmanifest as om
 from objmanifest.core.names import check_name
 from objmanifest.core.runtime import DEFAULT as DEFAULT_RUNTIME
 from objmanifest.local import servers
+from objmanifest.local.azurite import start_azurite
 
 BUCKET = os.environ.get("OBJMANIFEST_TEST_BUCKET", "objmanifest-test")
 
@@ -300,10 +303,20 @@ def _shared(name: str, directory: Path) -> Server:
     return Server(name, ready["endpoint_url"], ready["env"])
 
 
+def _azurite() -> Server:
+    """Azurite on loopback (installed by scripts/test.sh), with the test container."""
+    local = start_azurite()
+    service = BlobServiceClient.from_connection_string(local.connection_string)
+    with contextlib.suppress(ResourceExistsError):
+        service.create_container(BUCKET)
+    return Server("azurite", local.account_url, local.env(), local, scheme="az")
+
+
 STARTS: dict[str, Callable[[], Server]] = {
     "file": lambda: Server(
         "file", "", scheme="file", root=tempfile.mkdtemp(prefix="objmanifest-file-store-")
     ),
+    "azurite": _azurite,
 }
 """How each backend that is neither in-process nor S3 is started (``STORES``): a server of
 its own and its container or bucket made, or, for ``file``, a directory of this process's
