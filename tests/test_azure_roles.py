@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+from objmanifest.cli import main
 from objmanifest.core.layout import TaskLayout
 from objmanifest.errors import InvalidInput
-from objmanifest.store import PROBE_PREFIX, azure_roles
+from objmanifest.store import PROBE_PREFIX, access_needed, azure_roles
 from objmanifest.store.azure_roles import ADD, DELETE, READ, WRITE
 from objmanifest.store.azure_uploads import marker
 
@@ -153,7 +155,7 @@ def test_the_admin_may_do_anything_under_the_prefix_only() -> None:
 
 
 def test_the_role_document_is_a_custom_role_scoped_to_the_container() -> None:
-    document = azure_roles.role("work", "jobs", "agent")
+    document = azure_roles.policy("work", "jobs", "agent")
     definition = document["roleDefinition"]
     assert definition["IsCustom"] is True and definition["Actions"] == []
     assert set(definition["DataActions"]) == set().union(*azure_roles.DATA_ACTIONS.values())
@@ -162,9 +164,9 @@ def test_the_role_document_is_a_custom_role_scoped_to_the_container() -> None:
     assert set(document["dataActions"]) == set(definition["DataActions"])
     assert any("account key" in note for note in document["notConfined"])
     with pytest.raises(InvalidInput, match="cannot be written in an Azure role condition"):
-        azure_roles.role("work", "jo*bs", "agent")
+        azure_roles.policy("work", "jo*bs", "agent")
     with pytest.raises(InvalidInput, match="unknown role"):
-        azure_roles.role("work", "jobs", "root")  # type: ignore[arg-type]
+        azure_roles.policy("work", "jobs", "root")  # type: ignore[arg-type]
 
 
 def test_a_refused_call_is_reported_with_the_data_actions_it_needs() -> None:
@@ -173,3 +175,16 @@ def test_a_refused_call_is_reported_with_the_data_actions_it_needs() -> None:
         assert action in said
     assert "az://work/jobs/t/data/s/f@1" in said
     assert azure_roles.needed("get", "az://work/k").startswith(f"{READ} on az://work/k")
+
+
+def test_the_cli_prints_the_azure_roles(capsys: pytest.CaptureFixture[str]) -> None:
+    for role in ("agent", "admin"):
+        for json_flag in ([], ["--json"]):
+            argv = ["iam-policy", *json_flag, "--for", role, "--url", "az://work/jobs"]
+            assert main(argv) == 0
+            printed = json.loads(capsys.readouterr().out)
+            assert printed == azure_roles.policy("work", "jobs", role)  # type: ignore[arg-type]
+    assert main(["iam-policy", "--url", "az://Work/jobs"]) == 2
+    assert "container name" in capsys.readouterr().err
+    assert access_needed("put", "az://work/jobs/k") == azure_roles.needed("put", "az://work/jobs/k")
+    assert access_needed("put", "file:///tmp/k") is None

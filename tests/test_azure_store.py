@@ -32,6 +32,7 @@ import pytest
 from azure.storage.blob import BlobServiceClient
 
 import objmanifest as om
+from objmanifest.cli import main
 from objmanifest.core.runtime import DEFAULT, Runtime
 from objmanifest.errors import AccessDenied, InvalidInput, ReadBrokeOff, StoreError
 from objmanifest.local.azurite import ACCOUNT
@@ -660,6 +661,44 @@ def test_secrets_are_never_shown(name: str, prefix: str, caplog: pytest.LogCaptu
     shown = everything_a_store_shows(store)
     shown += [record.getMessage() for record in caplog.records]
     text = "\n".join(shown)
+    assert "refused the credentials" in text or "no answer from" in text
+    for secret in (KEY_SECRET, SAS_SECRET, SAS_SECRET[:16]):
+        assert secret not in text
+
+
+def test_doctor_passes_azurite(
+    prefix: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite().connection_string)
+    url = f"az://{CONTAINER}/{prefix}"
+    assert main(["doctor", "--json", "--url", url]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["safe"] is True and report["url"] == url
+    assert {c["verdict"] for c in report["checks"]} == {"ok"}
+    answers = {c["name"]: c["answer"] for c in report["checks"]}
+    assert "a create-only Put Block List" in answers["conditional multipart completion"]
+    assert main(["doctor", "--url", url]) == 0
+    assert f"safe: {url} enforces everything" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", list(planted()))
+def test_the_cli_shows_no_secret(
+    name: str, prefix: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", planted()[name])
+    url = f"az://{CONTAINER}/{prefix}"
+    said = []
+    for argv in (
+        ["doctor", "--url", url],
+        ["doctor", "--json", "--url", url],
+        ["--debug", "doctor", "--url", url],
+        ["--json", "status", "--url", url, "--task", "t"],
+        ["--debug", "init", "--url", url, "--task", "t", "a"],
+    ):
+        assert main(argv) != 0
+        out, err = capsys.readouterr()
+        said.append(out + err)
+    text = "\n".join(said)
     assert "refused the credentials" in text or "no answer from" in text
     for secret in (KEY_SECRET, SAS_SECRET, SAS_SECRET[:16]):
         assert secret not in text

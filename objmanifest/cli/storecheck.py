@@ -2,8 +2,9 @@
 
 ``doctor`` runs the whole probe (``objmanifest.store.probe``) against the URL's bucket and
 prefix and prints what the store enforces and how it answers, one row per check, with the
-permission a refused call lacked. ``iam-policy`` prints the least-privilege AWS IAM policy
-of a role for the URL (``objmanifest.store.permissions``); it sends no request.
+permission a refused call lacked. ``iam-policy`` prints the least-privilege access policy
+of a role for the URL in its cloud's form (an AWS IAM policy, an Azure custom role and its
+condition: ``objmanifest.store.access_policy``); it sends no request.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 import objmanifest as om
-from objmanifest.store import PROBE_PREFIX, access_policy, permissions
+from objmanifest.store import PROBE_PREFIX, access_needed, access_policy
 from objmanifest.store.probe import Check, ProbeReport, probe_store
 
 from ..wire.errors import UsageError
@@ -67,7 +68,7 @@ def missing(check: Check) -> str | None:
     """The permission a refused call of ``check`` lacked, in words."""
     if check.denied is None:
         return None
-    return permissions.needed(check.denied.op, check.denied.address)
+    return access_needed(check.denied.op, check.denied.address)
 
 
 def doctor_json(report: ProbeReport, skew: float | None, code: ExitCode) -> dict[str, Any]:

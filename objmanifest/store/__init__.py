@@ -71,6 +71,7 @@ __all__ = [
     "S3Store",
     "StoreClock",
     "StoreURL",
+    "access_needed",
     "access_policy",
     "completed_from",
     "connect",
@@ -131,9 +132,10 @@ def connect(
     return _backend(parsed.scheme).open_store(parsed, endpoint_url=endpoint_url, runtime=runtime)
 
 
-POLICIES = {"s3": "permissions"}
+POLICIES = {"s3": "permissions", "az": "azure_roles"}
 """The schemes with a least-privilege access policy (``access_policy``), and the module of
-this package that writes it (a function ``policy(bucket, prefix, role)``)."""
+this package that writes it (a function ``policy(bucket, prefix, role)``, and ``needed(op,
+address)``: what a refused call lacked, in words)."""
 
 
 def access_policy(url: str, role: str) -> dict[str, Any]:
@@ -153,6 +155,17 @@ def access_policy(url: str, role: str) -> dict[str, Any]:
     module = importlib.import_module(f".{POLICIES[parsed.scheme]}", __name__)
     document: dict[str, Any] = module.policy(parsed.bucket, parsed.prefix, role)
     return document
+
+
+def access_needed(op: str, address: str) -> str | None:
+    """What a call of ``op`` on ``address`` (a full address, ``scheme://bucket/key``) needs
+    in its cloud's terms, as ``doctor`` reports a refused call; None for a scheme without an
+    access policy."""
+    module = POLICIES.get(address.partition("://")[0])
+    if module is None:
+        return None
+    said: str = importlib.import_module(f".{module}", __name__).needed(op, address)
+    return said
 
 
 class _Backend(Protocol):

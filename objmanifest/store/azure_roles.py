@@ -144,7 +144,7 @@ def condition(prefix: str, role: Role = "agent") -> str:
     return "\nAND\n".join(parts)
 
 
-def role(container: str, prefix: str, role: Role = "agent") -> dict[str, Any]:
+def policy(container: str, prefix: str, role: Role = "agent") -> dict[str, Any]:
     """The custom role ``role`` needs on ``az://container/prefix``, the condition to assign
     it with, what each data action is for, and what Azure cannot confine."""
     text = condition(prefix, role)
