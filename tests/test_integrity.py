@@ -127,7 +127,8 @@ def damaging(server: Server) -> Iterator[Damage]:
     with FaultProxy(server.endpoint_url) as proxy:
 
         def damage(kind: str, every: int, count: int, how: str, once: bool = True) -> None:
-            path = "partNumber=" if kind == "part" else f"/{BUCKET}/"
+            part = "comp=block&" if server.scheme == "az" else "partNumber="  # Put Block
+            path = part if kind == "part" else f"/{BUCKET}/"
             whole_only = kind == "whole"
             proxy.damage_request("PUT", path, count, how, every, whole_only=whole_only, once=once)
 

@@ -7,6 +7,7 @@ request, and no response carries a credential."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -627,7 +628,8 @@ def test_it_is_read_only_and_answers_only_loopback_names_without_a_token(job: om
 
 @pytest.fixture
 def secrets(monkeypatch: pytest.MonkeyPatch, server: Any) -> Iterator[list[str]]:
-    """The credentials in the environment (on memory, planted ones).
+    """The credentials in the environment (on memory, planted ones), and the account key of
+    an Azure store's connection string.
 
     A placeholder credential shorter than 8 characters (LocalStack's ``test``)
     is a word the page shows anyway (``objmanifest-test``, the bucket); such a
@@ -639,6 +641,8 @@ def secrets(monkeypatch: pytest.MonkeyPatch, server: Any) -> Iterator[list[str]]
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "planted-SECRET-1b9d")
         monkeypatch.setenv("AWS_SESSION_TOKEN", "planted-SESSION-77ac")
     found = [os.environ[k] for k in names if len(os.environ.get(k, "")) >= 8]
+    connection = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "")
+    found += re.findall(r"AccountKey=([^;]{8,})", connection)
     assert found
     yield [*found, TOKEN]
 

@@ -159,6 +159,14 @@ def connection_endpoint(settings: dict[str, str]) -> str:
     return f"{protocol}://{account}.blob.{suffix}"
 
 
+def _elsewhere(given: str, named: str) -> str:
+    """The account URL of ``given``: itself, or with the path of ``named`` when it has none
+    (an emulator's account is the first segment of its path)."""
+    if urlparse(given).path.strip("/"):
+        return given
+    return given.rstrip("/") + urlparse(named).path.rstrip("/")
+
+
 def check_container(container: str) -> str:
     if not isinstance(container, str) or not CONTAINER.fullmatch(container):
         raise InvalidInput(
@@ -204,9 +212,11 @@ def make_service(
 ) -> tuple[BlobServiceClient, Credentials]:
     """The client of the account, and where its credentials came from.
 
-    ``AZURE_STORAGE_CONNECTION_STRING`` wins when set; an ``endpoint_url`` given with it
-    must be the endpoint it names (requests signed with its key go nowhere else). Without
-    it, the account URL is ``endpoint_url`` or ``AZURE_STORAGE_ACCOUNT_URL``, signed in with
+    ``AZURE_STORAGE_CONNECTION_STRING`` wins when set; an ``endpoint_url`` given with it is
+    where its requests go, signed with its key or SAS token (as an S3 endpoint takes the
+    AWS credentials; a bare ``http://HOST:PORT`` keeps the account path of the connection
+    string's endpoint: Azurite's ``/devstoreaccount1``). Without it, the account URL is
+    ``endpoint_url`` or ``AZURE_STORAGE_ACCOUNT_URL``, signed in with
     ``DefaultAzureCredential``. ``connection_string`` stands for the variable's value;
     ``transport`` for requests with a pool of ``CONNECTIONS``.
     """
@@ -225,14 +235,15 @@ def make_service(
         secrets = _connection_secrets(settings)
         endpoint = connection_endpoint(settings)
         if endpoint_url is not None:
-            given = check_account_url(endpoint_url, "from --endpoint-url")
-            if given.rstrip("/") != endpoint.rstrip("/"):
+            endpoint = _elsewhere(check_account_url(endpoint_url, "from --endpoint-url"), endpoint)
+            if settings.get("usedevelopmentstorage", "").lower() == "true":
                 raise InvalidInput(
-                    f"--endpoint-url {redact(given)!r} is not the blob endpoint "
-                    f"{redact(endpoint)!r} that {CONNECTION_STRING} names: its key signs "
-                    f"requests for that endpoint only. Unset {CONNECTION_STRING} to sign in "
-                    "with azure-identity at --endpoint-url, or leave --endpoint-url out"
+                    f"{CONNECTION_STRING}=UseDevelopmentStorage=true names its own endpoint; "
+                    "give the emulator's connection string (with its BlobEndpoint) to reach it "
+                    "at --endpoint-url, or leave --endpoint-url out"
                 )
+            settings["blobendpoint"] = endpoint
+            connection_string = ";".join(f"{name}={value}" for name, value in settings.items())
         options["transport"] = transport or _transport(endpoint)
         try:
             service = BlobServiceClient.from_connection_string(connection_string, **options)

@@ -520,7 +520,7 @@ class FaultProxy:
     ) -> None:
         """Damage the bodies of ``count`` requests with this method whose target contains
         ``path_contains`` (every ``every``-th of them; with ``whole_only``, not parts of
-        multipart uploads), on their way to the store: ``flip`` inverts one bit of the
+        multipart uploads nor their completion on Azure), on their way to the store: ``flip`` inverts one bit of the
         middle byte; ``truncate`` forwards the first half of the body with a
         ``Content-Length`` to match, so the store sees a complete, shorter body. Headers (a
         digest the client sent, its signature) are forwarded as they were. With ``once``, a
@@ -657,8 +657,8 @@ class FaultProxy:
             for rule in self._damages:
                 if rule.remaining <= 0 or rule.method != method or rule.path_contains not in path:
                     continue
-                if rule.whole_only and "partNumber=" in path:
-                    continue
+                if rule.whole_only and ("partNumber=" in path or "comp=block" in path):
+                    continue  # a part (S3's UploadPart, Azure's Put Block or Put Block List)
                 rule.seen += 1
                 if rule.seen % rule.every:
                     continue
