@@ -58,6 +58,7 @@ pytestmark = [
         reason="OBJMANIFEST_TEST_BACKENDS does not name azurite",
     ),
     pytest.mark.xdist_group("azurite"),
+    pytest.mark.azure,
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
