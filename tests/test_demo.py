@@ -11,16 +11,19 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import objmanifest as om
 from objmanifest.core.model import Entry, State
 from objmanifest.demo import parser
 from objmanifest.demo import plan as p
 from objmanifest.demo.verify import Kill, check_all_consumed, check_manifest
 from objmanifest.local import servers
+from tests.support.stores import backend_names, running
 
 SMALL = ["--files", "6", "--big-mib", "12", "--agents", "2"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,6 +99,29 @@ def test_demo_runs_on_a_directory_given_by_url_and_removes_its_objects(tmp_path:
     assert summary["bytes"]["large_file"]["parts"] == 2  # 9 MiB in 8 MiB parts
     assert os.listdir(root) == [".objmanifest"]  # the run's task is gone
     assert not other.exists()
+
+
+@pytest.mark.heavy
+@pytest.mark.azure
+@pytest.mark.skipif(
+    "azurite" not in backend_names(), reason="OBJMANIFEST_TEST_BACKENDS does not name azurite"
+)
+def test_demo_runs_consistent_on_azure_given_by_url() -> None:
+    """``--url az://...``: the pipeline on Azurite's container, a chunked large file among
+    its blocks, the run's objects removed after, the account key never shown."""
+    server = running("azurite")
+    url = f"az://{server.bucket}/demo-{uuid.uuid4().hex[:8]}"
+    done = run_demo(*SMALL, "--url", url, "--json", env=server.env)
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    summary = json.loads(done.stdout)
+    assert summary["ok"] is True and summary["backend"] == "az" and summary["url"] == url
+    assert summary["checksums"] == {"verified": 12, "mismatches": 0}
+    big = summary["bytes"]["large_file"]
+    assert big["chunked"] is True and big["parts"] == 2  # 12 MiB in 8 MiB parts
+    store = om.connect(url)
+    assert list(store.list("")) == [] and list(store.list_uploads("")) == []
+    key = server.env["AZURE_STORAGE_CONNECTION_STRING"].split("AccountKey=")[1].split(";")[0]
+    assert key not in done.stdout + done.stderr
 
 
 def test_a_url_the_demo_cannot_open_is_one_clear_error(tmp_path: Path) -> None:

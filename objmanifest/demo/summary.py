@@ -8,7 +8,6 @@ from typing import Any, Protocol, TextIO
 import objmanifest as om
 
 from ..core.model import State
-from ..store.errors import NoSuchObject
 from . import display as d
 from . import plan as p
 from . import verify as v
@@ -44,18 +43,15 @@ def _by_state(entries: dict[str, om.Entry]) -> dict[str, int]:
 
 
 def _large_file(task: om.Task, entries: dict[str, om.Entry]) -> dict[str, Any]:
-    """The large artifact and how it was stored: a multipart ETag ends in ``-PARTS``."""
+    """The large artifact and how it was stored: as a chunked entry, in how many parts (its
+    size over its part size: every store, not only those whose ETag counts the parts), or
+    as a single object."""
     e = entries.get(p.ARCHIVE)
     info: dict[str, Any] = {"file_id": p.ARCHIVE, "size": e.size if e else None}
     parts = 1
-    if e is not None and e.key is not None:
-        try:
-            etag = task.store.head(e.key).etag.strip('"')
-        except (NoSuchObject, om.ObjManifestError):
-            etag = ""  # gone already: the audit says so
-        tail = etag.rpartition("-")[2]
-        parts = int(tail) if "-" in etag and tail.isdigit() else 1
-    info.update(parts=parts, chunked=parts > 1)
+    if e is not None and e.is_chunked and e.part_size and e.size:
+        parts = -(-e.size // e.part_size)
+    info.update(parts=parts, chunked=e is not None and e.is_chunked)
     return info
 
 

@@ -520,12 +520,12 @@ class FaultProxy:
     ) -> None:
         """Damage the bodies of ``count`` requests with this method whose target contains
         ``path_contains`` (every ``every``-th of them; with ``whole_only``, not parts of
-        multipart uploads nor their completion on Azure), on their way to the store: ``flip`` inverts one bit of the
-        middle byte; ``truncate`` forwards the first half of the body with a
-        ``Content-Length`` to match, so the store sees a complete, shorter body. Headers (a
-        digest the client sent, its signature) are forwarded as they were. With ``once``, a
-        request sent again with the same target and body passes untouched. Requests
-        without a body, or with a chunked one, pass untouched and do not count."""
+        multipart uploads nor their completion on Azure), on their way to the store:
+        ``flip`` inverts one bit of the middle byte; ``truncate`` forwards the first half of
+        the body with a ``Content-Length`` to match, so the store sees a complete, shorter
+        body. Headers (a digest the client sent, its signature) are forwarded as they were.
+        With ``once``, a request sent again with the same target and body passes untouched.
+        Requests without a body, or with a chunked one, pass untouched and do not count."""
         if count < 1 or every < 1 or how not in ("flip", "truncate"):
             raise ValueError("count and every must be at least 1, how 'flip' or 'truncate'")
         with self._lock:
