@@ -222,11 +222,10 @@ FACE_TOOLS: dict[tuple[str, str | None], str] = {
     ("objmanifest.core.ages", "AGE_RULE"): "log --since, as above",
     ("objmanifest.core.ages", "MAX_AGE_DAYS"): "log --since, as above",
     ("objmanifest.core.leases", "Renewer"): "the demo's worker holds its claim while it works",
-    ("objmanifest.store.errors", "NoSuchObject"): "the demo's audit heads a data object "
-    "through the public ObjectStore, which answers a missing key with it",
     ("objmanifest.store", "PROBE_PREFIX"): "doctor: the probe of the store itself, no task",
     ("objmanifest.store", "access_policy"): "iam-policy prints the access policy of a URL",
-    ("objmanifest.store.permissions", None): "doctor names the permission a refused call lacked",
+    ("objmanifest.store", "access_needed"): "doctor names the permission a refused call "
+    "lacked, in its cloud's terms",
     ("objmanifest.store.probe", "Check"): "doctor",
     ("objmanifest.store.probe", "ProbeReport"): "doctor",
     ("objmanifest.store.probe", "probe_store"): "doctor",

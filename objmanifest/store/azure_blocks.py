@@ -25,12 +25,13 @@ block-list commit but no upload ids and no abort (``azure_uploads`` names the pi
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, cast
 
 from azure.core.exceptions import AzureError
-from azure.storage.blob import BlobBlock, BlockState
+from azure.storage.blob import BlobBlock, BlobClient, BlockState, ContainerClient
 
+from ..core.runtime import Runtime
 from ..errors import StoreError
 from .azure_answers import COMPLETED_UPLOAD, conditions, md5_of_part
 from .azure_uploads import (
@@ -47,16 +48,41 @@ from .azure_uploads import (
 from .base import CREATE, PartBody, PartsListed, PutMode, send_whole
 from .errors import NoSuchObject, OutcomeUnknown, PartsRejected, UploadGone
 
-if TYPE_CHECKING:
-    from .azure import AzureStore
-
 log = logging.getLogger(__name__)
+
+
+class BlobStore(Protocol):
+    """What the multipart calls use of their ``AzureStore``: its blobs, its requests run
+    and mapped, its namespace and its runtime."""
+
+    runtime: Runtime
+    list_page_size: int | None
+    _client: ContainerClient
+
+    def describe(self, key: str) -> str: ...
+    def full_key(self, key: str) -> str: ...
+    def _blob(self, key: str) -> BlobClient: ...
+    def _call(
+        self,
+        action: str,
+        key: str,
+        call: Callable[[], Any],
+        *,
+        conditional: bool = ...,
+        upload: bool = ...,
+        write: bool = ...,
+        resent: Callable[[int, str, str], bool] | None = ...,
+        missing_ok: bool = ...,
+    ) -> Any: ...
+    def _observe(self, response: Any) -> None: ...
+    def _cut_short(self, status: int, code: str, key: str) -> bool: ...
+    def _refuse_reserved(self, key: str, action: str) -> None: ...
 
 
 class BlockUploads:
     """The multipart calls of one ``AzureStore``."""
 
-    def __init__(self, store: AzureStore) -> None:
+    def __init__(self, store: BlobStore) -> None:
         self.store = store
 
     def create_upload(self, key: str) -> str:
