@@ -214,7 +214,7 @@ class Server:
         ``tests/support/backends.py``)."""
         if self.name == "memory":
             return memory_store(prefix)
-        if self.scheme == "file":
+        if not self.s3:
             return om.store.FaultyStore(self.open(prefix))
         return om.connect(self.url(prefix), endpoint_url=endpoint_url or self.endpoint_url)
 
