@@ -124,6 +124,9 @@ class Made:
     errors: dict[str, int] = field(default_factory=dict)
     tasks: list[Task] = field(default_factory=list)
     ran_out: int = 0
+    busy: dict[str, list[tuple[str, dict[str, Any]]]] = field(default_factory=dict)
+    """Per agent, the operations it has sent and not yet heard the end of: when the run
+    stops they are logged with an unknown outcome, as a killed agent's would be."""
 
     def error(self, e: BaseException) -> None:
         name = type(e).__name__
@@ -194,6 +197,7 @@ class Run:
         me = task.agent(name)
         while True:
             began = sched.now
+            made.busy[name] = [(checker.CLAIM_MANY, {"stage": STAGE})]
             try:
                 claims = (
                     me.claim_many(STAGE, plan.batch)
@@ -210,6 +214,10 @@ class Run:
                 continue
             for c in claims:
                 log.record(name, checker.CLAIM, file_id=c.file_id, stage=STAGE, epoch=c.epoch)
+            made.busy[name] = [
+                (checker.PUT, {"file_id": c.file_id, "stage": STAGE, "epoch": c.epoch})
+                for c in claims
+            ]
             datas = [_content(c.file_id, name, c.epoch) for c in claims]
             if plan.batch > 1:
                 results: list[Any] = me.put_many(claims, datas)
@@ -230,6 +238,7 @@ class Run:
                 else:
                     log.record(name, checker.PUT, checksum=r.checksum, **fields)
                     done += 1
+            made.busy.pop(name, None)
             made.ops.append((sched.now, sched.now - began, done))
 
     def run(self) -> dict[str, Any]:
@@ -248,6 +257,11 @@ class Run:
         after = [t.request_counts() for t in self.made.tasks]
         run_s = time.monotonic() - wall0 - setup_s
         counts = self.model.counts
+        for name, ops in self.made.busy.items():  # stopped mid-call: outcome unknown
+            for kind, fields in ops:
+                self.log.record(
+                    name, kind, UNKNOWN, detail="in flight when the run stopped", **fields
+                )
         sched.shutdown()
         check0 = time.monotonic()
         task = Task.open(self.god, TASK_ID)
