@@ -67,13 +67,16 @@ def point(
     duration: float,
     per_stage: int,
     threads: int = 1,
+    partitions: int | None = None,
 ) -> dict[str, Any]:
     """Create a fresh task, declare its entries (on the bare endpoint), and run the agents
-    (behind the proxy) for ``duration`` seconds."""
+    (behind the proxy) for ``duration`` seconds. ``partitions``: of each stage, in the
+    ``partitioned`` layout (default: the scenario's)."""
     stages = stages_of(scenario)
     prefix = new_prefix(f"c{delay_ms}-{scenario}-{layout}-{agents}x{threads}")
     store = b.store(prefix)
-    partitions = HOT_PARTITIONS if scenario == "hot" else BUSY_PARTITIONS
+    if partitions is None:
+        partitions = HOT_PARTITIONS if scenario == "hot" else BUSY_PARTITIONS
     task = create_task(store, "bench", stages, layout, partitions, lease_seconds=600)
     task.declare_many([(f"{s}/{i:05d}", s) for s in stages for i in range(per_stage)])
     jobs = [

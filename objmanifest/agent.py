@@ -9,6 +9,7 @@ events, not from here.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -18,6 +19,7 @@ from .core import changes, commands, verbs
 from .core.leases import Renewer, held_by_another
 from .core.model import Claim, Entry, Stored
 from .core.names import check_agent, error_text
+from .core.pacing import Pace
 from .data import sources, transfer
 from .engine import consuming, producing, reads
 from .engine.declaring import lookup_for, resumed
@@ -416,6 +418,7 @@ class Agent:
         progress: transfer.Progress | None = None,
         parents: bool = False,
         stop: threading.Event | None = None,
+        wait: float | None = None,
     ) -> bytes: ...
     @overload
     def consume(
@@ -428,6 +431,7 @@ class Agent:
         progress: transfer.Progress | None = None,
         parents: bool = False,
         stop: threading.Event | None = None,
+        wait: float | None = None,
     ) -> Entry: ...
 
     def consume(
@@ -440,8 +444,14 @@ class Agent:
         progress: transfer.Progress | None = None,
         parents: bool = False,
         stop: threading.Event | None = None,
+        wait: float | None = None,
     ) -> bytes | Entry:
         """Download and verify the data, then mark it consumed.
+
+        ``wait`` (seconds): while the entry is not ready yet, look again until it is, for
+        up to that long (``NotReady`` then); each look is one conditional read of its shard,
+        paced by ``core.pacing``: every 0.5 s at most while a producer writes it, slowing to
+        one look every 2 s while nothing happens. None (the default): ``NotReady`` at once.
 
         Returns the bytes, or with ``dest`` writes them to a temporary file beside that path
         and moves it into place once verified, and returns the entry: nothing unverified is
@@ -459,6 +469,10 @@ class Agent:
         verified, before it is put in place at ``dest`` and before it is marked: once set,
         ``Interrupted`` is raised, nothing is marked and ``dest`` is as it was.
         """
+        if wait is not None:
+            return self._consume_waiting(
+                file_id, dest, part_size, concurrency, progress, parents, stop, wait
+            )
         engine = self._engine
         if part_size is not None:
             transfer.check_part_size(part_size)
@@ -503,3 +517,41 @@ class Agent:
                 continue  # produced again while we read it: read the new data
             return result if isinstance(result, bytes) else marked
         raise NotReady(f"{file_id!r} kept being produced again while it was read; try later")
+
+    def _consume_waiting(
+        self,
+        file_id: str,
+        dest: str | os.PathLike[str] | None,
+        part_size: int | None,
+        concurrency: int | None,
+        progress: transfer.Progress | None,
+        parents: bool,
+        stop: threading.Event | None,
+        wait: float,
+    ) -> bytes | Entry:
+        """``consume`` until the entry is ready, for up to ``wait`` seconds (``Pace``)."""
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < math.inf:
+            raise InvalidInput(f"wait must be a finite number of seconds from 0, not {wait!r}")
+        runtime = self._engine.store.runtime
+        deadline = runtime.monotonic() + wait
+        pace, seen = Pace(), None
+        while True:
+            try:
+                return self.consume(
+                    file_id,
+                    dest,
+                    part_size=part_size,
+                    concurrency=concurrency,
+                    progress=progress,
+                    parents=parents,
+                    stop=stop,
+                )
+            except NotReady as e:
+                remaining = deadline - runtime.monotonic()
+                if remaining <= 0:
+                    raise
+                pause = pace.after(changed=e.state != seen, writing=e.state == "writing")
+                seen = e.state
+            if stop is not None and stop.is_set():
+                raise Interrupted(f"the wait for {file_id!r} was stopped; nothing was marked")
+            runtime.sleep(min(pause, remaining))

@@ -64,7 +64,12 @@ class NotClaimable(ObjManifestError):
 
 
 class NotReady(ObjManifestError):
-    """The entry has no finished data yet (it is not `ready`)."""
+    """The entry has no finished data yet (it is not `ready`). ``state`` is the state it is
+    in, where known (``"writing"``: a producer holds it)."""
+
+    def __init__(self, message: str, state: str | None = None) -> None:
+        super().__init__(message)
+        self.state = state
 
 
 class AlreadyConsumed(ObjManifestError):

@@ -12,8 +12,8 @@ page mounts it). Every name starts with ``objmanifest_``; ``docs/operations.md``
 * Counters from the CAS loop's own counts (``Documents.stats``): lost races (conflicts),
   lost answers, writes, grouped commits, reads and 304s.
 * Gauges read from the shards by ``task.status()`` when scraped, cached for
-  ``cache_seconds``: entries per stage and state, and the entries late, overdue, blocked,
-  dead and backing off per stage.
+  ``cache_seconds``: entries per stage and state, the entries late, overdue, blocked, dead
+  and backing off per stage, and the races lost per commit lately per stage (any agent's).
 """
 
 from __future__ import annotations
@@ -224,6 +224,15 @@ class TaskMetrics(Collector):
             for stage, n in per_stage.items():
                 attention.add_metric([task_id, stage, kind], n)
         yield attention
+        lost = GaugeMetricFamily(
+            f"{PREFIX}lost_races_per_commit",
+            "races lost per landed commit lately, per stage, by any agent (from the journal "
+            "records its shards carry); a stage above 0.3 needs more partitions",
+            labels=["task", "stage"],
+        )
+        for stage, rate in status.contention.items():
+            lost.add_metric([task_id, stage], rate)
+        yield lost
 
 
 class Combined(Collector):

@@ -78,11 +78,13 @@ class Task:
         transfer: TransferConfig | None = None,
         journal_keep_seconds: float | None = None,
         journal_keep_versions: int | None = None,
-        partitions: Mapping[str, int] | None = None,
+        partitions: Mapping[str, int | str] | None = None,
         layout: str | None = None,
         retry_backoff: float = 0,
         retry_backoff_max: float | None = None,
         deadlines: Mapping[str, float] | None = None,
+        agents: int | None = None,
+        spread: bool | None = None,
     ) -> Task:
         """Create a task (``AlreadyExists`` if it is there) after checking the store is safe.
 
@@ -91,7 +93,11 @@ class Task:
         into hash partitions, each a shard of its own (``{"collect": 16}``), so agents of
         one stage do not all commit to one object; ``layout="task"`` keeps every entry in
         one shard (only as a baseline to compare against). Both are fixed for the life of
-        the task.
+        the task. A count of ``"auto"`` is chosen from ``agents``, the number of agents
+        expected (about two partitions per agent). ``spread`` keeps each partition's shard
+        and data under key prefixes of their own, so a stage is not capped by what one S3
+        prefix serves (header schema 4, which 0.3.0 refuses); by default a task is spread
+        once a stage has 64 partitions or more, and stages of more than 1,024 need it.
 
         ``retry_backoff`` (seconds, default 0: none) makes a failed entry claimable again
         only that long after its failure, doubling per retry up to ``retry_backoff_max``
@@ -110,6 +116,8 @@ class Task:
             retry_backoff,
             retry_backoff_max,
             deadlines,
+            agents,
+            spread,
         )
         engine = opening.create(store, task_id, settings, policy=policy, transfer=transfer)
         return cls._holding(engine)

@@ -222,6 +222,10 @@ FACE_TOOLS: dict[tuple[str, str | None], str] = {
     ("objmanifest.core.ages", "AGE_RULE"): "log --since, as above",
     ("objmanifest.core.ages", "MAX_AGE_DAYS"): "log --since, as above",
     ("objmanifest.core.leases", "Renewer"): "the demo's worker holds its claim while it works",
+    ("objmanifest.core.pacing", "Pace"): "a face's wait (aio's, --wait's) paces its looks as "
+    "Task.wait does",
+    ("objmanifest.core.layout", "resolve_partitions"): "init --exist-ok compares "
+    "--partitions STAGE=auto with an existing task's, as create would take them",
     ("objmanifest.store", "PROBE_PREFIX"): "doctor: the probe of the store itself, no task",
     ("objmanifest.store", "access_policy"): "iam-policy prints the access policy of a URL",
     ("objmanifest.store", "access_needed"): "doctor names the permission a refused call "

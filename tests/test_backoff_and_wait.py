@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 import objmanifest as om
-from objmanifest.core.model import HEADER_SCHEMA
+from objmanifest.core.model import LAYOUT_SCHEMA
 from tests import test_cli
 from tests.support.internals import engine
 from tests.test_cli import Cli, E
@@ -57,7 +57,7 @@ def claim_when_free(task: om.Task, file_id: str) -> om.Claim:
 
 def test_a_failed_entry_backs_off_doubling_per_retry(store: om.ObjectStore) -> None:
     task = om.Task.create(store, "job", stages=["a"], max_retries=5, retry_backoff=3600)
-    assert task.header.schema_version == HEADER_SCHEMA
+    assert task.header.schema_version == LAYOUT_SCHEMA
     assert task.header.requires == "0.3.0"
     task.declare("x", stage="a")
     first = fail_once(task, "x")
@@ -246,7 +246,7 @@ def test_wait_and_backoff_from_a_shell(cli: Cli, store: om.ObjectStore) -> None:
     assert (made["retry_backoff"], made["deadlines"], made["schema_version"]) == (
         600.0,
         {"a": 60.0},
-        HEADER_SCHEMA,
+        LAYOUT_SCHEMA,
     )
     task = om.Task.open(store, "job")
     task.declare_many([("x", "a"), ("y", "b")])

@@ -37,7 +37,7 @@ from objmanifest.cas.codecs import (
     HeaderCodec,
     ShardCodec,
 )
-from objmanifest.core.layout import Parsed, TaskLayout
+from objmanifest.core.layout import BlockRef, Parsed, TaskLayout
 from objmanifest.core.model import (
     HEADER_SCHEMA,
     SCHEMA_VERSION,
@@ -182,17 +182,33 @@ def test_any_text_is_an_agent_name_or_refused_as_one(text: str) -> None:
 
 
 @FAST
-@given(names, names, file_ids, st.integers(0, 10**12), names, st.integers(1, 16))
+@given(names, names, file_ids, st.integers(0, 10**12), names, st.integers(1, 16), st.booleans())
 def test_the_keys_a_file_id_names_parse_back_to_it(
-    task_id: str, stage: str, file_id: str, epoch: int, tag: str, partitions: int
+    task_id: str, stage: str, file_id: str, epoch: int, tag: str, partitions: int, spread: bool
 ) -> None:
-    layout = TaskLayout(task_id, {stage: partitions})
+    layout = TaskLayout(task_id, {stage: partitions}, spread=spread)
     shard = layout.shard_of(stage, file_id)
     for key in (
         layout.data(stage, file_id, epoch),
         layout.beside(layout.data(stage, file_id, epoch), tag),
     ):
         assert layout.parse(key) == Parsed("data", task_id, stage, shard, file_id, epoch)
+        assert key.startswith(layout.data_of(stage))
+    assert layout.parse(layout.shard(shard)) == Parsed("shard", task_id, stage, shard)
+    block = layout.journal_block(layout.shard(shard), "j1", 1, 32)
+    assert layout.parse_block(block) == BlockRef(layout.shard(shard), "j1", 1, 32)
+    stages = (stage,)
+    assert all(layout.is_shard(name, stages) for name in layout.shards_of(stage))
+    near = [f"{stage}~{partitions}", f"{stage}~x", f"{stage}~-1", "_task", f"{stage}x"]
+    near += [
+        f"{stage}~{n}" for n in range(partitions) if f"{stage}~{n}" not in layout.shards_of(stage)
+    ]
+    assert not any(layout.is_shard(name, stages) for name in near)
+    if spread and partitions > 1:  # each partition's objects under prefixes of their own
+        assert layout.shard(shard) == f"{task_id}/shards/{shard}/shard.json"
+        assert layout.data(stage, file_id, epoch).startswith(f"{task_id}/data/{shard}/")
+        flat = TaskLayout(task_id, {stage: partitions})
+        assert flat.parse(layout.data(stage, file_id, epoch)).kind == "other"
     parsed = layout.parse(layout.upload_state(stage, file_id))
     assert (parsed.kind, parsed.stage, parsed.file_id, parsed.shard) == (
         "upload",

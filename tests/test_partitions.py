@@ -17,6 +17,7 @@ from collections import Counter
 import pytest
 
 import objmanifest as om
+from objmanifest.cas.codecs import load_json
 from objmanifest.core import checksum
 from objmanifest.core.layout import TaskLayout, partition_of
 from objmanifest.core.model import READERS
@@ -77,7 +78,10 @@ def test_the_task_layout_has_one_shard_for_every_stage() -> None:
         ({"partitions": ["collect"]}, "partitions must map stage names to partition counts"),
         ({"partitions": {"nope": 4}}, "partitions name 'nope', which is not a stage"),
         ({"partitions": {"collect": 0}}, "cannot have 0 partitions: use 1 to 1024"),
-        ({"partitions": {"collect": 5000}}, "cannot have 5000 partitions: use 1 to 1024"),
+        (
+            {"partitions": {"collect": 5000}, "spread": False},
+            "cannot have 5000 partitions: use 1 to 1024",
+        ),
         ({"partitions": {"collect": True}}, "partition count of 'collect' must be a whole number"),
         ({"partitions": {"collect": 2.5}}, "collect"),
         ({"layout": "stages"}, "unknown layout 'stages': use 'task'"),
@@ -245,6 +249,90 @@ def test_a_deleted_partition_is_rebuilt_from_its_journal(store: om.ObjectStore) 
         assert again.agent("r").consume(fid) == fid.encode()
 
 
+@pytest.mark.behaviour
+def test_a_spread_stage_keeps_each_partition_under_prefixes_of_its_own(
+    store: om.ObjectStore,
+) -> None:
+    """S3 serves a rate of requests per key prefix: a spread stage's shards and data are
+    under as many prefixes as it has partitions, and the rest of the task works on them."""
+    task = om.Task.create(
+        store, "job", stages=["collect", "write"], partitions={"collect": "auto"}, agents=40
+    )
+    assert (task.header.partitions, task.header.spread) == ({"collect": 128}, True)
+    header = json.loads(raw_get(store, "job/task.json"))
+    assert (header["schema_version"], header["requires"], header["spread"]) == (4, READERS[4], True)
+    ids = [f"item/{i:02d}" for i in range(40)]
+    task.declare_many([(fid, "collect") for fid in ids] + [("w", "write")])
+    produce_all(task, "collect")
+    produce_all(task, "write")
+    keys = [row.key for row in store.list("job/")]
+    shards = {k for k in keys if k.startswith("job/shards/")}
+    data = {k for k in keys if k.startswith("job/data/")}
+    used = {engine(task).layout.shard_of("collect", fid) for fid in ids}
+    assert shards == {f"job/shards/{name}/shard.json" for name in used} | {"job/shards/write.json"}
+    assert data == {f"job/data/{engine(task).layout.shard_of('collect', f)}/{f}@1" for f in ids} | {
+        "job/data/write/w@1"
+    }
+    assert len({k.rpartition("/")[0] for k in shards}) == len(used) + 1
+    assert task.status().stages["collect"][om.State.ready] == 40
+    assert task.agent("r").consume(ids[0]) == ids[0].encode()
+    assert task.gc(dry_run=True).removed == []
+    task.flush_journal()
+    lost = engine(task).layout.shard_of("collect", ids[1])
+    held = set(engine(task).read_shard(lost).entries)
+    raw_delete(store, f"job/shards/{lost}/shard.json")
+    (rebuilt,) = om.Task.open(store, "job").repair().objects
+    assert (rebuilt.key, rebuilt.action) == (f"job/shards/{lost}/shard.json", "rebuilt")
+    again = om.Task.open(store, "job")
+    assert set(engine(again).read_shard(lost).entries) == held
+    # Its records were all in the object (no block yet): claimable again, nothing lost.
+    assert again.entry(ids[1]).state in (om.State.ready, om.State.pending, om.State.failed)
+    produce_all(again, "collect", agent="q")
+    assert again.agent("r").consume(ids[1]) == ids[1].encode()
+
+
+def test_a_spread_task_is_refused_by_a_release_that_reads_flat_keys() -> None:
+    """0.3.0 reads headers up to schema 3: it refuses a spread task and names the release
+    that reads it, rather than look for its shards at the flat keys."""
+    store = om.connect(f"memory://spread-{uuid.uuid4().hex[:8]}")
+    om.Task.create(store, "job", stages=["collect"], partitions={"collect": 64})
+    blob = store.get("job/task.json")
+    assert blob is not None
+    with pytest.raises(om.UnsupportedSchema, match=r"0\.4\.0"):
+        load_json("job/task.json", blob.body, 3)
+    flat = om.Task.create(store, "flat", stages=["collect"], partitions={"collect": 63})
+    assert (flat.header.schema_version, flat.header.spread) == (3, None)
+    kept = om.Task.create(
+        store, "kept", stages=["collect"], partitions={"collect": 512}, spread=False
+    )
+    assert (kept.header.schema_version, engine(kept).layout.shard("collect~007")) == (
+        3,
+        "kept/shards/collect~007.json",
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"partitions": {"collect": "auto"}}, "say how many agents you expect"),
+        ({"partitions": {"collect": "many"}, "agents": 3}, "a whole number or 'auto'"),
+        ({"partitions": {"collect": "auto"}, "agents": 0}, "agents must be a whole number"),
+        ({"partitions": {"collect": "auto"}, "agents": True}, "agents must be a whole number"),
+        ({"partitions": {"collect": 2000}, "spread": False}, "up to 16384 in a spread task"),
+        ({"partitions": {"collect": 20000}}, "use 1 to 16384"),
+        ({"layout": "task", "spread": True}, "cannot be spread"),
+        ({"partitions": {"collect": 4}, "spread": "yes"}, "spread must be True, False or None"),
+    ],
+)
+def test_bad_spread_and_auto_settings_are_refused_before_anything_is_written(
+    options: dict[str, object], says: str
+) -> None:
+    store = om.connect(f"memory://spread-{uuid.uuid4().hex[:8]}")
+    with pytest.raises(om.InvalidInput, match=says):
+        om.Task.create(store, "job", stages=["collect"], **options)  # type: ignore[arg-type]
+    assert list(store.list("")) == []
+
+
 # -- real processes --------------------------------------------------------------------------
 
 
@@ -294,10 +382,31 @@ def test_init_splits_stages_and_says_so(cli: Cli) -> None:  # noqa: F811
     assert cli.json("status")["stages"]["collect"]["pending"] == 1
 
 
+def test_init_chooses_partitions_from_the_agents_expected_and_spreads_them(cli: Cli) -> None:  # noqa: F811
+    made = cli.json("init", "collect", "write", "--partitions", "collect=auto", "--agents", "40")
+    assert (made["partitions"], made["spread"], made["schema_version"]) == (
+        {"collect": 128},
+        True,
+        4,
+    )
+    again = cli.run(
+        "init", "collect", "write", "--partitions", "collect=auto", "--agents", "40", "--exist-ok"
+    ).text
+    assert "collect in 128 partitions, each under key prefixes of its own" in again
+    cli.run("declare", "a", "--stage", "collect")
+    assert cli.json("status")["stages"]["collect"]["pending"] == 1
+    flat = cli.json(
+        "--task", "flat", "init", "c", "--partitions", "c=auto", "--agents", "40", "--no-spread"
+    )
+    assert (flat["partitions"], flat.get("spread"), flat["schema_version"]) == ({"c": 128}, None, 3)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--partitions", "collect"], "write STAGE=N (like collect=16)"),
+        (["--partitions", "collect"], "write STAGE=N or STAGE=auto (like collect=16)"),
+        (["--partitions", "collect=auto"], "say how many agents you expect"),
+        (["--partitions", "collect=auto", "--agents", "0"], "agents must be a whole number"),
         (["--partitions", "nope=4"], "partitions name 'nope', which is not a stage"),
         (["--partitions", "collect=0"], "cannot have 0 partitions"),
         (["--partitions", "collect=2", "--partitions", "collect=3"], "gives stage 'collect' twice"),

@@ -22,6 +22,7 @@ from ..core.model import (
     TaskHeader,
     TaskStatus,
 )
+from ..core.pacing import Pace
 from ..core.waiting import WaitPlan
 from ..data.transfer import TransferConfig
 from ..journal.history import Dropped, Lineage, Transition
@@ -221,7 +222,8 @@ class AsyncTask:
         plan = self.task.wait_plan(stages, until, timeout)
         loop = asyncio.get_running_loop()
         start = loop.time()
-        for delay in plan.delays():
+        pace, seen = Pace(), None
+        while True:
             found, waiting = await self.outstanding(plan.stages, until)
             if not waiting:
                 return found
@@ -231,8 +233,8 @@ class AsyncTask:
             if on_wait is not None:
                 on_wait(waiting)
                 on_wait = None
-            await asyncio.sleep(min(delay, remaining))
-        raise AssertionError("a plan's delays never end")
+            await asyncio.sleep(min(plan.pause(pace, found, seen, waiting), remaining))
+            seen = found
 
     async def wait_plan(
         self,

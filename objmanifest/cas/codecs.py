@@ -9,7 +9,7 @@ wrote (``UnsupportedSchema``), so neither is ever overwritten.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import compress
 from operator import is_not
@@ -21,6 +21,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 import shard_index
 
 from ..core.events import Change
+from ..core.layout import TaskLayout
 from ..core.model import (
     COMMITS_KEPT,
     HEADER_SCHEMA,
@@ -425,6 +426,30 @@ def _rebuild_fields(was: Entry | None, entry: Entry) -> dict[str, Any]:
         if entry.consumers:
             fields["consumers"] = entry.consumers
     return fields
+
+
+class ShardCodecs(Mapping[str, ShardCodec]):
+    """The codec of every shard of a task, each made when first asked for: a task object
+    holds those of the shards it touches, not thousands (an agent of a split stage works in
+    one or two partitions)."""
+
+    def __init__(self, layout: TaskLayout, stages: tuple[str, ...], schema: int) -> None:
+        self._layout, self._stages, self._schema = layout, stages, schema
+        self._made: dict[str, ShardCodec] = {}
+
+    def __getitem__(self, shard: str) -> ShardCodec:
+        codec = self._made.get(shard)
+        if codec is None:
+            if not self._layout.is_shard(shard, self._stages):
+                raise KeyError(shard)
+            codec = self._made[shard] = ShardCodec(self._layout.task_id, shard, self._schema)
+        return codec
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._layout.all_shards(self._stages))
+
+    def __len__(self) -> int:
+        return len(self._layout.all_shards(self._stages))
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,11 @@ class Documents:
         does not wait for a write in flight (it returns the version before or after it)."""
         return self._refresh(key, codec).doc
 
+    def peek(self, key: str) -> Any | None:
+        """The cached version of ``key``, if there is one; no request."""
+        found = self._cache.get(key)
+        return None if found is None else found.doc
+
     def cached(self, key: str, codec: Codec[T]) -> T:
         """The cached version if there is one, else a read."""
         cached = self._cache.get(key)
@@ -358,7 +363,7 @@ class Documents:
         validated = current is None
         if current is None:
             current = self._refresh(key, codec, over)
-        attempt = 0
+        attempt = lost = 0
         while True:
             if sent:
                 for commit_id in reversed(codec.commit_ids(current.doc)):
@@ -367,7 +372,9 @@ class Documents:
                         return current, sent[commit_id]
             self._store_old_blocks(key, codec, current.doc)
             now = self.store.now()
-            applied = self._apply(key, codec, members, f"{op}.{attempt + 1}", current.doc, now)
+            applied = self._apply(
+                key, codec, members, f"{op}.{attempt + 1}", current.doc, now, lost
+            )
             tried, stamped = applied
             if stamped is None:
                 if validated:
@@ -391,6 +398,7 @@ class Documents:
                 )
             except PreconditionFailed:
                 self.stats.count("conflicts")
+                lost += 1
                 self._lost[key] = runtime.monotonic()
                 sent[commit_id] = _Attempt(commit_id, now, tried)
                 if validated:
@@ -417,11 +425,13 @@ class Documents:
         commit_id: str,
         doc: T,
         now: datetime,
+        lost: int = 0,
     ) -> tuple[list[_Tried], T | None]:
         """Every member's command applied in order, each on the version the one before
         made, stamped with ``commit_id`` and carrying its journal record (a refused member,
         or one with nothing to write, leaves the version as it was); and the version the
-        last change made, None if none changed anything."""
+        last change made, None if none changed anything. The first record of the write
+        carries the races it ``lost`` before this attempt."""
         tried: list[_Tried] = []
         written: T | None = None
         for member in members:
@@ -437,8 +447,9 @@ class Documents:
             stamped = codec.stamp(new_doc, commit_id)
             transitions = tuple(codec.transitions(doc, stamped))
             doc = written = self._journaled(
-                key, codec, command, commit_id, stamped, now, transitions
+                key, codec, command, commit_id, stamped, now, transitions, lost
             )
+            lost = 0
             tried.append(_Tried(member, result, None, True, codec.version(doc), transitions))
         return tried, written
 
@@ -475,6 +486,7 @@ class Documents:
         after: T,
         at: datetime,
         transitions: tuple[Change, ...],
+        lost: int = 0,
     ) -> T:
         """``after`` carrying its own journal record, without the records whose block is
         known to be stored."""
@@ -491,6 +503,7 @@ class Documents:
             actor=command.actor,
             at=at,
             transitions=transitions,
+            lost_races=lost or None,
         )
         kept = self._blocks.unstored(key, journal_id, records)
         return codec.with_journal(after, journal_id, [*kept, record])

@@ -8,6 +8,7 @@ import contextlib
 
 import objmanifest as om
 
+from ..core.layout import resolve_partitions
 from ..core.model import TaskHeader
 from ..core.settings import check_retention, check_settings, check_timing
 from ..wire.errors import UsageError
@@ -35,6 +36,8 @@ def cmd_init(ctx: Context) -> int:
             journal_keep_seconds=keep[0],
             journal_keep_versions=keep[1],
             partitions=_partitions(args),
+            agents=args.agents,
+            spread=args.spread,
             layout="task" if args.layout == "task" else None,
             retry_backoff=args.retry_backoff,
             retry_backoff_max=args.retry_backoff_max,
@@ -67,13 +70,15 @@ def describe_layout(header: TaskHeader) -> str:
     if header.layout == "task":
         return "one shard for the whole task"
     split = ", ".join(f"{s} in {n} partitions" for s, n in (header.partitions or {}).items())
+    if split and header.spread:
+        split += ", each under key prefixes of its own"
     return f"one shard per stage ({split})" if split else "one shard per stage"
 
 
-def _partitions(args: argparse.Namespace) -> dict[str, int] | None:
+def _partitions(args: argparse.Namespace) -> dict[str, int | str] | None:
     """``--partitions STAGE=N`` options as a mapping (each stage once)."""
-    given: list[tuple[str, int]] = args.partitions or []
-    found: dict[str, int] = {}
+    given: list[tuple[str, int | str]] = args.partitions or []
+    found: dict[str, int | str] = {}
     for stage, count in given:
         if stage in found and found[stage] != count:
             raise UsageError(f"--partitions gives stage {stage!r} twice: {found[stage]}, {count}")
@@ -126,7 +131,13 @@ def _same_settings(task: om.Task, args: argparse.Namespace) -> om.Task:
     # The shard layout (it decides where every entry lives).
     wanted_layout = (
         "task" if args.layout == "task" else None,
-        {s: n for s, n in (_partitions(args) or {}).items() if n > 1},
+        {
+            s: n
+            for s, n in (
+                resolve_partitions(_partitions(args), args.agents, args.spread) or {}
+            ).items()
+            if n > 1
+        },
     )
     found_layout = (header.layout, dict(header.partitions or {}))
     if wanted_layout != found_layout:

@@ -102,7 +102,22 @@ def _init(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         action="append",
         metavar="STAGE=N",
         help="split a hot stage into N hash partitions, each a shard of its own (repeat for "
-        "several stages; fixed for the life of the task)",
+        "several stages; fixed for the life of the task); STAGE=auto: chosen from --agents",
+    )
+    p.add_argument(
+        "--agents",
+        type=whole,
+        metavar="N",
+        help="how many agents you expect: --partitions STAGE=auto gives the stage about two "
+        "partitions per agent",
+    )
+    p.add_argument(
+        "--spread",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep each partition's shard and data under key prefixes of their own (S3 "
+        "serves a rate per prefix); default: from 64 partitions on. 0.3.0 cannot read a "
+        "spread task",
     )
     p.add_argument(
         "--layout",

@@ -151,6 +151,16 @@ def status_view(status: om.TaskStatus) -> RenderableType:
     attention = attention_table(status)
     if attention is not None:
         parts.append(attention)
+    for stage in status.contended:
+        parts.append(
+            Text.assemble(
+                ("contended ", ATTENTION_STYLES["overdue"]),
+                (stage, "bold"),
+                f": its writers lost {status.contention[stage]:.2f} races per commit lately, "
+                "more agents than its shards take: split it into more partitions "
+                "(--partitions STAGE=auto --agents N, in a new task)",
+            )
+        )
     if status.damaged:
         table = Table(box=box.SIMPLE_HEAD, title="damaged", title_justify="left")
         for name in ("object", "kind", "problem", "fix"):

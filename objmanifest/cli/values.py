@@ -51,12 +51,15 @@ def number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
 
 
-def partition_count(text: str) -> tuple[str, int]:
-    """``STAGE=N`` of ``init --partitions``; the API checks the stage and the range."""
+def partition_count(text: str) -> tuple[str, int | str]:
+    """``STAGE=N`` or ``STAGE=auto`` of ``init --partitions``; the API checks the stage and
+    the range."""
     stage, eq, count = text.partition("=")
     if not eq or not stage:
-        raise argparse.ArgumentTypeError(f"write STAGE=N (like collect=16), not {text!r}")
-    return stage, _int(count)
+        raise argparse.ArgumentTypeError(
+            f"write STAGE=N or STAGE=auto (like collect=16), not {text!r}"
+        )
+    return stage, "auto" if count == "auto" else _int(count)
 
 
 def stage_seconds(text: str) -> tuple[str, float]:

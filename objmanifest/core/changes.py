@@ -434,7 +434,8 @@ def check_consumable(entry: Entry, consumer: str) -> bool:
     if entry.state is not State.ready:
         raise NotReady(
             f"{entry.file_id!r} is {entry.state.value}, not ready"
-            + (f" (last error: {entry.error})" if entry.error else "")
+            + (f" (last error: {entry.error})" if entry.error else ""),
+            entry.state.value,
         )
     return False
 

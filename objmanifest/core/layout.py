@@ -8,8 +8,11 @@ Under the store's prefix::
                                            (partition NN of a split stage, chosen by a
                                            hash of the file id), or _task (the one shard
                                            of a task with layout "task")
+    TASK_ID/shards/STAGE~NN/shard.json     a partition's shard in a spread task
     TASK_ID/data/STAGE/FILE_ID@EPOCH       an entry's bytes, written once per holder
     TASK_ID/data/STAGE/FILE_ID@EPOCH~X     the same holder's other bytes, or a later upload
+    TASK_ID/data/STAGE~NN/FILE_ID@EPOCH    the same, of an entry of partition NN of a split
+                                           stage in a spread task
     TASK_ID/uploads/STAGE/FILE_ID.json     a chunked entry's upload state
     TASK_ID/journal/OBJECT/JID/FIRST-LAST.json
                                            journal records FIRST..LAST of one manifest
@@ -25,6 +28,14 @@ Under the store's prefix::
                                            its key within the task, TIME the store's time);
                                            written once, never deleted by objmanifest
 
+A **spread** task (header schema 4) keeps each partition of a split stage under key
+prefixes of its own: its shard in ``shards/STAGE~NN/``, its entries' data in
+``data/STAGE~NN/``. S3 serves a rate of requests per key prefix (the key up to its last
+``/``: 3,500 writes and 5,500 reads a second), so the shards of a task, or the data of a
+stage, under one prefix would cap a stage at what one prefix serves, however many
+partitions it had. Spread, a stage's requests go to as many prefixes as it has partitions.
+Tasks made before keep their flat keys, and are read as they are.
+
 Nobody else writes a key as a string or takes one apart, nor routes a file id to its
 shard: callers ask ``shard_of``/``shards_of`` and pass shard names around (``claim.shard``).
 """
@@ -38,7 +49,8 @@ from typing import Literal
 
 import xxhash
 
-from .model import TASK_SHARD, TaskHeader
+from ..errors import InvalidInput
+from .model import MAX_PARTITIONS, MAX_SPREAD_PARTITIONS, TASK_SHARD, TaskHeader
 from .names import check_file_id, check_name
 
 HEADER = "task.json"
@@ -50,6 +62,8 @@ JOURNAL = "journal/"
 ARCHIVE = "archive/"
 RETENTION = "retention.json"
 DAMAGED = "damaged/"
+SPREAD_SHARD = "shard.json"
+"""The name of a partition's shard object within its own prefix, in a spread task."""
 
 Kind = Literal[
     "header", "index", "shard", "data", "upload", "journal", "archive", "damaged", "other"
@@ -81,8 +95,60 @@ class BlockRef:
 
 
 _VERSION_DIGITS = 12
+SPREAD_FROM = 64
+"""A task with a stage of this many partitions or more is spread unless told otherwise:
+its shards' writes and reads (conflicts answered included) could otherwise pass what one
+S3 prefix serves (3,500 writes a second), each shard taking up to 15."""
+AUTO = "auto"
+"""A stage's partition count chosen from the number of agents expected (``auto_partitions``)."""
+AUTO_PER_AGENT = 2
 PARTITION = "~"
 """Between a stage and its partition number in a shard name (never in a stage name)."""
+
+
+def auto_partitions(agents: int, most: int) -> int:
+    """The partitions of a stage for ``agents`` expected agents: about ``AUTO_PER_AGENT``
+    each (a power of two), at most ``most``. A shard yields half its object's rate of
+    conditional writes (two per entry) and an agent makes about one entry per three round
+    trips, on every cloud about the same ratio: with two partitions per agent, agents that
+    lose a race find a partition of their own within a few claims."""
+    want = max(1, AUTO_PER_AGENT * agents)
+    return min(most, 1 << (want - 1).bit_length())
+
+
+def resolve_partitions(
+    partitions: Mapping[str, int | str] | None, agents: int | None, spread: bool | None
+) -> dict[str, int] | None:
+    """The partition counts, ``"auto"`` ones chosen from ``agents`` (about two per agent, a
+    power of two; up to the spread task's cap unless ``spread=False``)."""
+    if partitions is None:
+        return None
+    if agents is not None and (
+        isinstance(agents, bool) or not isinstance(agents, int) or agents < 1
+    ):
+        raise InvalidInput(f"agents must be a whole number of at least 1, not {agents!r}")
+    counts: dict[str, int] = {}
+    for stage, count in partitions.items():
+        if isinstance(count, str) and count == AUTO:
+            if agents is None:
+                raise InvalidInput(
+                    f"partitions of {stage!r} are 'auto': say how many agents you expect "
+                    "(agents=N, --agents N), so the count can be chosen from it"
+                )
+            most = MAX_PARTITIONS if spread is False else MAX_SPREAD_PARTITIONS
+            counts[stage] = auto_partitions(agents, most)
+        elif isinstance(count, str):
+            raise InvalidInput(
+                f"the partition count of {stage!r} must be a whole number or 'auto', not {count!r}"
+            )
+        else:
+            counts[stage] = count
+    return counts
+
+
+def spread_by_default(partitions: Mapping[str, int]) -> bool:
+    """Whether a task of these partitions is spread unless told otherwise (``SPREAD_FROM``)."""
+    return any(n >= SPREAD_FROM for n in partitions.values())
 
 
 def partition_of(file_id: str, count: int) -> int:
@@ -95,20 +161,32 @@ def partition_of(file_id: str, count: int) -> int:
 class TaskLayout:
     """The keys of one task, relative to the store's prefix, and which shard holds what.
 
-    ``partitions`` (stage -> count) and ``single`` (one shard for the task) come from the
-    task header (``of``); a layout made from a task id alone knows the default only, which
-    is enough for the header, prefixes and data keys."""
+    ``partitions`` (stage -> count), ``single`` (one shard for the task) and ``spread``
+    (each partition under prefixes of its own) come from the task header (``of``); a layout
+    made from a task id alone knows the default only, which is enough for the header and
+    the prefixes."""
 
     task_id: str
     partitions: Mapping[str, int] = field(default_factory=dict)
     single: bool = False
+    spread: bool = False
+    _shards: dict[str, tuple[str, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """Each stage's shard names once made: a claim by stage of a split stage asks for them
+    every time."""
 
     def __post_init__(self) -> None:
         check_name("task id", self.task_id)
 
     @classmethod
     def of(cls, header: TaskHeader) -> TaskLayout:
-        return cls(header.task_id, dict(header.partitions or {}), header.layout == "task")
+        return cls(
+            header.task_id,
+            dict(header.partitions or {}),
+            header.layout == "task",
+            bool(header.spread),
+        )
 
     @property
     def root(self) -> str:
@@ -140,7 +218,29 @@ class TaskLayout:
         count = self.partitions.get(stage, 1)
         if count == 1:
             return [stage]
-        return [self._partition(stage, n, count) for n in range(count)]
+        names = self._shards.get(stage)
+        if names is None:
+            names = self._shards[stage] = tuple(
+                self._partition(stage, n, count) for n in range(count)
+            )
+        return list(names)
+
+    def is_shard(self, shard: str, stages: tuple[str, ...]) -> bool:
+        """Whether ``shard`` is the name of a shard of a task of ``stages`` (without
+        listing them: a stage may have thousands)."""
+        if self.single:
+            return shard == TASK_SHARD
+        stage, split, number = shard.partition(PARTITION)
+        if stage not in stages:
+            return False
+        count = self.partitions.get(stage, 1)
+        if count == 1 or not split:
+            return count == 1 and not split
+        return (
+            number.isdigit()
+            and int(number) < count
+            and self._partition(stage, int(number), count) == shard
+        )
 
     def all_shards(self, stages: tuple[str, ...]) -> list[str]:
         """Every shard of a task of ``stages``, each once."""
@@ -157,7 +257,13 @@ class TaskLayout:
         return shard.partition(PARTITION)[0]
 
     def shard(self, shard: str) -> str:
+        if self.spread and PARTITION in shard:
+            return f"{self.task_id}/{SHARDS}{shard}/{SPREAD_SHARD}"
         return f"{self.task_id}/{SHARDS}{shard}.json"
+
+    def _spread(self, stage: str) -> bool:
+        """Whether ``stage``'s partitions keep their objects under prefixes of their own."""
+        return self.spread and not self.single and self.partitions.get(stage, 1) > 1
 
     def upload_state(self, stage: str, file_id: str) -> str:
         return f"{self.task_id}/{UPLOADS}{stage}/{file_id}.json"
@@ -221,7 +327,10 @@ class TaskLayout:
         return f"{self.task_id}/{DAMAGED}"
 
     def data_of(self, stage: str) -> str:
-        """The prefix of every data object of ``stage`` (parse each key with ``parse``)."""
+        """The prefix of every data object of ``stage`` (parse each key with ``parse``):
+        of a spread stage, the prefix its partitions' prefixes share."""
+        if self._spread(stage):
+            return f"{self.task_id}/{DATA}{stage}{PARTITION}"
         return f"{self.task_id}/{DATA}{stage}/"
 
     def archive_of(self, shard: str) -> str:
@@ -243,7 +352,10 @@ class TaskLayout:
     # -- data ------------------------------------------------------------------------------
 
     def data(self, stage: str, file_id: str, epoch: int) -> str:
-        """Where the holder of ``epoch`` writes: one key per epoch, so holders never share."""
+        """Where the holder of ``epoch`` writes: one key per epoch, so holders never share
+        (of a spread stage, under the prefix of the entry's partition)."""
+        if self._spread(stage):
+            return f"{self.task_id}/{DATA}{self.shard_of(stage, file_id)}/{file_id}@{epoch}"
         return f"{self.task_id}/{DATA}{stage}/{file_id}@{epoch}"
 
     @staticmethod
@@ -280,6 +392,8 @@ class TaskLayout:
             return Parsed("index", self.task_id)
         if rest.startswith(SHARDS) and rest.endswith(".json"):
             shard = rest[len(SHARDS) : -len(".json")]
+            if self.spread and shard.endswith("/" + SPREAD_SHARD.removesuffix(".json")):
+                shard = shard.rpartition("/")[0]
             return Parsed("shard", self.task_id, self.stage_of_shard(shard), shard)
         prefixed: tuple[tuple[str, Kind], ...] = (
             (JOURNAL, "journal"),
@@ -295,12 +409,15 @@ class TaskLayout:
                 return other
             return Parsed("upload", self.task_id, stage, self.shard_of(stage, file_id), file_id)
         if rest.startswith(DATA):
-            stage, _, name = rest[len(DATA) :].partition("/")
+            where, _, name = rest[len(DATA) :].partition("/")
+            stage, split, _ = where.partition(PARTITION)
             file_id, at, tail = name.rpartition("@")
             epoch = tail.partition("~")[0]
             if not (stage and at and file_id and epoch.isdigit()):
                 return other
             shard = self.shard_of(stage, file_id)
+            if split and not (self._spread(stage) and shard == where):
+                return other  # a partition's prefix this layout would not put it under
             return Parsed("data", self.task_id, stage, shard, file_id, int(epoch))
         return other
 

@@ -21,6 +21,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from ..errors import InvalidInput
@@ -33,18 +34,24 @@ object. A task stays at the version its header says (1 for tasks made before the
 until ``Task.migrate`` moves it, so agents of both releases can share it meanwhile."""
 JOURNAL_SCHEMA = 2
 """The first schema version whose manifest objects carry their journal records."""
-HEADER_SCHEMA = 3
-"""The newest task header: 3 adds the shard layout (``partitions``, ``layout``). A task with
-the default layout (one shard per stage) keeps its header at its objects' schema, so
-0.2.0 agents can share it; one with partitioned stages or one shard for the whole task has
-a header at 3, which 0.2.0 refuses (it would look for each stage's own shard). Manifest
+LAYOUT_SCHEMA = 3
+"""The task header that adds the shard layout (``partitions``, ``layout``). A task with the
+default layout (one shard per stage) keeps its header at its objects' schema, so 0.2.0
+agents can share it; one with partitioned stages or one shard for the whole task has a
+header at 3, which 0.2.0 refuses (it would look for each stage's own shard). Manifest
 objects are at ``SCHEMA_VERSION`` in both."""
-READERS = {1: "0.1.0", 2: "0.2.0", 3: "0.3.0"}
+SPREAD_SCHEMA = 4
+"""The header of a spread task (``spread``, up to ``MAX_SPREAD_PARTITIONS`` partitions a
+stage), which 0.3.0 refuses: it would look for the shards at their flat keys."""
+HEADER_SCHEMA = SPREAD_SCHEMA
+"""The newest task header this objmanifest reads."""
+READERS = {1: "0.1.0", 2: "0.2.0", 3: "0.3.0", 4: "0.4.0"}
 """The first objmanifest release that reads each schema version."""
 BACKOFF_CAP_FACTOR = 64
 """Without ``retry_backoff_max``, a retry's backoff doubles up to this many times the first."""
 MAX_PARTITIONS = 1024
-"""The most shards one stage may be split into."""
+"""The most shards one stage of a task that is not spread may be split into."""
+MAX_SPREAD_PARTITIONS = 16384  # the most shards one stage of a spread task may have
 TASK_SHARD = "_task"
 """The name of the one shard of a task created with ``layout="task"`` (never a stage name:
 those start with a letter or digit)."""
@@ -104,6 +111,8 @@ class JournalRecord(_Model):
     at: datetime
     transitions: tuple[Change, ...] = ()
     object_key: str | None = None
+    lost_races: int | None = None
+    """Conditional writes the commit lost (412, 409) before its own landed; None: none."""
 
 
 class Journaled(_Model):
@@ -304,6 +313,8 @@ class TaskHeader(_Model):
     layout: str | None = None
     """``"task"``: every entry in one shard (the baseline to compare against); None: one
     shard per stage, or ``partitions`` of it."""
+    spread: bool | None = None
+    """Each partition's shard and data under key prefixes of their own (header schema 4)."""
     partitions: dict[str, int] | None = None
     """Stages split into this many hash partitions, each a shard of its own (from header
     schema 3 on). Fixed for the life of the task."""
@@ -355,15 +366,22 @@ class TaskHeader(_Model):
         if v is None:
             return None
         stages = info.data.get("stages") or ()
+        spread = bool(info.data.get("spread"))
+        most = MAX_SPREAD_PARTITIONS if spread else MAX_PARTITIONS
         for stage, count in v.items():
             if stage not in stages:
                 raise InvalidInput(
                     f"partitions name {stage!r}, which is not a stage of the task "
                     f"(its stages are {', '.join(stages)})"
                 )
-            if not 1 <= count <= MAX_PARTITIONS:
+            if not 1 <= count <= most:
+                beyond = (
+                    ""
+                    if spread or count < 1 or count > MAX_SPREAD_PARTITIONS
+                    else f" (up to {MAX_SPREAD_PARTITIONS} in a spread task)"
+                )
                 raise InvalidInput(
-                    f"stage {stage!r} cannot have {count} partitions: use 1 to {MAX_PARTITIONS}"
+                    f"stage {stage!r} cannot have {count} partitions: use 1 to {most}{beyond}"
                 )
         if info.data.get("layout") == "task" and any(n > 1 for n in v.values()):
             raise InvalidInput(
@@ -371,6 +389,16 @@ class TaskHeader(_Model):
                 "split stages into partitions: choose one"
             )
         return {stage: n for stage, n in v.items() if n > 1} or None
+
+    @model_validator(mode="after")
+    def _spread_schema(self) -> TaskHeader:
+        """A spread header below schema 4 would be read with flat keys by 0.3.0: refused."""
+        if self.spread and self.schema_version < SPREAD_SCHEMA:
+            raise InvalidInput(
+                f"a spread task's header is at schema {SPREAD_SCHEMA} or later, not "
+                f"{self.schema_version}"
+            )
+        return self
 
     @field_validator("stages")
     @classmethod
@@ -550,6 +578,10 @@ class TaskStatus(BaseModel):
     damaged: list[DamageNote] = Field(default_factory=list)
     """Shards, the index, and upload states of ready chunked entries that do not read back
     sound: the counts leave out what a damaged shard holds (``Task.repair()`` mends it)."""
+    contention: dict[str, float] = Field(default_factory=dict)
+    """Per stage with recent commits, the races they lost per commit (``core.contention``)."""
+    contended: list[str] = Field(default_factory=list)
+    """Stages losing races often: more agents than their shards take (more partitions)."""
 
     @property
     def totals(self) -> dict[str, int]:

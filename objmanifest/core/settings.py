@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
-from .model import HEADER_SCHEMA, READERS, SCHEMA_VERSION
+from .layout import resolve_partitions, spread_by_default
+from .model import LAYOUT_SCHEMA, READERS, SCHEMA_VERSION, SPREAD_SCHEMA
 
 MAX_LEASE_SECONDS = 30 * 24 * 3600.0
 """The longest lease a task may set (30 days); a lease renews itself while its holder works."""
@@ -130,11 +131,13 @@ class TaskSettings:
     max_retries: int = 3
     journal_keep_seconds: float | None = None
     journal_keep_versions: int | None = None
-    partitions: Mapping[str, int] | None = None
+    partitions: Mapping[str, int | str] | None = None
     layout: str | None = None
     retry_backoff: float = 0
     retry_backoff_max: float | None = None
     deadlines: Mapping[str, float] | None = None
+    agents: int | None = None
+    spread: bool | None = None
 
     def header_fields(self) -> dict[str, Any]:
         """The fields of the task's header these settings give, each checked (no I/O):
@@ -160,11 +163,20 @@ class TaskSettings:
         backoff, backoff_max, deadlines = check_timing(
             self.retry_backoff, self.retry_backoff_max, self.deadlines, names
         )
-        layered = self.layout is not None or any(n != 1 for n in (partitions or {}).values())
+        counts = resolve_partitions(partitions, self.agents, self.spread)
+        if self.spread is not None and not isinstance(self.spread, bool):
+            raise InvalidInput(
+                f"spread must be True, False or None (decide from the partitions), not "
+                f"{self.spread!r}"
+            )
+        spread = spread_by_default(counts or {}) if self.spread is None else self.spread
+        if spread and self.layout is not None:
+            raise InvalidInput("a task with layout='task' keeps one shard: it cannot be spread")
+        layered = self.layout is not None or any(n != 1 for n in (counts or {}).values())
         # A backoff or deadlines need header schema 3 too: 0.2.0 would claim a failed entry
         # at once, blind to its retry_at.
         timed = backoff is not None or deadlines is not None
-        schema = HEADER_SCHEMA if layered or timed else SCHEMA_VERSION
+        schema = SPREAD_SCHEMA if spread else LAYOUT_SCHEMA if layered or timed else SCHEMA_VERSION
         return {
             "stages": names,
             "lease_seconds": lease,
@@ -174,7 +186,8 @@ class TaskSettings:
             "journal_keep_seconds": keep_seconds,
             "journal_keep_versions": keep_versions,
             "layout": self.layout,
-            "partitions": dict(partitions) if partitions is not None else None,
+            "spread": True if spread else None,
+            "partitions": counts,
             "retry_backoff": backoff,
             "retry_backoff_max": backoff_max,
             "deadlines": deadlines,

@@ -1,18 +1,17 @@
-"""What a wait on entries waits for: its arguments checked, the sleeps between its looks
-and the error it ends with, shared by ``Task.wait`` and ``AsyncTask.wait`` (no I/O)."""
+"""What a wait on entries waits for: its arguments checked, the pauses between its looks
+(a ``Pace``'s) and the error it ends with, shared by ``Task.wait`` and ``AsyncTask.wait``
+(no I/O)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..errors import InvalidInput, WaitTimeout
 from . import states
-
-WAIT_FIRST_DELAY, WAIT_GROWTH, WAIT_MAX_DELAY = 0.2, 1.5, 2.0
-"""``wait`` polls 0.2 s apart at first, each delay 1.5 times the last, up to 2 s (as the
-command line's ``--wait``)."""
+from .model import State
+from .pacing import Pace
 
 
 def some_ids(file_ids: list[str], shown: int = 10) -> str:
@@ -60,12 +59,18 @@ class WaitPlan:
             )
         return cls(wanted, until, timeout)
 
-    def delays(self) -> Iterator[float]:
-        """The sleeps between looks: 0.2 s at first, each 1.5 times the last, up to 2 s."""
-        delay = WAIT_FIRST_DELAY
-        while True:
-            yield delay
-            delay = min(delay * WAIT_GROWTH, WAIT_MAX_DELAY)
+    @staticmethod
+    def pause(
+        pace: Pace,
+        found: dict[str, State],
+        seen: dict[str, State] | None,
+        waiting: list[str],
+    ) -> float:
+        """The pause before the next look: quick while an entry waited for is being
+        written or the stages changed since the look before, slow while nothing happens
+        (``core.pacing``)."""
+        writing = any(found.get(fid) is State.writing for fid in waiting)
+        return pace.after(changed=found != seen, writing=writing)
 
     def timed_out(self, waiting: list[str]) -> WaitTimeout:
         return WaitTimeout(

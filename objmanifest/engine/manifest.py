@@ -15,12 +15,12 @@ that take it. ``Task`` and ``Agent`` hold one and offer the documented calls.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import shard_index
 
-from ..cas.codecs import IndexCodec, ShardCodec
+from ..cas.codecs import IndexCodec, ShardCodec, ShardCodecs
 from ..cas.loop import Documents
 from ..cas.policy import CasPolicy
 from ..core import changes
@@ -48,6 +48,7 @@ class Manifest:
     the rest of the engine starts from. Safe to share between threads."""
 
     index_codec: IndexCodec
+    _codecs: Mapping[str, ShardCodec]
     uploads: Scope
 
     def __init__(
@@ -94,10 +95,7 @@ class Manifest:
         self.task_id: str = header.task_id
         self.stages: tuple[str, ...] = header.stages
         self.index_codec = IndexCodec(header.objects_schema)
-        self._codecs = {
-            shard: ShardCodec(header.task_id, shard, header.objects_schema)
-            for shard in self.layout.all_shards(header.stages)
-        }
+        self._codecs = ShardCodecs(self.layout, header.stages, header.objects_schema)
         self.uploads = Scope(
             store=self.store,
             docs=self.docs,
@@ -157,9 +155,11 @@ class Manifest:
         try:
             return self._codecs[shard]
         except KeyError:
+            shards = list(self._codecs)
+            more = f" and {len(shards) - 10} more" if len(shards) > 10 else ""
             raise NotFound(
                 f"{shard!r} is not a shard of task {self.task_id!r}; its shards are "
-                f"{', '.join(self._codecs)}"
+                f"{', '.join(shards[:10])}{more}"
             ) from None
 
     def shard_codecs(self) -> dict[str, ShardCodec]:

@@ -53,6 +53,16 @@ def view(
 
 def entry(m: Manifest, file_id: str) -> Entry:
     """The entry as the store has it now, live or archived."""
+    known = m.docs.peek(m.layout.index)
+    stage = known.stage_of(file_id) if isinstance(known, shard_index.ShardIndex) else None
+    if stage is not None and stage in m.stages:
+        # An entry's stage never changes while it is declared: the index this process read
+        # already says where to look, and a fresh read of the index is needed only if the
+        # entry is not there (undeclared, or declared again elsewhere since).
+        doc = m.read_shard(m.layout.shard_of(stage, file_id))
+        found = doc.entries.get(file_id) or m.archives.entry(doc, file_id)
+        if found is not None:
+            return found
     stage = m.stage_of(file_id)
     doc = m.read_shard(m.layout.shard_of(stage, file_id))
     found = doc.entries.get(file_id) or m.archives.entry(doc, file_id)

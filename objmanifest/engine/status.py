@@ -5,11 +5,12 @@ ready."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 
 import shard_index
 
-from ..core import changes, commands, leases, states
+from ..core import changes, commands, contention, leases, states
 from ..core.ages import check_age
 from ..core.model import (
     DamageNote,
@@ -20,6 +21,7 @@ from ..core.model import (
     State,
     TaskStatus,
 )
+from ..core.pacing import Pace
 from ..core.waiting import WaitPlan, some_ids
 from ..data.chunked.rebuild import needs_parts
 from ..errors import (
@@ -238,6 +240,7 @@ def status(m: Manifest) -> TaskStatus:
         and file_id not in shards[stage].entries
         and file_id not in (shards[stage].archived or {})
     ]
+    collisions = stage_contention(m, docs, now)
     return TaskStatus(
         task_id=m.task_id,
         store_time=now,
@@ -251,8 +254,28 @@ def status(m: Manifest) -> TaskStatus:
             *marker_damage(m),
             *archive_damage(m, docs),
         ],
+        contention={
+            s: round(c.per_commit, 3)
+            for s, c in collisions.items()
+            if c.commits >= contention.MIN_COMMITS
+        },
+        contended=[s for s, c in collisions.items() if c.contended],
         **notes,
     )
+
+
+def stage_contention(
+    m: Manifest, docs: Mapping[str, Shard], now: datetime
+) -> dict[str, contention.Contention]:
+    """Per stage, its recent commits and the races they lost, from the records its shards
+    carry (the task's one shard counts for every stage)."""
+    found: dict[str, contention.Contention] = {}
+    for name, doc in docs.items():
+        seen = contention.of_records(doc.journal or (), now)
+        stage = m.layout.stage_of_shard(name)
+        for s in (stage,) if stage is not None else m.stages:
+            found[s] = found.get(s, contention.Contention()) + seen
+    return {s: found[s] for s in m.stages if s in found}
 
 
 def wait(
@@ -267,7 +290,8 @@ def wait(
     plan = WaitPlan.of(m.stages, m.check_stage, stages, until, timeout)
     runtime = m.store.runtime
     start = runtime.monotonic()
-    for delay in plan.delays():
+    pace, seen = Pace(), None
+    while True:
         found, waiting = look(m, plan)
         if not waiting:
             return found
@@ -277,8 +301,8 @@ def wait(
         if on_wait is not None:
             on_wait(waiting)
             on_wait = None
-        runtime.sleep(min(delay, remaining))
-    raise AssertionError("a plan's delays never end")
+        runtime.sleep(min(plan.pause(pace, found, seen, waiting), remaining))
+        seen = found
 
 
 def outstanding(

@@ -18,6 +18,7 @@ nothing: a composition, not a second copy of the faults.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import io
 import threading
@@ -67,6 +68,31 @@ class _Bucket:
     lock: threading.Lock = field(default_factory=threading.Lock)
     objects: dict[str, _Object] = field(default_factory=dict)
     uploads: dict[str, _Upload] = field(default_factory=dict)
+    _sorted: list[str] | None = None
+    """Every key in order, made by the first listing after a key came or went (a listing
+    then costs a search, not a pass over every key: a task's many small lists)."""
+
+    def store(self, key: str, obj: _Object) -> None:
+        """Put ``obj`` at ``key`` (the lock held)."""
+        if key not in self.objects:
+            self._sorted = None
+        self.objects[key] = obj
+
+    def remove(self, key: str) -> None:
+        """Take ``key`` away, if it is there (the lock held)."""
+        if self.objects.pop(key, None) is not None:
+            self._sorted = None
+
+    def keys_from(self, prefix: str) -> list[str]:
+        """The keys that start with ``prefix``, in order (the lock held)."""
+        if self._sorted is None:
+            self._sorted = sorted(self.objects)
+        keys = self._sorted
+        start = bisect.bisect_left(keys, prefix)
+        end = start
+        while end < len(keys) and keys[end].startswith(prefix):
+            end += 1
+        return keys[start:end]
 
 
 _BUCKETS: dict[str, _Bucket] = {}
@@ -157,7 +183,7 @@ class MemoryBackend(PrefixedStore):
         with self._data.lock:
             self._check(full, key, mode)
             etag = _quoted_md5(data)
-            self._data.objects[full] = _Object(data, etag, dict(metadata or {}))
+            self._data.store(full, _Object(data, etag, dict(metadata or {})))
         return etag
 
     def _check(self, full: str, key: str, mode: PutMode) -> None:
@@ -173,12 +199,12 @@ class MemoryBackend(PrefixedStore):
 
     def delete(self, key: str) -> None:
         with self._data.lock:
-            self._data.objects.pop(self.full_key(key), None)
+            self._data.remove(self.full_key(key))
 
     def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
         full = self.full_key(prefix)
         with self._data.lock:
-            keys = sorted(k for k in self._data.objects if k.startswith(full))
+            keys = self._data.keys_from(full)
         rolled: set[str] = set()
         for key in keys:
             if delimiter:
@@ -244,7 +270,7 @@ class MemoryBackend(PrefixedStore):
             self._check(full, key, mode)
             implied = checksum.multipart_etag(checksum.bare_etag(e) for e in etags)
             body = b"".join(chosen)
-            self._data.objects[full] = _Object(body, f'"{implied}"', {})
+            self._data.store(full, _Object(body, f'"{implied}"', {}))
             del self._data.uploads[upload_id]
 
     def abort_upload(self, key: str, upload_id: str) -> bool:

@@ -319,6 +319,8 @@ class Site:
                     "archived": status.archived.get(stage, 0),
                     "partitions": partitions,
                     "throughput": throughput["stages"][stage],
+                    "lost_races_per_commit": status.contention.get(stage),
+                    "contended": stage in status.contended,
                 }
             )
         attention = {

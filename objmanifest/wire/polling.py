@@ -10,11 +10,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-T = TypeVar("T")
+from ..core.pacing import Pace
 
-FIRST_DELAY = 0.2
-MAX_DELAY = 2.0
-GROWTH = 1.5
+T = TypeVar("T")
 
 
 def poll(
@@ -23,16 +21,19 @@ def poll(
     retry_on: tuple[type[Exception], ...] = (),
     on_wait: Callable[[], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> T | None:
     """Call ``attempt`` until it returns something, for at most ``wait`` seconds.
 
     A ``retry_on`` error counts as "nothing yet"; after the deadline the last such error is
-    raised again, or None returned. Delays grow from 0.2 s to 2 s, so a long wait costs a
-    request every two seconds and a short one still answers quickly. ``on_wait`` is called
-    once, before the first sleep, to tell a human that the command is waiting.
+    raised again, or None returned. The pauses between attempts are a ``Pace``'s: quick
+    while the error says the entry is being written (``NotReady.state``), or after it
+    changed, growing to one attempt every 2 s while nothing happens, so a long wait costs
+    30 attempts a minute and a handoff is still seen quickly. ``on_wait`` is called once,
+    before the first sleep, to tell a human that the command is waiting.
     """
-    deadline = time.monotonic() + max(0.0, wait)
-    delay = FIRST_DELAY
+    deadline = monotonic() + max(0.0, wait)
+    pace, seen = Pace(), None
     while True:
         last: Exception | None = None
         try:
@@ -41,7 +42,7 @@ def poll(
             last, result = e, None
         if result is not None:
             return result
-        remaining = deadline - time.monotonic()
+        remaining = deadline - monotonic()
         if remaining <= 0:
             if last is not None:
                 raise last
@@ -49,5 +50,7 @@ def poll(
         if on_wait is not None:
             on_wait()
             on_wait = None
-        sleep(min(delay, remaining))
-        delay = min(delay * GROWTH, MAX_DELAY)
+        state = getattr(last, "state", None)
+        pause = pace.after(changed=state != seen, writing=state == "writing")
+        seen = state
+        sleep(min(pause, remaining))

@@ -54,6 +54,8 @@ def status_json(status: om.TaskStatus) -> dict[str, Any]:
         del data["archived"]  # archiving: shown once an entry is archived
     if not status.damaged:
         del data["damaged"]  # shown once a manifest object does not read back sound
+    if not status.contention:
+        del data["contention"], data["contended"]  # shown once a stage has recent commits
     return data
 
 

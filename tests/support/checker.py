@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
@@ -112,7 +112,7 @@ class OpLog:
 
     def append(self, op: Op) -> Op:
         with self._lock:
-            numbered = Op(**{**asdict(op), "seq": len(self._ops)})
+            numbered = replace(op, seq=len(self._ops))
             self._ops.append(numbered)
         return numbered
 

@@ -268,6 +268,9 @@
           notes.length > 50 ? el("li", {}, "… and " + (notes.length - 50) + " more") : null)));
     }
     const damage = [...d.damage.unfinished.map((n) => ["unfinished", n]), ...d.damage.unindexed.map((n) => ["unindexed", n])];
+    const contended = d.stages.filter((s) => s.contended).map((s) =>
+      el("p", { class: "contended", dataset: { stage: s.stage } }, el("b", {}, s.stage), " is contended: its writers lost " +
+        s.lost_races_per_commit.toFixed(2) + " races per commit lately, more agents than its shards take: split it into more partitions."));
     const settings = d.settings;
     return [
       el("h1", {}, d.task_id, " ", d.finished ? el("span", { class: "done" }, "finished") : null),
@@ -284,7 +287,8 @@
       el("h2", {}, "Throughput"),
       settings.journal ? flow : el("p", {}, "This task keeps no journal (schema 1): run `objmanifest migrate`."),
       el("h2", {}, "Needs attention"),
-      attention.length ? attention : el("p", { class: "calm" }, "Nothing needs attention."),
+      contended.length ? contended : null,
+      attention.length || contended.length ? attention : el("p", { class: "calm" }, "Nothing needs attention."),
       damage.length || (d.damage.objects || []).length ? [el("h2", {}, "Damage"), el("ul", {},
         (d.damage.objects || []).map((n) => el("li", { class: "damaged-object" }, n.kind + " ",
           el("code", {}, n.key), ": " + n.problem + " (" + n.fix + ")")),

@@ -283,6 +283,26 @@ def test_a_lost_answer_leaves_exactly_one_record() -> None:
     assert [r.command for r in records] == ["declare", "claim"]
 
 
+def test_a_commit_that_lost_races_says_how_many_in_its_record() -> None:
+    """Any reader of the object sees where writers collide, not only the loser."""
+    s, task = fresh()
+    other = om.Task.open(s, "job")
+    task.declare_many([("x", "a"), ("y", "a")])
+    ann, bob = task.agent("ann"), other.agent("bob")
+    claim = ann.claim("x")  # ann's task keeps the version its claim wrote
+    assert claim is not None
+    bob.claim("y")  # which bob's write makes stale
+    ann.put(claim, b"x")  # tried on it first: 412, a read, and again
+    records = check_complete(task, engine(task).shard_key("a"), engine(task).codec("a"))
+    assert [(r.command, r.actor, r.lost_races) for r in records] == [
+        ("declare", "", None),
+        ("claim", "ann", None),
+        ("claim", "bob", None),
+        ("finish", "ann", 1),
+    ]
+    assert '"lost_races"' not in json.dumps(raw(s, engine(task).shard_key("a"))["journal"][:3])
+
+
 # -- reading history ----------------------------------------------------------------------------
 
 
