@@ -9,6 +9,7 @@ import pytest
 
 import objmanifest as om
 from objmanifest.cas.blocks import BLOCK
+from objmanifest.core.pacing import Pace
 from tests.support import rawstore
 from tests.support.rawstore import requests
 
@@ -157,17 +158,13 @@ def test_a_wait_plan_checks_its_arguments_with_no_request(store: om.ObjectStore)
             task.wait_plan(timeout=float("nan"))
     assert sum(seen.values()) == 0
     assert (plan.stages, plan.until, plan.timeout) == (("write",), "consumed", 5)
-    delays = plan.delays()
-    assert [round(next(delays), 3) for _ in range(8)] == [
-        0.2,
-        0.3,
-        0.45,
-        0.675,
-        1.013,
-        1.519,
-        2.0,
-        2.0,
-    ]
+    pace = Pace()
+    quiet = {"x": om.State.pending}
+    idle = [round(plan.pause(pace, quiet, quiet, ["x"]), 3) for _ in range(8)]
+    assert idle == [0.25, 0.375, 0.562, 0.844, 1.266, 1.898, 2.0, 2.0]  # nothing happens
+    busy = {"x": om.State.writing}
+    assert plan.pause(pace, busy, quiet, ["x"]) == 0.25  # a change: look again soon
+    assert [plan.pause(pace, busy, busy, ["x"]) for _ in range(3)] == [0.375, 0.5, 0.5]
     timeout = plan.timed_out(["x"])
     assert isinstance(timeout, om.WaitTimeout) and timeout.file_ids == ("x",)
     assert task.wait_plan().stages == ("collect", "write")

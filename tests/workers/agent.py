@@ -26,7 +26,6 @@ so several processes can be released at once.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import select
@@ -35,7 +34,6 @@ import time
 from typing import Any
 
 import objmanifest as om
-from tests.support.internals import engine
 
 STDIN_TIMEOUT = 120.0
 """A worker whose test died must not wait forever."""
@@ -62,7 +60,7 @@ def claim_json(claim: om.Claim | None) -> dict[str, Any] | None:
 
 
 def stats_json(task: om.Task) -> dict[str, int]:
-    return dataclasses.asdict(engine(task).docs.stats)
+    return task.request_counts()
 
 
 def produce(task: om.Task, agent: om.Agent, stage: str, deadline: float) -> None:
