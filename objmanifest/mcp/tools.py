@@ -101,6 +101,8 @@ def confine(root: Path, given: str, what: str) -> Path:
         )
     full = path if path.is_absolute() else root / path
     try:
+        resolved = full.resolve(strict=True)
+    except FileNotFoundError:  # a path to be written: its missing tail resolves as given
         resolved = full.resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before 3.13)
         raise om.InvalidInput(f"{what} {given!r} cannot be resolved: {e}") from None
