@@ -71,11 +71,31 @@ def _server_said_retry(exc: Exception) -> bool:
     return False
 
 
+def _refused(exc: BaseException) -> bool:
+    """A connection that could not be made at all: nothing listens there (retrying it for
+    minutes only hides a wrong endpoint or a stopped emulator)."""
+    seen: BaseException | None = exc
+    for _ in range(6):
+        if seen is None:
+            return False
+        if isinstance(seen, (urllib3.exceptions.NewConnectionError, ConnectionRefusedError)):
+            return True
+        if isinstance(seen, urllib3.exceptions.MaxRetryError) and seen.reason is not None:
+            seen = seen.reason
+            continue
+        args = getattr(seen, "args", ())
+        inner = args[0] if args and isinstance(args[0], BaseException) else None
+        seen = inner or seen.__cause__ or seen.__context__
+    return False
+
+
 def _read_may_retry(exc: Exception) -> bool:
     if isinstance(exc, google.auth.exceptions.TransportError) and exc.args:
         inner = exc.args[0]
         return isinstance(inner, Exception) and _read_may_retry(inner)
-    return _server_said_retry(exc) or isinstance(exc, CONNECTION_ERRORS)
+    if isinstance(exc, CONNECTION_ERRORS):
+        return not _refused(exc)
+    return _server_said_retry(exc)
 
 
 def _backoff(predicate: Callable[[Exception], bool]) -> Retry:
