@@ -21,11 +21,13 @@ import pytest
 from objmanifest.errors import AccessDenied, InvalidInput, NotFound, ReadBrokeOff, StoreError
 from objmanifest.local.fakegcs import LocalGCS, start_fakegcs
 from objmanifest.local.servers import free_port
+from objmanifest.store import PROBE_PREFIX, probe
 from objmanifest.store.base import CREATE, Blob, Listed, PutMode
 from objmanifest.store.errors import OutcomeUnknown, PreconditionFailed, UploadGone
 from objmanifest.store.gcs import GCSStore
 from objmanifest.store.gcs_client import make_gcs_client
 from objmanifest.store.gcs_uploads import PARTS
+from objmanifest.store.probe import probe_conditional_writes, probe_store
 from tests.support.gcs_double import GCSDouble
 
 BUCKET = "objmanifest-gcs-test"
@@ -459,3 +461,32 @@ def test_the_clock_is_the_stores_date(prefix: str) -> None:
         assert now - datetime.now(timezone.utc) < timedelta(hours=3, minutes=1)
     finally:
         double.stop()
+
+
+# -- what the probe and doctor say ----------------------------------------------------------------
+
+
+def test_doctor_reports_fakegcs_unsafe_for_chunked_entries(fakegcs: LocalGCS, prefix: str) -> None:
+    store = GCSStore(make_gcs_client(fakegcs.endpoint_url), BUCKET, prefix)
+    assert probe_conditional_writes(store, f"{PROBE_PREFIX}{uuid.uuid4().hex}") == []
+    report = probe_store(store, f"{PROBE_PREFIX}{uuid.uuid4().hex}", racers=4)
+    verdicts = {check.name: check.verdict for check in report.checks}
+    assert not report.safe
+    assert [check.name for check in report.failed] == [probe.MULTIPART]
+    assert "chunked entries are not safe" in report.check(probe.MULTIPART).problem
+    assert verdicts[probe.DIGEST] == "failed"  # a wrong MD5 is stored: not verified
+    for name in (probe.CREATE_ONLY, probe.CREATE_RACE, probe.UPDATE_IF_MATCH):
+        assert verdicts[name] == "ok", report.check(name)
+    for name in (probe.UPDATE_MISSING, probe.UPDATE_RACE, probe.DATE, probe.RANGES):
+        assert verdicts[name] == "ok", report.check(name)
+    assert verdicts[probe.LISTING] == "ok"
+    assert list(store.list("")) == [] and raw_names(store) == []
+
+
+def test_doctor_passes_a_store_that_enforces_everything(on_double: GCSStore) -> None:
+    report = probe_store(on_double, f"{PROBE_PREFIX}{uuid.uuid4().hex}", racers=4)
+    assert report.safe, [c for c in report.checks if not c.ok]
+    assert report.check(probe.DIGEST).verdict == "ok"
+    assert "400" in report.check(probe.DIGEST).answer
+    assert "412" in report.check(probe.MULTIPART).answer
+    assert raw_names(on_double) == []

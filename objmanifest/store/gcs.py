@@ -106,6 +106,12 @@ class GCSStore:
     def connections(self) -> int:
         return POOL
 
+    @property
+    def identity(self) -> tuple[str, str]:
+        """What the store probe's verdict is about (endpoint and bucket): what a store
+        enforces does not depend on the prefix."""
+        return self.gcs.endpoint, self.bucket
+
     def full_key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
@@ -400,7 +406,8 @@ class GCSStore:
         md5: str,
     ) -> storage.Blob:
         blob = self.blob(key)
-        blob.metadata = metadata or None
+        if metadata:
+            blob.metadata = metadata
         blob.md5_hash = md5
         blob.crc32c = crc32c_base64(data)
         blob.upload_from_string(
