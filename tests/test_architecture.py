@@ -492,6 +492,26 @@ def test_no_private_name_is_imported_from_another_module(path: Path) -> None:
     assert private == [], rel(path)
 
 
+GCS_MODULES = {f"store/{name}.py" for name in ("gcs", "gcs_client", "gcs_answers", "gcs_uploads")}
+"""The only modules that see google-cloud-storage, google-auth, google-api-core or their
+transport (``gcs_permissions.py`` needs none of them)."""
+
+
+@pytest.mark.parametrize("path", modules(), ids=rel)
+def test_the_gcs_sdk_stays_in_the_gcs_store(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    imported = [
+        name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for name in (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        )
+    ]
+    uses = any(name.split(".")[0] in ("google", "google_crc32c") for name in imported)
+    assert not uses or rel(path).removeprefix("objmanifest/") in GCS_MODULES
+
+
 ERROR_MODULES = sorted(PACKAGE.rglob("errors.py"))
 """The public tree (``objmanifest/errors.py``) and each layer's own outcomes."""
 

@@ -219,4 +219,8 @@ def make_gcs_client(endpoint_url: str | None = None) -> GCSClient:
         client = storage.Client(project=project, credentials=credentials, _http=session)
         made = GCSClient(client, session, GOOGLE_ENDPOINT, emulator=False)
     session.hooks["response"].append(made.observe)
+    # The SDK fetches each bucket's metadata in a background thread, for tracing only: a
+    # request (and a permission, storage.buckets.get) no call of the store needs.
+    if hasattr(client, "_bucket_metadata_cache"):
+        client._bucket_metadata_cache = None
     return made
