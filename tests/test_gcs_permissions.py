@@ -10,7 +10,7 @@ from objmanifest.store import gcs_permissions
 
 
 def test_the_agent_role_is_object_permissions_only() -> None:
-    doc = gcs_permissions.role("bkt", "jobs/nightly", "agent")
+    doc = gcs_permissions.policy("bkt", "jobs/nightly", "agent")
     assert doc["role"]["includedPermissions"] == [
         "storage.objects.create",
         "storage.objects.delete",
@@ -19,19 +19,19 @@ def test_the_agent_role_is_object_permissions_only() -> None:
     ]
     assert set(doc["permissions"]) == set(doc["role"]["includedPermissions"])
     assert all(why for why in doc["permissions"].values())
-    admin = gcs_permissions.role("bkt", "jobs/nightly", "admin")
+    admin = gcs_permissions.policy("bkt", "jobs/nightly", "admin")
     extra = set(admin["role"]["includedPermissions"]) - set(doc["role"]["includedPermissions"])
     assert extra == {"storage.buckets.get"}
 
 
 def test_the_binding_is_confined_to_the_prefix() -> None:
-    binding = gcs_permissions.role("bkt", "/jobs/nightly/", "agent")["bucket_binding"]
+    binding = gcs_permissions.policy("bkt", "/jobs/nightly/", "agent")["bucket_binding"]
     assert binding["condition"]["expression"] == (
         'resource.name.startsWith("projects/_/buckets/bkt/objects/jobs/nightly/") || '
         '(resource.type == "storage.googleapis.com/Bucket" && '
         'resource.name == "projects/_/buckets/bkt")'
     )
-    assert "condition" not in gcs_permissions.role("bkt", "", "agent")["bucket_binding"]
+    assert "condition" not in gcs_permissions.policy("bkt", "", "agent")["bucket_binding"]
 
 
 def test_a_prefix_with_quotes_stays_one_cel_string() -> None:
@@ -40,11 +40,11 @@ def test_a_prefix_with_quotes_stays_one_cel_string() -> None:
 
 
 def test_what_gcs_cannot_confine_is_said() -> None:
-    said = " ".join(gcs_permissions.role("bkt", "p", "agent")["cannot_confine"])
+    said = " ".join(gcs_permissions.policy("bkt", "p", "agent")["cannot_confine"])
     assert "storage.objects.list" in said and "bucket of its own" in said
     assert "delete" in said
 
 
 def test_an_unknown_role_is_refused() -> None:
     with pytest.raises(InvalidInput, match="unknown role"):
-        gcs_permissions.role("bkt", "p", "root")  # type: ignore[arg-type]
+        gcs_permissions.policy("bkt", "p", "root")  # type: ignore[arg-type]

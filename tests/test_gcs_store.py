@@ -18,12 +18,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from objmanifest.errors import AccessDenied, InvalidInput, NotFound, ReadBrokeOff, StoreError
+from objmanifest.errors import AccessDenied, InvalidInput, ReadBrokeOff, StoreError
 from objmanifest.local.fakegcs import LocalGCS, start_fakegcs
 from objmanifest.local.servers import free_port
 from objmanifest.store import PROBE_PREFIX, probe
 from objmanifest.store.base import CREATE, Blob, Listed, PutMode
-from objmanifest.store.errors import OutcomeUnknown, PreconditionFailed, UploadGone
+from objmanifest.store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed, UploadGone
 from objmanifest.store.gcs import GCSStore
 from objmanifest.store.gcs_client import make_gcs_client
 from objmanifest.store.gcs_uploads import PARTS
@@ -133,7 +133,7 @@ def test_a_token_that_is_no_generation_never_matches_and_never_creates(
     reads as 0) must not turn into a create."""
     with pytest.raises(PreconditionFailed):
         store.put("never", b"x", mode=PutMode.update(token))
-    with pytest.raises(NotFound):
+    with pytest.raises(NoSuchObject):
         store.head("never")
     etag = store.put("there", b"y")
     with pytest.raises(PreconditionFailed):

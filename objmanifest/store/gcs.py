@@ -46,24 +46,35 @@ from google.cloud import storage
 from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 
 from ..core import checksum
-from ..core.runtime import DEFAULT, Runtime
-from ..errors import AccessDenied, InvalidInput, NotFound, StoreError
+from ..core.runtime import Runtime
+from ..errors import AccessDenied, InvalidInput, StoreError
 from .base import (
     CREATE,
     OVERWRITE,
     Blob,
     Head,
     Listed,
+    ObjectStore,
     PartBody,
     PartsListed,
+    PrefixedStore,
     PutMode,
     StoreClock,
     send_whole,
 )
-from .errors import BodyDamaged, OutcomeUnknown, PreconditionFailed
+from .errors import BodyDamaged, NoSuchObject, OutcomeUnknown, PreconditionFailed
 from .gcs_answers import GCSStream, answer, crc32c_base64, damaged, generation
-from .gcs_client import CONNECTION_ERRORS, POOL, READ_RETRY, TIMEOUT, WRITE_RETRY, GCSClient
+from .gcs_client import (
+    CONNECTION_ERRORS,
+    POOL,
+    READ_RETRY,
+    TIMEOUT,
+    WRITE_RETRY,
+    GCSClient,
+    make_gcs_client,
+)
 from .gcs_uploads import PARTS, UPLOAD_META, Uploads
+from .urls import StoreURL
 
 T = TypeVar("T")
 
@@ -72,7 +83,7 @@ READS = 10
 metadata and its bytes (after a short jittered pause that doubles each time)."""
 
 
-class GCSStore:
+class GCSStore(PrefixedStore):
     """One bucket and prefix of Google Cloud Storage. Keys passed in are relative to the
     prefix; the store's own upload parts live under ``PARTS`` beside them, unlisted."""
 
@@ -86,21 +97,12 @@ class GCSStore:
         *,
         runtime: Runtime | None = None,
     ) -> None:
+        super().__init__(bucket, prefix, runtime)
         self.gcs = client
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.runtime = runtime or DEFAULT
         self.clock = StoreClock(monotonic=self.runtime.monotonic)
         client.attach(self.clock)
         self._bucket = client.client.bucket(bucket)
         self.uploads = Uploads(self)
-
-    def __repr__(self) -> str:
-        return f"Store({self.url!r})"
-
-    @property
-    def url(self) -> str:
-        return f"gs://{self.bucket}/{self.prefix}" if self.prefix else f"gs://{self.bucket}"
 
     @property
     def connections(self) -> int:
@@ -111,12 +113,6 @@ class GCSStore:
         """What the store probe's verdict is about (endpoint and bucket): what a store
         enforces does not depend on the prefix."""
         return self.gcs.endpoint, self.bucket
-
-    def full_key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def describe(self, key: str) -> str:
-        return f"gs://{self.bucket}/{self.full_key(key)}"
 
     def blob(self, key: str, generation: int | None = None) -> storage.Blob:
         """The SDK's handle of ``key`` (sends nothing)."""
@@ -131,7 +127,7 @@ class GCSStore:
 
     # -- errors ---------------------------------------------------------------------------
 
-    def fail(self, e: BaseException, action: str, key: str) -> StoreError | NotFound:
+    def fail(self, e: BaseException, action: str, key: str) -> StoreError | NoSuchObject:
         """An SDK or transport error as one that names the object and the fix."""
         if isinstance(e, api_exceptions.RetryError) and e.cause is not None:
             inner = self.fail(e.cause, action, key)
@@ -145,7 +141,7 @@ class GCSStore:
         if isinstance(e, api_exceptions.NotFound):
             if "bucket" in str(e.message).lower():
                 return self._no_bucket(action, key)
-            return NotFound(f"{self.describe(key)} does not exist")
+            return NoSuchObject(self.describe(key))
         if isinstance(e, api_exceptions.Forbidden):
             return AccessDenied(
                 f"the store refused to {action} {self.describe(key)} (403 Forbidden): the "
@@ -277,7 +273,7 @@ class GCSStore:
             exact = self.blob(key, generation=meta.generation)
             try:
                 body: bytes = self.call("read", key, partial(_download, exact))
-            except NotFound:
+            except NoSuchObject:
                 continue  # replaced (or deleted) since its metadata was read: ask again
             return Blob(body=body, etag=str(meta.generation), metadata=_shown(meta))
         raise StoreError(
@@ -288,7 +284,12 @@ class GCSStore:
     def head(self, key: str) -> Head:
         meta = self._metadata(key)
         assert meta is not None
-        return Head(etag=str(meta.generation), size=int(meta.size or 0), metadata=_shown(meta))
+        return Head(
+            etag=str(meta.generation),
+            size=int(meta.size or 0),
+            metadata=_shown(meta),
+            completed_upload=(meta.metadata or {}).get(UPLOAD_META),
+        )
 
     def open(self, key: str, byte_range: tuple[int, int] | None = None) -> GCSStream:
         """The object's bytes, or ``[start, end)`` of them (an ``end`` past the object's
@@ -323,7 +324,7 @@ class GCSStore:
         response = self.call("read", key, lambda: READ_RETRY(_media(send))())
         if response.status_code == 404:
             response.close()
-            raise NotFound(f"{self.describe(key)} does not exist")
+            raise NoSuchObject(self.describe(key))
         if response.status_code == 416:
             response.close()
             raise StoreError(
@@ -447,7 +448,7 @@ class GCSStore:
             self.call(
                 "delete", key, lambda: blob.delete(timeout=TIMEOUT, retry=WRITE_RETRY), write=True
             )
-        except NotFound:
+        except NoSuchObject:
             return
         except OutcomeUnknown as e:
             raise StoreError(
@@ -491,16 +492,13 @@ class GCSStore:
 
         try:
             return iter(self.call("list", key, pages))
-        except NotFound as e:
+        except NoSuchObject as e:
             if self.bucket_missing():
                 raise self._no_bucket("list", key) from e
-            raise
+            raise StoreError(f"could not list {self.describe(key)}: answered 404") from e
 
     page_size: int | None = None
     """How many names a listing asks for per page (None: the store's own, 1000)."""
-
-    def list_keys(self, prefix: str) -> Iterator[str]:
-        return (row.key for row in self.list(prefix))
 
     # -- multipart uploads ----------------------------------------------------------------
 
@@ -569,3 +567,10 @@ def _media(send: Callable[[], Any]) -> Callable[[], Any]:
         return response
 
     return checked
+
+
+def open_store(url: StoreURL, *, endpoint_url: str | None, runtime: Runtime | None) -> ObjectStore:
+    """The store a ``gs://BUCKET/PREFIX`` URL names (``store.connect``): at
+    ``endpoint_url`` (else ``STORAGE_EMULATOR_HOST``, else Google's, with application
+    default credentials)."""
+    return GCSStore(make_gcs_client(endpoint_url), url.bucket, url.prefix, runtime=runtime)

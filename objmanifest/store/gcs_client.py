@@ -33,7 +33,7 @@ from google.cloud.storage.exceptions import InvalidResponse
 
 from ..errors import InvalidInput, StoreError
 from .base import StoreClock
-from .s3_client import without_credentials
+from .urls import without_credentials
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 GOOGLE_ENDPOINT = "https://storage.googleapis.com"

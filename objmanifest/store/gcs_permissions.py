@@ -94,23 +94,23 @@ def condition(bucket: str, prefix: str) -> dict[str, str] | None:
     }
 
 
-def role(bucket: str, prefix: str, which: Role = "agent") -> dict[str, Any]:
-    """The custom role ``which`` needs for ``gs://bucket/prefix``, the binding that grants
+def policy(bucket: str, prefix: str, role: Role = "agent") -> dict[str, Any]:
+    """The custom role ``role`` needs for ``gs://bucket/prefix``, the binding that grants
     it under the prefix, what each permission is for and what cannot be confined."""
-    if which not in ROLES:
-        raise InvalidInput(f"unknown role {which!r}: use one of {', '.join(ROLES)}")
-    wanted = AGENT_PERMISSIONS if which == "agent" else ADMIN_PERMISSIONS
+    if role not in ROLES:
+        raise InvalidInput(f"unknown role {role!r}: use one of {', '.join(ROLES)}")
+    wanted = AGENT_PERMISSIONS if role == "agent" else ADMIN_PERMISSIONS
     binding: dict[str, Any] = {
-        "role": f"projects/PROJECT_ID/roles/{ROLE_IDS[which]}",
-        "members": [f"serviceAccount:{which.upper()}@PROJECT_ID.iam.gserviceaccount.com"],
+        "role": f"projects/PROJECT_ID/roles/{ROLE_IDS[role]}",
+        "members": [f"serviceAccount:{role.upper()}@PROJECT_ID.iam.gserviceaccount.com"],
     }
     confined = condition(bucket, prefix)
     if confined is not None:
         binding["condition"] = confined
     return {
         "role": {
-            "title": f"objmanifest {which}",
-            "description": f"What objmanifest's {which} needs in gs://{bucket}",
+            "title": f"objmanifest {role}",
+            "description": f"What objmanifest's {role} needs in gs://{bucket}",
             "stage": "GA",
             "includedPermissions": sorted(wanted),
         },
@@ -118,10 +118,10 @@ def role(bucket: str, prefix: str, which: Role = "agent") -> dict[str, Any]:
         "permissions": dict(sorted(wanted.items())),
         "cannot_confine": list(CANNOT_CONFINE),
         "apply": [
-            f"gcloud iam roles create {ROLE_IDS[which]} --project=PROJECT_ID "
+            f"gcloud iam roles create {ROLE_IDS[role]} --project=PROJECT_ID "
             "--file=ROLE.yaml  (the role above)",
             f"gcloud storage buckets add-iam-policy-binding gs://{bucket} --member=... "
-            f"--role=projects/PROJECT_ID/roles/{ROLE_IDS[which]} --condition=...  (the "
+            f"--role=projects/PROJECT_ID/roles/{ROLE_IDS[role]} --condition=...  (the "
             "binding above)",
         ],
     }

@@ -44,9 +44,9 @@ from typing import IO, TYPE_CHECKING, cast
 from google.cloud import storage
 
 from ..core import checksum
-from ..errors import InvalidInput, NotFound, StoreError
+from ..errors import InvalidInput, StoreError
 from .base import CREATE, PartBody, PartsListed, PutMode
-from .errors import OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
+from .errors import NoSuchObject, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
 from .gcs_answers import md5_hex
 from .gcs_client import READ_RETRY, TIMEOUT, WRITE_RETRY
 
@@ -171,7 +171,7 @@ class Uploads:
     def _exists(self, key: str) -> bool:
         try:
             self.store.head(key)
-        except NotFound:
+        except NoSuchObject:
             return False
         return True
 
@@ -198,12 +198,14 @@ class Uploads:
                 )
             chosen.append(part)
         match = self.store.precondition(key, mode)
-        sources = self._tree([self._source(p.name, p.generation) for p in chosen], upload_id, key)
         final = self.store.blob(key)
         final.metadata = {UPLOAD_META: upload_id}
         final.content_type = "application/octet-stream"
         action = "complete the upload of"
         try:
+            sources = self._tree(
+                [self._source(p.name, p.generation) for p in chosen], upload_id, key
+            )
             self.store.call(
                 action,
                 key,
@@ -213,6 +215,14 @@ class Uploads:
                 conditional=match is not None,
                 write=True,
             )
+        except NoSuchObject as e:
+            # A source generation is gone: the upload was completed or aborted meanwhile
+            # (both remove its parts), or a part was written again since it was listed.
+            if not self._exists(self.marker(key, upload_id)):
+                raise UploadGone(f"{self.store.describe(key)}: the upload no longer exists") from e
+            raise PartsRejected(
+                f"{self.store.describe(key)}: a part was replaced while the upload was completed"
+            ) from e
         except PreconditionFailed:
             if not self._completed(key, upload_id):
                 raise
@@ -256,7 +266,7 @@ class Uploads:
         blob = self.store.blob(key)
         try:
             self.store.call("inspect", key, lambda: blob.reload(timeout=TIMEOUT, retry=READ_RETRY))
-        except (NotFound, StoreError):
+        except (NoSuchObject, StoreError):
             return False
         return (blob.metadata or {}).get(UPLOAD_META) == upload_id
 
@@ -278,7 +288,7 @@ class Uploads:
                     "remove", name, partial(blob.delete, timeout=TIMEOUT, retry=READ_RETRY)
                 )
                 removed = True
-            except NotFound:
+            except NoSuchObject:
                 continue
             except StoreError as e:
                 log.warning("could not remove %s: %s", self.store.describe(name), e)
