@@ -60,6 +60,7 @@ from .base import (
     PrefixedStore,
     PutMode,
     StoreClock,
+    read_whole,
     send_whole,
 )
 from .errors import BodyDamaged, NoSuchObject, OutcomeUnknown, PreconditionFailed
@@ -347,7 +348,7 @@ class GCSStore(PrefixedStore):
     ) -> str:
         """Write an object with one multipart upload and return its generation."""
         self._writable(key)
-        data = bytes(body) if isinstance(body, (bytes, bytearray, memoryview)) else body.read()
+        data = read_whole(body)
         match = self.precondition(key, mode)
         blob = self.write_whole(key, data, match, metadata, content_type, "write")
         return str(blob.generation)

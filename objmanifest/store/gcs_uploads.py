@@ -39,13 +39,13 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from google.cloud import storage
 
 from ..core import checksum
 from ..errors import InvalidInput, StoreError
-from .base import CREATE, PartBody, PartsListed, PutMode
+from .base import CREATE, PartBody, PartsListed, PutMode, read_whole
 from .errors import NoSuchObject, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
 from .gcs_answers import md5_hex
 from .gcs_client import READ_RETRY, TIMEOUT, WRITE_RETRY
@@ -154,11 +154,7 @@ class Uploads:
             raise InvalidInput(
                 f"part number {number!r} of {self.store.describe(key)}: use 1 to {MAX_PART}"
             )
-        if isinstance(body, bytes):
-            data = body
-        else:
-            body.seek(0)
-            data = cast(IO[bytes], body).read(body.length)
+        data = read_whole(body)
         name = f"{marker}/{number:05d}"
         blob = self.store.write_whole(
             name, data, None, None, "application/octet-stream", f"upload part {number} of"
