@@ -230,6 +230,8 @@ FACE_TOOLS: dict[tuple[str, str | None], str] = {
     ("objmanifest.store", "access_policy"): "iam-policy prints the access policy of a URL",
     ("objmanifest.store", "access_needed"): "doctor names the permission a refused call "
     "lacked, in its cloud's terms",
+    ("objmanifest.store", "without_credentials"): "the demo shows the URL or endpoint a user "
+    "typed before it opens it",
     ("objmanifest.store.probe", "Check"): "doctor",
     ("objmanifest.store.probe", "ProbeReport"): "doctor",
     ("objmanifest.store.probe", "probe_store"): "doctor",

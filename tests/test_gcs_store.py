@@ -5,6 +5,8 @@ by another process, compose trees, and how each error of GCS is mapped onto the 
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import subprocess
@@ -334,6 +336,30 @@ def test_the_parts_namespace_is_never_listed_nor_written(store: GCSStore) -> Non
     assert list(store.list_uploads("b/")) == [("b/c", upload_id)]
 
 
+class Trickle(io.BytesIO):
+    """A part stream that gives at most ``block`` bytes a read, as a file read in blocks
+    does (``PartReader`` gives one block of the file at a time)."""
+
+    def __init__(self, data: bytes, block: int) -> None:
+        super().__init__(data)
+        self.length = len(data)
+        self.block = block
+
+    def read(self, size: int | None = -1) -> bytes:
+        wanted = self.block if size is None or size < 0 else min(size, self.block)
+        return super().read(wanted)
+
+
+def test_a_part_stream_that_gives_a_block_a_read_is_sent_whole(store: GCSStore) -> None:
+    body = os.urandom(100_000)
+    upload_id = store.create_upload("streamed")
+    etag = store.upload_part("streamed", upload_id, 1, Trickle(body, 16_384))
+    assert etag == hashlib.md5(body, usedforsecurity=False).hexdigest()
+    assert store.list_parts("streamed", upload_id) == {1: {etag: len(body)}}
+    store.complete_upload("streamed", upload_id, [etag])
+    assert store.get("streamed").body == body  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("upload_id", ["", "nope", "0" * 31, "G" * 32, "../" * 11])
 def test_an_id_that_names_no_upload_is_gone(store: GCSStore, upload_id: str) -> None:
     with pytest.raises(UploadGone):
@@ -412,6 +438,20 @@ def test_a_missing_bucket_is_a_clear_error(endpoint: str) -> None:
     for call in (lambda: store.put("k", b"x"), lambda: list(store.list(""))):
         with pytest.raises(StoreError, match="bucket 'no-such-bucket-here' does not exist"):
             call()
+
+
+def test_a_missing_object_in_a_bucket_named_bucket_is_no_such_object(
+    fakegcs: LocalGCS, double: GCSDouble, endpoint: str, prefix: str
+) -> None:
+    """A 404 is told apart by what the store says, not by the URL it was asked at: GCS says
+    ``No such object: my-bucket/...``, fake-gcs-server only ``Not Found``."""
+    for server in (fakegcs, double):
+        server.create_bucket("my-bucket")
+    store = GCSStore(make_gcs_client(endpoint), "my-bucket", prefix)
+    for call in (lambda: store.head("gone"), lambda: store.get("gone"), lambda: store.open("gone")):
+        with pytest.raises(NoSuchObject, match=r"gs://my-bucket/.*/gone does not exist"):
+            call()
+    store.delete("gone")  # a missing key is fine
 
 
 def test_an_endpoint_that_does_not_answer_is_named() -> None:

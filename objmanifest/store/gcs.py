@@ -64,7 +64,7 @@ from .base import (
     send_whole,
 )
 from .errors import BodyDamaged, NoSuchObject, OutcomeUnknown, PreconditionFailed
-from .gcs_answers import GCSStream, answer, crc32c_base64, damaged, generation
+from .gcs_answers import GCSStream, answer, crc32c_base64, damaged, generation, no_bucket
 from .gcs_client import (
     CONNECTION_ERRORS,
     POOL,
@@ -140,7 +140,7 @@ class GCSStore(PrefixedStore):
                 )
             return inner
         if isinstance(e, api_exceptions.NotFound):
-            if "bucket" in str(e.message).lower():
+            if no_bucket(e):
                 return self._no_bucket(action, key)
             return NoSuchObject(self.describe(key))
         if isinstance(e, api_exceptions.Forbidden):

@@ -38,6 +38,14 @@ def damaged(e: Exception) -> bool:
     return digest and ("match" in text or "validation failed" in text)
 
 
+def no_bucket(e: api_exceptions.NotFound) -> bool:
+    """Whether a 404 says the bucket is missing (GCS: ``The specified bucket does not
+    exist.``), by the store's own words, never the request's URL (a bucket may be called
+    ``my-bucket``). An emulator that says only ``Not Found`` is asked (``bucket_missing``)."""
+    said = [str(err.get("message", "")) for err in (e.errors or []) if isinstance(err, dict)]
+    return any("bucket does not exist" in text.lower() for text in said)
+
+
 def answer(e: api_exceptions.GoogleAPICallError) -> str:
     """How the store said it, in short: ``412 conditionNotMet``."""
     reasons = [str(err.get("reason", "")) for err in (e.errors or []) if isinstance(err, dict)]
