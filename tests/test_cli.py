@@ -998,8 +998,7 @@ def test_usage_errors_that_need_no_store(
     monkeypatch.delenv("OBJMANIFEST_URL", raising=False)
     assert main(["--task", "t", "status"]) == E.USAGE
     assert capsys.readouterr().err == (
-        "objmanifest: error: no store given: pass --url s3://BUCKET/PREFIX (or "
-        "az://CONTAINER/PREFIX, gs://BUCKET/PREFIX, file:///DIR) or set OBJMANIFEST_URL\n"
+        "objmanifest: error: no store given: pass --url s3://BUCKET/PREFIX or set OBJMANIFEST_URL\n"
     )
     assert main(["serve", "--backend", "moto", "--data", "d", "--json"]) == E.USAGE
     assert json.loads(capsys.readouterr().out)["message"].startswith("--data needs")

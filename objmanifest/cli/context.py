@@ -16,10 +16,7 @@ from .output import Output
 
 STAGES_ARROW = " -> "
 
-NO_STORE = (
-    "no store given: pass --url s3://BUCKET/PREFIX (or az://CONTAINER/PREFIX, "
-    "gs://BUCKET/PREFIX, file:///DIR) or set OBJMANIFEST_URL"
-)
+NO_STORE = "no store given: pass --url s3://BUCKET/PREFIX or set OBJMANIFEST_URL"
 
 
 @dataclass
