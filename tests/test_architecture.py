@@ -239,7 +239,7 @@ FACE_TOOLS: dict[tuple[str, str | None], str] = {
 """What faces take from inside the library besides the public API, each with its reason:
 the library's own rules for what a user types (one rule, one message, before a request),
 the tools of the commands about the store itself (``doctor``, ``iam-policy``), and what
-the demo holds a claim with or audits a store call by."""
+the demo holds a claim with."""
 
 
 def face_modules() -> list[Path]:

