@@ -4,7 +4,8 @@ the CLI: claims racing from processes have exactly one winner, a stale epoch is 
 stage is drained exactly once by several processes, a chunked entry put by one process is
 verified by another, and ``doctor`` says what the store enforces (a capability its
 emulator lacks, ``LACKS``, as a failed check). On the stores of other schemes, every
-command of the CLI runs on the store's URL too, ``web`` and ``mcp`` among them.
+command of the CLI runs on the store's URL too, ``web`` and ``mcp`` among them (on S3,
+``tests/test_cli.py``, ``tests/test_web_cli.py`` and ``tests/test_mcp.py`` run them).
 
 Agents in other processes run ``tests/workers/agent.py --url``; every child is killed when
 its test ends, whatever the outcome.
@@ -19,6 +20,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 import objmanifest as om
@@ -27,7 +29,9 @@ from objmanifest.store import POLICIES
 from objmanifest.store.probe import MULTIPART
 from tests.support.stores import Server, lacks, other_stores
 from tests.test_cli import Cli, E, finish, make_cli
+from tests.test_mcp import agent
 from tests.test_races import WORKER, Spawn, Worker
+from tests.test_web_cli import get, web
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.processes]
 
@@ -334,5 +338,15 @@ def test_every_command_runs_on_the_stores_url(server: Server, cli: Cli, tmp_path
         cli.run("--endpoint-url", server.endpoint_url, "status", env=bare)
     policy = run(cli, "--json", "iam-policy", "--for", "admin")
     assert policy[0] == (E.OK if server.scheme in POLICIES else E.USAGE), policy
+    with web(cli) as (url, _):  # the status page on the store's URL
+        status, body = get(url + "api/tasks/job")
+        assert status == 200 and json.loads(body)["totals"]["ready"] == 1
+
+    async def over_mcp() -> None:
+        async with agent(cli, "tool-user") as tools:
+            assert (await tools.call("show", file_id="b"))["state"] == "ready"
+            assert (await tools.call("consume", file_id="b"))["text"] == "b's bytes"
+
+    anyio.run(over_mcp)
     cli.run("delete", "--yes")
     assert "job" not in cli.run("tasks").text
