@@ -334,8 +334,11 @@ def test_every_command_runs_on_the_stores_url(server: Server, cli: Cli, tmp_path
     cli.run("migrate")
     assert "job" in cli.run("tasks").text
     bare = without_endpoint(server, cli.environ())
-    if bare is not None:  # the endpoint given by --endpoint-url alone
-        cli.run("--endpoint-url", server.endpoint_url, "status", env=bare)
+    if bare is not None:  # the store by --url, its endpoint by --endpoint-url alone
+        del bare["OBJMANIFEST_URL"]
+        url = cli.environ()["OBJMANIFEST_URL"]
+        shown = cli.run("--url", url, "--endpoint-url", server.endpoint_url, "show", "a", env=bare)
+        assert "ready" in shown.text or "consumed" in shown.text
     policy = run(cli, "--json", "iam-policy", "--for", "admin")
     assert policy[0] == (E.OK if server.scheme in POLICIES else E.USAGE), policy
     with web(cli) as (url, _):  # the status page on the store's URL
