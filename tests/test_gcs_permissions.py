@@ -3,10 +3,17 @@ condition that confines them to the prefix, and what GCS cannot confine."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+import objmanifest as om
 from objmanifest.errors import InvalidInput
 from objmanifest.store import gcs_permissions
+from tests.support.gcs_double import GCSDouble
+
+BUCKET = "objmanifest-roles"
+MiB = 1024 * 1024
 
 
 def test_the_agent_role_is_object_permissions_only() -> None:
@@ -48,3 +55,49 @@ def test_what_gcs_cannot_confine_is_said() -> None:
 def test_an_unknown_role_is_refused() -> None:
     with pytest.raises(InvalidInput, match="unknown role"):
         gcs_permissions.policy("bkt", "p", "root")  # type: ignore[arg-type]
+
+
+def test_the_roles_name_exactly_the_permissions_the_store_asks_for() -> None:
+    """Every agent command, then every admin command, against the GCS double, which records
+    the permission GCS checks for each request: the agent's work needs exactly the agent
+    role's permissions, the admin's nothing beyond the admin role's."""
+    double = GCSDouble()
+    try:
+        double.create_bucket(BUCKET)
+        store = om.connect(f"gs://{BUCKET}/jobs", endpoint_url=double.endpoint_url)
+        double.permissions.clear()
+        config = om.TransferConfig(threshold=5 * MiB, part_size=5 * MiB)
+        task = om.Task.create(
+            store, "job", stages=["a", "b"], lease_seconds=60, max_retries=1, transfer=config
+        )
+        task.declare_many([("small", "a"), ("big", "a"), ("doomed", "a"), ("later", "b")])
+        agent = task.agent("worker")
+        for file_id, data in (("small", b"x" * 100), ("big", os.urandom(11 * MiB))):
+            claim = agent.claim(file_id)
+            assert claim is not None
+            agent.renew(claim)
+            agent.put(claim, data)
+            assert agent.consume(file_id) == data
+        doomed = agent.claim("doomed")
+        assert doomed is not None
+        agent.release(doomed)
+        doomed = agent.claim("doomed")
+        assert doomed is not None
+        agent.fail(doomed, "no input")
+        task.status()
+        list(task.log())
+        om.Task.list(store)
+        used = set(double.permissions)
+        assert used == set(gcs_permissions.AGENT_PERMISSIONS), used
+
+        double.permissions.clear()
+        task.gc()
+        task.sweep_uploads()
+        task.repair()
+        task.archive(older_than=0)
+        task.trim_journal(keep_versions=1)
+        task.delete(force=True)
+        used = set(double.permissions)
+        assert used <= set(gcs_permissions.ADMIN_PERMISSIONS), used
+    finally:
+        double.stop()

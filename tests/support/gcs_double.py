@@ -78,6 +78,10 @@ class GCSDouble:
     faults: list[_Fault] = field(default_factory=list)
     requests: Counter[str] = field(default_factory=Counter)
     """(METHOD kind) -> count: ``GET media``, ``GET meta``, ``POST upload``, ``POST compose``."""
+    permissions: Counter[str] = field(default_factory=Counter)
+    """The IAM permission each request needed, as GCS checks them (cloud.google.com/storage/
+    docs/access-control/iam-json): an upload or compose that replaces an object needs
+    ``storage.objects.delete`` besides ``create``; compose reads its sources."""
     date_offset: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
     _next_generation: int = 1_700_000_000_000_000
@@ -248,9 +252,11 @@ def _route(double: GCSDouble, method: str, target: str, headers: Any, body: byte
     path = url.path
     with double.lock:
         if method == "POST" and path == "/storage/v1/b":
+            double.permissions["storage.buckets.create"] += 1
             double.buckets.setdefault(json.loads(body)["name"], {})
             return 200, {"kind": "storage#bucket"}, {}, None
         if m := _BUCKET.fullmatch(path):
+            double.permissions["storage.buckets.get"] += 1
             if m[1] not in double.buckets:
                 raise _Answer(404, "The specified bucket does not exist.", "notFound")
             return 200, {"kind": "storage#bucket", "name": m[1]}, {}, None
@@ -258,19 +264,27 @@ def _route(double: GCSDouble, method: str, target: str, headers: Any, body: byte
             double.requests["POST upload"] += 1
             return _upload(double, _bucket(double, m[1]), m[1], query, headers, body)
         if m := _LIST.fullmatch(path):
+            double.permissions["storage.objects.list"] += 1
             return _list(_bucket(double, m[1]), m[1], query)
         if m := _MEDIA.fullmatch(path):
             double.requests["GET media"] += 1
+            double.permissions["storage.objects.get"] += 1
             return _media(_bucket(double, m[1]), m[1], unquote(m[2]), query, headers)
         if m := _OBJECT.fullmatch(path):
             objects, name = _bucket(double, m[1]), unquote(m[2])
             if m[3]:
                 double.requests["POST compose"] += 1
+                double.permissions["storage.objects.create"] += 1
+                double.permissions["storage.objects.get"] += 1  # its sources
+                if name in objects:
+                    double.permissions["storage.objects.delete"] += 1
                 return _compose(double, objects, m[1], name, query, json.loads(body))
             if method == "DELETE":
+                double.permissions["storage.objects.delete"] += 1
                 if objects.pop(name, None) is None:
                     raise _Answer(404, f"No such object: {m[1]}/{name}", "notFound")
                 return 204, None, {}, None
+            double.permissions["storage.objects.get"] += 1
             if query.get("alt") == "media":
                 double.requests["GET media"] += 1
                 return _media(objects, m[1], name, query, headers)
@@ -365,6 +379,9 @@ def _upload(
             "invalid",
         )
     name = resource["name"]
+    double.permissions["storage.objects.create"] += 1
+    if name in objects:
+        double.permissions["storage.objects.delete"] += 1  # an overwrite
     _condition(objects, name, query)
     obj = _Object(media, double.generation(), resource.get("metadata") or {}, content_type)
     objects[name] = obj
