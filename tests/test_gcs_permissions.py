@@ -4,12 +4,13 @@ condition that confines them to the prefix, and what GCS cannot confine."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 
 import pytest
 
 import objmanifest as om
 from objmanifest.errors import InvalidInput
-from objmanifest.store import gcs_permissions
+from objmanifest.store import PutMode, access_needed, gcs_permissions
 from tests.support.gcs_double import GCSDouble
 
 BUCKET = "objmanifest-roles"
@@ -99,5 +100,55 @@ def test_the_roles_name_exactly_the_permissions_the_store_asks_for() -> None:
         task.delete(force=True)
         used = set(double.permissions)
         assert used <= set(gcs_permissions.ADMIN_PERMISSIONS), used
+    finally:
+        double.stop()
+
+
+def test_each_call_needs_exactly_the_permissions_doctor_names() -> None:
+    """Each call of the store, alone against the double (a write replacing an object, a
+    part sent again, an update completed over an object): what GCS checks is exactly what
+    ``STORE_PERMISSIONS`` says, which ``doctor`` names for a refused call."""
+    double = GCSDouble()
+    try:
+        double.create_bucket(BUCKET)
+        store = om.connect(f"gs://{BUCKET}/calls", endpoint_url=double.endpoint_url)
+        etag = store.put("k", b"first")
+        store.put("big", b"an object the completion replaces")
+        upload_id = store.create_upload("big")
+        store.upload_part("big", upload_id, 1, b"part")
+        seen: dict[str, set[str]] = {}
+
+        def calls() -> Iterator[tuple[str, Callable[[], object]]]:
+            yield "get", lambda: store.get("k")
+            yield "head", lambda: store.head("k")
+            yield "open", lambda: store.open("k").read()
+            yield "list", lambda: list(store.list(""))
+            yield "put", lambda: store.put("k", b"second")
+            yield "delete", lambda: store.delete("gone")
+            yield "upload_part", lambda: store.upload_part("big", upload_id, 1, b"again")
+            yield "list_parts", lambda: store.list_parts("big", upload_id)
+            yield "list_uploads", lambda: list(store.list_uploads(""))
+            parts = [next(iter(store.list_parts("big", upload_id)[1]))]
+            head = store.head("big")
+            yield (
+                "complete_upload",
+                lambda: store.complete_upload("big", upload_id, parts, PutMode.update(head.etag)),
+            )
+            other = store.create_upload("other")
+            store.upload_part("other", other, 1, b"x")
+            yield "abort_upload", lambda: store.abort_upload("other", other)
+            yield "create_upload", lambda: store.create_upload("third")
+
+        for op, call in calls():
+            double.permissions.clear()
+            call()
+            seen[op] = set(double.permissions)
+        assert etag
+        for op, used in seen.items():
+            assert used == gcs_permissions.STORE_PERMISSIONS[op], op
+        said = access_needed("put", f"gs://{BUCKET}/calls/k")
+        assert said == gcs_permissions.needed("put", f"gs://{BUCKET}/calls/k")
+        assert "storage.objects.create and storage.objects.delete on gs://" in said
+        assert "iam-policy --url gs://" in said
     finally:
         double.stop()

@@ -529,4 +529,7 @@ def test_doctor_passes_a_store_that_enforces_everything(on_double: GCSStore) -> 
     assert report.check(probe.DIGEST).verdict == "ok"
     assert "400" in report.check(probe.DIGEST).answer
     assert "412" in report.check(probe.MULTIPART).answer
+    assert "compose of the part objects with ifGenerationMatch=0" in (
+        report.check(probe.MULTIPART).answer
+    )  # doctor says how GCS enforces each check
     assert raw_names(on_double) == []

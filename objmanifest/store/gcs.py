@@ -64,7 +64,15 @@ from .base import (
     send_whole,
 )
 from .errors import BodyDamaged, NoSuchObject, OutcomeUnknown, PreconditionFailed
-from .gcs_answers import GCSStream, answer, crc32c_base64, damaged, generation, no_bucket
+from .gcs_answers import (
+    ENFORCES,
+    GCSStream,
+    answer,
+    crc32c_base64,
+    damaged,
+    generation,
+    no_bucket,
+)
 from .gcs_client import (
     CONNECTION_ERRORS,
     POOL,
@@ -99,6 +107,7 @@ class GCSStore(PrefixedStore):
         runtime: Runtime | None = None,
     ) -> None:
         super().__init__(bucket, prefix, runtime)
+        self.enforces = ENFORCES
         self.gcs = client
         self.clock = StoreClock(monotonic=self.runtime.monotonic)
         client.attach(self.clock)
@@ -203,11 +212,14 @@ class GCSStore(PrefixedStore):
         conditional: bool = False,
         write: bool = False,
         resent: bool = False,
+        absent_ok: bool = False,
     ) -> T:
         """Run one request and map its outcome (as ``S3Store._call``): ``conditional``, a
         412 is ``PreconditionFailed``; ``write``, a broken connection is ``OutcomeUnknown``
-        and a 404 means the bucket is missing; ``resent``, a body refused for its digest
-        is ``BodyDamaged``."""
+        and a 404 means the bucket is missing (asked, where the answer does not say it),
+        unless ``absent_ok`` (a delete: a missing object is what it wants, and asking about
+        the bucket would need a permission agents do not have); ``resent``, a body refused
+        for its digest is ``BodyDamaged``."""
         try:
             return send()
         except (api_exceptions.BadRequest, api_exceptions.PreconditionFailed) as e:
@@ -217,7 +229,7 @@ class GCSStore(PrefixedStore):
                 raise PreconditionFailed(f"{self.describe(key)}: 412", answer=answer(e)) from e
             raise self.fail(e, action, key) from e
         except api_exceptions.NotFound as e:
-            if write and self.bucket_missing():
+            if write and not absent_ok and self.bucket_missing():
                 raise self._no_bucket(action, key) from e
             raise self.fail(e, action, key) from e
         except CONNECTION_ERRORS as e:
@@ -455,7 +467,11 @@ class GCSStore(PrefixedStore):
         blob = self.blob(key)
         try:
             self.call(
-                "delete", key, lambda: blob.delete(timeout=TIMEOUT, retry=WRITE_RETRY), write=True
+                "delete",
+                key,
+                lambda: blob.delete(timeout=TIMEOUT, retry=WRITE_RETRY),
+                write=True,
+                absent_ok=True,
             )
         except NoSuchObject:
             return

@@ -14,6 +14,20 @@ from google.api_core import exceptions as api_exceptions
 from ..errors import ReadBrokeOff
 from .gcs_client import CONNECTION_ERRORS
 
+ENFORCES = {
+    "create-only": "a multipart upload with ifGenerationMatch=0",
+    "create-only race": "a multipart upload with ifGenerationMatch=0",
+    "update-if-match": "a multipart upload with ifGenerationMatch on the object's generation",
+    "update-if-match, missing key": "ifGenerationMatch on an object that is gone",
+    "update-if-match race": "a multipart upload with ifGenerationMatch on the generation",
+    "conditional multipart completion": "compose of the part objects with ifGenerationMatch=0",
+    "Date header": "the Date of every response, errors too",
+    "ranged reads": "a media download with Range",
+    "listing": "objects.list with prefix and delimiter, sorted by code point here",
+    "digest verification": "the CRC32C in every upload's metadata (the MD5 when one is sent)",
+}
+"""How GCS enforces each of the probe's checks, for ``doctor``'s answers."""
+
 
 def generation(token: str | None) -> int | None:
     """The generation a version token names, None if it names none (a generation is a

@@ -18,6 +18,7 @@ bucket. Give each deployment a bucket of its own.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidInput
@@ -65,6 +66,33 @@ CANNOT_CONFINE = (
     "uniform bucket-level access on the bucket.",
 )
 """What GCS's IAM cannot confine for these roles, in words."""
+
+GET, LIST, CREATE, DELETE = (
+    "storage.objects.get",
+    "storage.objects.list",
+    "storage.objects.create",
+    "storage.objects.delete",
+)
+
+STORE_PERMISSIONS: Mapping[str, frozenset[str]] = {
+    "get": frozenset({GET}),
+    "head": frozenset({GET}),
+    "open": frozenset({GET}),
+    "list": frozenset({LIST}),
+    "now": frozenset({LIST}),  # a listing of one name, when no answer has told the time
+    "put": frozenset({CREATE, DELETE}),  # replacing an object needs delete
+    "put_digested": frozenset({CREATE, DELETE}),
+    "delete": frozenset({DELETE}),
+    "create_upload": frozenset({CREATE}),  # the upload's marker
+    "upload_part": frozenset({CREATE, DELETE, GET}),  # a part sent again replaces it; the
+    # marker is read after
+    "list_parts": frozenset({LIST}),
+    "complete_upload": frozenset({LIST, GET, CREATE, DELETE}),  # compose reads its sources;
+    # the marker and parts go after
+    "abort_upload": frozenset({LIST, DELETE}),
+    "list_uploads": frozenset({LIST}),
+}
+"""The permissions each ``ObjectStore`` call of ``GCSStore`` needs."""
 
 ROLE_IDS = {"agent": "objmanifestAgent", "admin": "objmanifestAdmin"}
 
@@ -125,3 +153,13 @@ def policy(bucket: str, prefix: str, role: Role = "agent") -> dict[str, Any]:
             "binding above)",
         ],
     }
+
+
+def needed(op: str, address: str) -> str:
+    """What a call of ``op`` on ``address`` (``gs://bucket/key``) needs, in words, as
+    ``doctor`` reports a refused call."""
+    wanted = sorted(STORE_PERMISSIONS.get(op, frozenset({f"(the permissions of {op})"})))
+    return (
+        f"{' and '.join(wanted)} on {address}, in a role bound with objmanifest's condition "
+        "(`objmanifest iam-policy --url gs://...` prints both)"
+    )
