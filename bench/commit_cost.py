@@ -4,6 +4,7 @@ All run in the same process against the same server, interleaved, so the ratio i
 
     python bench/commit_cost.py --backend seaweedfs --rounds 300 --runs 3
     python bench/commit_cost.py --backend azurite --rounds 300 --runs 3
+    python bench/commit_cost.py --backend fakegcs --rounds 300 --runs 3
     python -m bench --only commit_cost
 
 A commit here is ``agent.renew(claim)`` on a warm cache: build and encode the shard, one PUT
@@ -11,7 +12,9 @@ with ``If-Match`` (and its ``Content-MD5``). The peer is ``put_object(IfMatch=..
 very bytes that commit wrote (same size, same content type, the journal records the shard
 carries counted on both sides); a second peer adds the ``Content-MD5`` header (computed each
 time), which shows what the digest itself costs. On Azurite the peer is the SDK's own
-``upload_blob`` with ``If-Match`` (the commit sends ``Content-MD5`` there too). Odd rounds
+``upload_blob`` with ``If-Match`` (the commit sends ``Content-MD5`` there too); on
+fake-gcs-server the SDK's own ``upload_from_string`` with ``ifGenerationMatch`` and the
+CRC32C the SDK adds (what the commit sends; the second peer adds the MD5). Odd rounds
 put the raw PUTs first, so neither side always follows the other. Each run is on a fresh
 task; the ratio reported is
 the median of the runs' ratios (median commit over median raw PUT), and a paired ratio too
@@ -32,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from azure.core import MatchConditions
 from azure.core.pipeline.transport import RequestsTransport
@@ -45,7 +48,10 @@ import objmanifest as om
 from bench.common import Bench, bench_context, fmt, ms, new_prefix, pct, say
 from objmanifest.core import checksum
 from objmanifest.local.azurite import LocalAzurite, start_azurite
+from objmanifest.local.fakegcs import LocalGCS, start_fakegcs
 from objmanifest.store.azure import AzureStore, connect_azure
+from objmanifest.store.gcs import GCSStore
+from objmanifest.store.gcs_client import make_gcs_client
 from tests.support.internals import engine
 
 
@@ -147,7 +153,53 @@ def azurite_bench() -> Iterator[AzuriteBench]:
         yield AzuriteBench(local, CountingTransport())
 
 
-def one_run(b: Bench | AzuriteBench, rounds: int, entries: int) -> dict[str, Any]:
+@dataclass
+class FakeGCSBench:
+    """fake-gcs-server on loopback, the store a run writes to, and its raw peer: the SDK's
+    own ``upload_from_string`` of the same bytes with ``ifGenerationMatch`` through the
+    store's client (its session, its pool)."""
+
+    local: LocalGCS
+    backend: str = "fakegcs"
+
+    def store(self, prefix: str) -> GCSStore:
+        return GCSStore(make_gcs_client(self.local.endpoint_url), "bench", prefix)
+
+    def peer(self, store: GCSStore) -> Peer:
+        ops: Counter[str] = Counter()
+        on = [False]
+
+        def put(body: bytes, etag: str | None, md5: bool) -> str:
+            blob = store.blob("raw/object.json")
+            if md5:
+                blob.md5_hash = checksum.content_md5(body)
+            blob.upload_from_string(
+                body,
+                content_type="application/json",
+                if_generation_match=int(etag) if etag else None,
+            )
+            return str(blob.generation)
+
+        def count(response: Any, *_: Any, **__: Any) -> None:
+            if on[0]:
+                ops[response.request.method] += 1
+
+        store.gcs.session.hooks["response"].append(count)
+
+        def counting(state: bool) -> None:
+            on[0] = state
+
+        return Peer(put, ops, counting)
+
+
+@contextlib.contextmanager
+def fakegcs_bench() -> Iterator[FakeGCSBench]:
+    with start_fakegcs() as local:
+        local.create_bucket("bench")
+        yield FakeGCSBench(local)
+
+
+def one_run(b: Bench | AzuriteBench | FakeGCSBench, rounds: int, entries: int) -> dict[str, Any]:
     store = b.store(new_prefix("commit"))
     task = om.Task.create(store, "bench", stages=["s"], lease_seconds=600)
     task.declare_many([(f"file/{i:05d}", "s") for i in range(entries)])
@@ -160,7 +212,12 @@ def one_run(b: Bench | AzuriteBench, rounds: int, entries: int) -> dict[str, Any
         """The body of the version the last commit wrote (encoded again, untimed)."""
         return codec.encode(engine(task).docs.cached(key, codec))
 
-    peer = b.peer(store) if isinstance(b, AzuriteBench) else s3_peer(store)
+    if isinstance(b, AzuriteBench):
+        peer = b.peer(cast(AzureStore, store))
+    elif isinstance(b, FakeGCSBench):
+        peer = b.peer(cast(GCSStore, store))
+    else:
+        peer = s3_peer(store)
     raw_put = peer.put
     etag = raw_put(written(), None, False)
 
@@ -221,7 +278,7 @@ def one_run(b: Bench | AzuriteBench, rounds: int, entries: int) -> dict[str, Any
 
 
 def run(
-    b: Bench | AzuriteBench, rounds: int = 300, runs: int = 3, entries: int = 100
+    b: Bench | AzuriteBench | FakeGCSBench, rounds: int = 300, runs: int = 3, entries: int = 100
 ) -> dict[str, Any]:
     results = []
     for i in range(runs):
@@ -265,15 +322,19 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--backend", default="seaweedfs", choices=["seaweedfs", "moto", "azurite"])
+    parser.add_argument(
+        "--backend", default="seaweedfs", choices=["seaweedfs", "moto", "azurite", "fakegcs"]
+    )
     parser.add_argument("--endpoint-url", default=None, help="any S3 (default: start one)")
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--runs", type=int, default=3, help="runs, each on a fresh task")
     parser.add_argument("--entries", type=int, default=100, help="entries in the shard")
     args = parser.parse_args()
-    context = (
+    context: contextlib.AbstractContextManager[Bench | AzuriteBench | FakeGCSBench] = (
         azurite_bench()
         if args.backend == "azurite"
+        else fakegcs_bench()
+        if args.backend == "fakegcs"
         else bench_context(args.backend, args.endpoint_url)
     )
     with context as b:

@@ -230,6 +230,8 @@ FACE_TOOLS: dict[tuple[str, str | None], str] = {
     ("objmanifest.store", "access_policy"): "iam-policy prints the access policy of a URL",
     ("objmanifest.store", "access_needed"): "doctor names the permission a refused call "
     "lacked, in its cloud's terms",
+    ("objmanifest.store", "without_credentials"): "the demo shows the URL or endpoint a user "
+    "typed before it opens it",
     ("objmanifest.store.probe", "Check"): "doctor",
     ("objmanifest.store.probe", "ProbeReport"): "doctor",
     ("objmanifest.store.probe", "probe_store"): "doctor",
@@ -237,7 +239,7 @@ FACE_TOOLS: dict[tuple[str, str | None], str] = {
 """What faces take from inside the library besides the public API, each with its reason:
 the library's own rules for what a user types (one rule, one message, before a request),
 the tools of the commands about the store itself (``doctor``, ``iam-policy``), and what
-the demo holds a claim with or audits a store call by."""
+the demo holds a claim with."""
 
 
 def face_modules() -> list[Path]:
@@ -490,6 +492,26 @@ def test_no_private_name_is_imported_from_another_module(path: Path) -> None:
         if alias.name.startswith("_") and not alias.name.startswith("__")
     ]
     assert private == [], rel(path)
+
+
+GCS_MODULES = {f"store/{name}.py" for name in ("gcs", "gcs_client", "gcs_answers", "gcs_uploads")}
+"""The only modules that see google-cloud-storage, google-auth, google-api-core or their
+transport (``gcs_permissions.py`` needs none of them)."""
+
+
+@pytest.mark.parametrize("path", modules(), ids=rel)
+def test_the_gcs_sdk_stays_in_the_gcs_store(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    imported = [
+        name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for name in (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        )
+    ]
+    uses = any(name.split(".")[0] in ("google", "google_crc32c") for name in imported)
+    assert not uses or rel(path).removeprefix("objmanifest/") in GCS_MODULES
 
 
 ERROR_MODULES = sorted(PACKAGE.rglob("errors.py"))

@@ -238,7 +238,7 @@ def test_outstanding_is_one_look_at_what_wait_waits_for(store: om.ObjectStore) -
 # -- the command line ----------------------------------------------------------------------
 
 
-@pytest.mark.s3_only
+@pytest.mark.processes
 def test_wait_and_backoff_from_a_shell(cli: Cli, store: om.ObjectStore) -> None:
     made = cli.json(
         "init", "a", "b", "--retries", "0", "--retry-backoff", "600", "--deadline", "a=60"
@@ -263,7 +263,7 @@ def test_wait_and_backoff_from_a_shell(cli: Cli, store: om.ObjectStore) -> None:
     cli.run("wait", "--stage", "nope", code=E.NOT_FOUND)
 
 
-@pytest.mark.s3_only
+@pytest.mark.processes
 def test_init_backoff_refusals_from_a_shell(cli: Cli) -> None:
     cli.run("init", "a", "--retry-backoff", "-1", code=E.USAGE)
     cli.run("init", "a", "--deadline", "a", code=E.USAGE)

@@ -193,7 +193,8 @@ def make_cli(server: Server, prefix: str, tmp_path: Path) -> Cli:
     }
     if server.name == "moto" or server.scheme == "file":
         env.update(AWS_SECRET_ACCESS_KEY=SENTINEL_SECRET, AWS_ACCESS_KEY_ID=SENTINEL_KEY_ID)
-    return Cli(env, tmp_path, (env["AWS_SECRET_ACCESS_KEY"],))
+    secret = env.get("AWS_SECRET_ACCESS_KEY")  # none for a store of another scheme
+    return Cli(env, tmp_path, (secret,) if secret else ())
 
 
 @pytest.fixture

@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 
 import objmanifest as om
+from objmanifest.cli.parser import parse
 from objmanifest.core.model import Entry, State
 from objmanifest.demo import parser
 from objmanifest.demo import plan as p
 from objmanifest.demo.verify import Kill, check_all_consumed, check_manifest
 from objmanifest.local import servers
+from objmanifest.local.fakegcs import start_fakegcs
 from tests.support.stores import backend_names, running
 
 SMALL = ["--files", "6", "--big-mib", "12", "--agents", "2"]
@@ -127,8 +129,14 @@ def test_demo_runs_consistent_on_azure_given_by_url() -> None:
 def test_a_url_the_demo_cannot_open_is_one_clear_error(tmp_path: Path) -> None:
     done = run_demo("--url", f"file://{tmp_path}/missing", timeout=60)
     assert done.returncode != 0
-    assert f"cannot use the store 'file://{tmp_path}/missing'" in done.stderr
+    assert (
+        "cannot use the store --url names" in done.stderr and f"{tmp_path}/missing" in done.stderr
+    )
     assert "does not exist" in done.stderr and "Traceback" not in done.stderr
+    # A URL with a credential in it is refused without showing the credential.
+    done = run_demo("--url", "s3://someone:S3cretKey@bucket/x", timeout=60)
+    assert done.returncode == 2 and "user info" in done.stderr
+    assert "S3cretKey" not in done.stdout + done.stderr
 
 
 @pytest.mark.heavy
@@ -139,6 +147,40 @@ def test_demo_plain_output_ends_with_verdict() -> None:
     assert "SIGKILL writer-victim" in done.stdout
     assert "took over out/batch-00" in done.stdout
     assert done.stdout.rstrip().splitlines()[-1].startswith("OK:")
+
+
+@pytest.mark.heavy
+def test_demo_runs_consistent_on_gcs_given_by_url() -> None:
+    """``--url`` runs the same pipeline on a store of another scheme (GCS on fake-gcs-server
+    here), its endpoint from the scheme's own variable; the run's objects are removed."""
+    with start_fakegcs() as local:
+        local.create_bucket("demo-bucket")
+        env = {"STORAGE_EMULATOR_HOST": local.endpoint_url}
+        done = run_demo(*SMALL, "--url", "gs://demo-bucket/runs", "--json", env=env)
+        assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+        summary = json.loads(done.stdout)
+        assert summary["ok"] is True and summary["problems"] == []
+        assert (summary["backend"], summary["url"]) == ("gs", "gs://demo-bucket/runs")
+        assert summary["checksums"] == {"verified": 12, "mismatches": 0}
+        big = summary["bytes"]["large_file"]
+        assert big["chunked"] is True and big["parts"] == 2
+        assert summary["takeovers"][0]["file_id"] == "out/batch-00"
+        left = om.connect("gs://demo-bucket/runs", endpoint_url=local.endpoint_url)
+        assert list(left.list("")) == [] and list(left.list_uploads("")) == []
+
+
+def test_a_url_the_demo_cannot_use_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    done = run_demo("--url", "memory://x/y", *SMALL, timeout=120)
+    assert done.returncode == 2 and "processes of their own" in done.stderr
+    unreachable = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{servers.free_port()}"}
+    done = run_demo("--url", "gs://demo-bucket/x", *SMALL, env=unreachable, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "cannot use the store --url names" in done.stderr and "gs://demo-bucket" in done.stderr
+    assert "Traceback" not in done.stderr
+    # $OBJMANIFEST_URL, every other command's store, never sends the demo elsewhere.
+    monkeypatch.setenv("OBJMANIFEST_URL", "gs://somewhere/else")
+    assert parse(["demo"]).store_url is None
+    assert parse(["demo", "--url", "gs://b/p"]).store_url == "gs://b/p"
 
 
 def test_unreachable_endpoint_is_one_clear_error() -> None:

@@ -16,6 +16,8 @@ from .output import Output
 
 STAGES_ARROW = " -> "
 
+NO_STORE = "no store given: pass --url s3://BUCKET/PREFIX or set OBJMANIFEST_URL"
+
 
 @dataclass
 class Context:
@@ -33,9 +35,7 @@ class Context:
         if self._store is None:
             url = self.opt("url")
             if not url:
-                raise UsageError(
-                    "no store given: pass --url s3://BUCKET/PREFIX or set OBJMANIFEST_URL"
-                )
+                raise UsageError(NO_STORE)
             if str(url).startswith("memory:"):
                 raise UsageError(
                     "memory:// stores live inside one process, and every objmanifest command "

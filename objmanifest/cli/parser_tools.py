@@ -174,11 +174,12 @@ def add_store_checks(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "iam-policy",
         parents=parents,
-        help="print the least-privilege AWS IAM policy for --url's bucket and prefix",
-        description="Prints the IAM policy document a role needs for --url's bucket and "
-        "prefix; sends no request. 'agent' (the default): every command but gc, repair, "
-        "delete, archive and trim; lists only under the prefix, deletes only data and probe "
-        "objects. 'admin': those five too.",
+        help="print the least-privilege access policy for --url's bucket and prefix",
+        description="Prints the access policy a role needs for --url's bucket and prefix, in "
+        "its cloud's own form (s3://: an AWS IAM policy document; gs://: a GCS custom role "
+        "and its binding, with a condition on the prefix and what GCS cannot confine); sends "
+        "no request. 'agent' (the default): every command but gc, repair, delete, archive "
+        "and trim. 'admin': those five too.",
     )
     p.add_argument(
         "--for",

@@ -4,7 +4,8 @@
 prefix and prints what the store enforces and how it answers, one row per check, with the
 permission a refused call lacked. ``iam-policy`` prints the least-privilege access policy
 of a role for the URL in its cloud's form (an AWS IAM policy, an Azure custom role and its
-condition: ``objmanifest.store.access_policy``); it sends no request.
+condition, a GCS custom role and its conditional binding: ``objmanifest.store.access_policy``);
+it sends no request.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from objmanifest.store.probe import Check, ProbeReport, probe_store
 
 from ..wire.errors import UsageError
 from ..wire.exits import ExitCode
-from .context import Context
+from .context import NO_STORE, Context
 
 SKEW_LIMIT = 15 * 60.0
 """Beyond this much skew AWS (and SeaweedFS) refuse signed requests (RequestTimeTooSkewed)."""
@@ -147,7 +148,7 @@ def verdict(report: ProbeReport) -> str:
 def cmd_iam_policy(ctx: Context) -> int:
     url = ctx.opt("url")
     if not url:
-        raise UsageError("no store given: pass --url s3://BUCKET/PREFIX or set OBJMANIFEST_URL")
+        raise UsageError(NO_STORE)
     document = access_policy(str(url), ctx.args.role)
     if ctx.out.json_mode:
         ctx.out.emit_json(document)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import objmanifest as om
+from objmanifest.store import without_credentials
 
 from ..core.model import State
 from ..local.errors import SetupError, Stopped
@@ -276,7 +277,10 @@ def run(s: Settings, out: TextIO, err: TextIO) -> int:
         with stop_on_signals(), tempfile.TemporaryDirectory(prefix="objmanifest-demo-") as tmp:
             pool = Pool(Path(tmp))
             try:
-                where = s.url or s.endpoint_url or f"an embedded {s.backend} S3 server"
+                typed = s.url or s.endpoint_url  # shown before it is checked: no credential
+                where = (
+                    without_credentials(typed) if typed else f"an embedded {s.backend} S3 server"
+                )
                 show.note(f"starting {where} and {len(roster(s))} agent processes...")
                 env = child_env(s)
                 for who in roster(s):

@@ -108,15 +108,23 @@ def child_env(s: Settings) -> dict[str, str]:
 
 
 def _connect(s: Settings) -> om.ObjectStore:
-    """The store ``--url`` names (``--endpoint-url`` its endpoint): a setup error if it
-    cannot be opened."""
+    """The store ``--url`` names (``--endpoint-url`` its endpoint), asked once for its time
+    so a store that cannot be reached is one clear error before any agent starts; a setup
+    error if it cannot be opened. The error names the store as ``connect`` shows it (a URL
+    that carries a credential is never shown whole)."""
     assert s.url is not None
+    if s.url.startswith("memory:"):
+        raise SetupError(
+            "the demo's agents are processes of their own, and a memory:// store lives inside "
+            "one process: use an s3://, gs://, az:// or file:// URL"
+        )
     try:
         store = om.connect(s.url, endpoint_url=s.endpoint_url)
+        if isinstance(store, om.S3Store):
+            _ensure_bucket(store)
+        store.now()
     except om.ObjManifestError as e:
-        raise SetupError(f"cannot use the store {s.url!r}: {e}") from None
-    if isinstance(store, om.S3Store):
-        _ensure_bucket(store)
+        raise SetupError(f"cannot use the store --url names: {e}") from None
     return store
 
 

@@ -425,7 +425,7 @@ def _log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _stop_process(proc: subprocess.Popen[bytes], grace: float = _STOP_GRACE_SECONDS) -> None:
+def stop_process_group(proc: subprocess.Popen[bytes], grace: float = _STOP_GRACE_SECONDS) -> None:
     """SIGTERM the process group, then SIGKILL it if still there after ``grace`` seconds.
 
     ``weed server`` rarely stops within 5 s (its filer waits up to 15 s for gRPC streams to
@@ -464,7 +464,7 @@ class _WeedProcess:
 
     def stop(self) -> None:
         # A throwaway data dir is deleted next: nothing there is worth a graceful stop.
-        _stop_process(self.proc, grace=0.0 if self.remove_dir else _STOP_GRACE_SECONDS)
+        stop_process_group(self.proc, grace=0.0 if self.remove_dir else _STOP_GRACE_SECONDS)
         with contextlib.suppress(OSError):
             self.log.close()
         for path in _socket_files(self.ports):

@@ -132,7 +132,7 @@ def connect(
     return _backend(parsed.scheme).open_store(parsed, endpoint_url=endpoint_url, runtime=runtime)
 
 
-POLICIES = {"s3": "permissions", "az": "azure_roles"}
+POLICIES = {"s3": "permissions", "az": "azure_roles", "gs": "gcs_permissions"}
 """The schemes with a least-privilege access policy (``access_policy``), and the module of
 this package that writes it (a function ``policy(bucket, prefix, role)``, and ``needed(op,
 address)``: what a refused call lacked, in words)."""

@@ -483,8 +483,9 @@ class _Probe:
                 return _Fail(
                     "a create-only multipart completion of a new key was refused"
                     if expect
-                    else "a create-only (If-None-Match: *) multipart completion replaced an "
-                    "existing object"
+                    else "a create-only multipart completion (S3: If-None-Match: *; GCS: compose "
+                    "with ifGenerationMatch=0) replaced an existing object: chunked entries are "
+                    "not safe on this store"
                 )
         blob = self.get(key)
         if blob is None or blob.body != first:

@@ -26,7 +26,7 @@ from azure.storage.blob import BlobServiceClient
 import objmanifest as om
 from objmanifest.core.names import check_name
 from objmanifest.core.runtime import DEFAULT as DEFAULT_RUNTIME
-from objmanifest.local import servers
+from objmanifest.local import fakegcs, servers
 from objmanifest.local.azurite import start_azurite
 
 BUCKET = os.environ.get("OBJMANIFEST_TEST_BUCKET", "objmanifest-test")
@@ -225,7 +225,13 @@ CAPABILITIES: dict[str, str] = {
 """Capabilities of the seam a test may be marked as needing (``needs(CAPABILITY)``), each
 with what it is."""
 
-LACKS: dict[str, dict[str, str]] = {}
+LACKS: dict[str, dict[str, str]] = {
+    "fakegcs": {
+        "conditional_completion": "tests/test_gcs_store.py::"
+        "test_concurrent_create_only_completions_have_exactly_one_winner (the GCS double, "
+        "which enforces ifGenerationMatch on compose as GCS does)",
+    },
+}
 """Backend -> the capabilities its emulator does not enforce, each with the test that
 covers that capability instead (a transport double that enforces it, or the real service).
 A test that needs one runs there as a strict xfail: it must fail, so an emulator that
@@ -312,11 +318,19 @@ def _azurite() -> Server:
     return Server("azurite", local.account_url, local.env(), local, scheme="az")
 
 
+def start_fakegcs() -> Server:
+    """fake-gcs-server of this process (it starts in a tenth of a second), its bucket made."""
+    local = fakegcs.start_fakegcs()
+    local.create_bucket(BUCKET)
+    return Server("fakegcs", local.endpoint_url, local.env(), local, scheme="gs")
+
+
 STARTS: dict[str, Callable[[], Server]] = {
     "file": lambda: Server(
         "file", "", scheme="file", root=tempfile.mkdtemp(prefix="objmanifest-file-store-")
     ),
     "azurite": _azurite,
+    "fakegcs": start_fakegcs,
 }
 """How each backend that is neither in-process nor S3 is started (``STORES``): a server of
 its own and its container or bucket made, or, for ``file``, a directory of this process's

@@ -1,9 +1,10 @@
 """An agent in its own process, for the race tests (``tests/test_races.py``).
 
-Run as ``python tests/workers/agent.py --bucket B --prefix P --task job --name NAME MODE ...`` with
-the ``AWS_*`` variables of the server in the environment. It writes JSON lines to stdout,
-one object per line, each with an ``event``; the first is always ``start`` (with this
-process's ``time.time()``, so a test can see what clock the process runs on).
+Run as ``python tests/workers/agent.py --bucket B --prefix P --task job --name NAME MODE ...``
+with the ``AWS_*`` variables of the server in the environment, or with ``--url URL`` (a store of
+any scheme) and the environment its backend reads (``STORAGE_EMULATOR_HOST`` ...). It writes
+JSON lines to stdout, one object per line, each with an ``event``; the first is always ``start``
+(with this process's ``time.time()``, so a test can see what clock the process runs on).
 
 Modes:
 
@@ -163,7 +164,9 @@ def claim_once(task: om.Task, agent: om.Agent, file_ids: list[str], stage: str |
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--bucket", required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--bucket", help="an S3 bucket (with --prefix)")
+    where.add_argument("--url", help="the store's URL, of any scheme")
     parser.add_argument("--prefix", default="")
     parser.add_argument("--task", required=True, help="task id")
     parser.add_argument("--name", required=True, help="agent name")
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     emit("start", pid=os.getpid(), name=args.name, mode=args.mode, time=time.time())
-    store = om.connect(f"s3://{args.bucket}/{args.prefix}")
+    store = om.connect(args.url or f"s3://{args.bucket}/{args.prefix}")
     task = om.Task.open(store, args.task)
     agent = task.agent(args.name)
     if args.wait_go:
