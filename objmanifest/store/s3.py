@@ -325,9 +325,10 @@ class S3Store(PrefixedStore):
 
     def versions(self, key: str) -> Iterator[Version] | None:
         """The versions the bucket keeps of ``key``, newest first, delete markers too
-        (ListObjectVersions, a page at a time as they are read): a bucket without versioning
-        lists only the object there, as version ``null``. None where the store does not
-        implement the request (``NotImplemented``)."""
+        (ListObjectVersions, a page at a time as they are read). None where none is kept
+        beside the object: a bucket without versioning lists only the object there, as
+        version ``null``; and where the store does not implement the request
+        (``NotImplemented``)."""
         full = self.full_key(key)
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
         if self.versions_page_size:
@@ -344,6 +345,9 @@ class S3Store(PrefixedStore):
             ):
                 return None
             raise
+        rows = page_versions(first, full)
+        if len(rows) == 1 and rows[0].version_id == "null" and not first.get("IsTruncated"):
+            return None
         return self._version_pages(key, kwargs, first)
 
     def _version_pages(self, key: str, kwargs: dict[str, Any], page: Any) -> Iterator[Version]:
