@@ -13,7 +13,7 @@ import pytest
 import objmanifest as om
 from objmanifest.store import versions_of
 from objmanifest.store.errors import NoSuchObject
-from tests.support.stores import VERSIONED, Server, backend_names, versioned_store
+from tests.support.stores import Server, versioned_store
 
 pytestmark = pytest.mark.conformance
 
@@ -23,7 +23,7 @@ def vstore(server: Server, prefix: str) -> Any:
     return versioned_store(server, prefix)
 
 
-@pytest.mark.parametrize("server", VERSIONED, indirect=True)
+@pytest.mark.keeps_versions
 def test_versions_are_listed_newest_first_with_delete_markers_and_each_is_read(
     vstore: Any,
 ) -> None:
@@ -57,7 +57,8 @@ def test_versions_are_listed_newest_first_with_delete_markers_and_each_is_read(
     assert list(versions_of(vstore, "never") or ()) == []
 
 
-@pytest.mark.parametrize("server", [n for n in VERSIONED if n != "memory"], indirect=True)
+@pytest.mark.s3_only
+@pytest.mark.keeps_versions
 def test_versions_come_page_by_page_and_stop_at_the_next_key(vstore: Any) -> None:
     etags = [vstore.put("p", f"v{i}".encode()) for i in range(5)]
     vstore.delete("p")
@@ -80,19 +81,21 @@ def test_versions_come_page_by_page_and_stop_at_the_next_key(vstore: Any) -> Non
     assert next(partial).deleted and len(requests) in (4, 5)  # one page read, no more
 
 
-@pytest.mark.parametrize("server", [n for n in VERSIONED if n != "memory"], indirect=True)
-def test_an_unversioned_bucket_keeps_none_beside_its_object(store: Any) -> None:
-    """S3 lists the object of a bucket without versioning as version ``null``: no version
-    kept beside it, so none is said kept."""
+def test_a_store_without_versioning_keeps_none(store: Any) -> None:
+    """Every backend's test store keeps no versions (memory without ``versioning``,
+    ``file://``, Azurite, a bucket without versioning): ``versions`` says None, not an
+    error, and a deleted object has none. S3 lists the object of such a bucket as version
+    ``null``: none kept beside it."""
     store.put("k", b"one")
     store.put("k", b"two")
-    assert store.versions("k") is None
-    assert store.get_version("k", "null").body == b"two"
+    assert versions_of(store, "k") is None
+    if isinstance(store, om.S3Store):
+        assert store.get_version("k", "null").body == b"two"
     store.delete("k")
-    assert list(store.versions("k") or ()) == []
+    assert list(versions_of(store, "k") or ()) == []
 
 
-def test_a_store_without_versioning_keeps_none_and_says_so() -> None:
+def test_versioning_turned_on_keeps_what_is_there_as_version_null() -> None:
     plain = om.MemoryStore("plain-versions", "p")
     plain.put("k", b"one")
     assert versions_of(plain, "k") is None
@@ -103,17 +106,6 @@ def test_a_store_without_versioning_keeps_none_and_says_so() -> None:
     listed = list(versions_of(plain, "k") or ())
     assert [later.get_version("k", v.version_id).body for v in listed] == [b"two", b"one"]
     assert listed[-1].version_id == "null"  # written before versioning was on
-
-
-@pytest.mark.parametrize(
-    "server", [n for n in backend_names() if n in ("file", "azurite")], indirect=True
-)
-def test_file_and_azurite_keep_no_versions(store: Any) -> None:
-    store.put("k", b"one")
-    store.put("k", b"two")
-    assert versions_of(store, "k") is None
-    store.delete("k")
-    assert list(versions_of(store, "k") or ()) == []
 
 
 def test_faults_are_planned_on_versions_as_on_any_call() -> None:

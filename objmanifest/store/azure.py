@@ -419,7 +419,7 @@ class AzureStore(PrefixedStore):
         if any(not row.version_id for row in rows):
             return None
         kept = [
-            Version(str(row.version_id), str(row.etag), int(row.size), row.last_modified)
+            Version(str(row.version_id), quoted(str(row.etag)), int(row.size), row.last_modified)
             for row in rows
         ]
         return iter(sorted(kept, key=lambda v: v.version_id, reverse=True))

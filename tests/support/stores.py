@@ -161,16 +161,6 @@ VERSIONED_BUCKET = f"{BUCKET}-versions"
 """A bucket that keeps every version of its objects: one of its own, so no other test runs
 on a versioned bucket."""
 
-
-def versioned_backends() -> list[str]:
-    """The backends of the run whose stores can keep versions here: memory
-    (``versioning=True``) and the S3 servers (moto and SeaweedFS implement bucket
-    versioning). Azurite does not implement blob versioning; ``file://`` keeps none."""
-    return [n for n in backend_names() if n == "memory" or n in S3_SERVERS]
-
-
-VERSIONED = versioned_backends()
-
 _versioned: set[str] = set()
 
 
@@ -191,8 +181,10 @@ def versioned_url(server: Server, prefix: str) -> str:
 
 
 def versioned_store(server: Server, prefix: str) -> Any:
-    """A store at ``prefix`` whose bucket keeps every version of its objects (a backend of
-    ``VERSIONED``)."""
+    """A store at ``prefix`` whose bucket keeps every version of its objects: on memory
+    (``versioning=True``) or an S3 server (moto and SeaweedFS implement bucket versioning;
+    Azurite implements no blob versioning, ``file://`` keeps none): the tests marked
+    ``keeps_versions``."""
     if server.name == "memory":
         return om.MemoryStore(
             VERSIONED_BUCKET, prefix, clock=WARP.clock, runtime=WARP.runtime, versioning=True
