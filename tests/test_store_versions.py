@@ -119,3 +119,20 @@ def test_faults_are_planned_on_versions_as_on_any_call() -> None:
     with pytest.raises(om.StoreError, match="answer lost"):
         store.get_version("k", version.version_id)
     assert store.faults.calls["versions"] == 2 and store.faults.calls["get_version"] == 1
+
+
+@pytest.mark.s3_only
+@pytest.mark.keeps_versions
+def test_a_version_listing_without_its_fields_is_no_s3_answer(
+    vstore: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An endpoint answering a version listing S3 never gives (rows without their version
+    ids, ETags or times) is named as not S3, never a crash of ours."""
+    vstore.put("k", b"one")
+    full = vstore.full_key("k")
+    for row in ({"Key": full}, {"Key": full, "VersionId": "v", "ETag": '"e"', "Size": "x"}):
+        monkeypatch.setattr(
+            vstore.client, "list_object_versions", lambda row=row, **_: {"Versions": [row]}
+        )
+        with pytest.raises(om.StoreError, match="does not behave like S3"):
+            versions_of(vstore, "k")

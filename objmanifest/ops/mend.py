@@ -218,6 +218,7 @@ def archives(
                 records=len(ids),
                 entries=tuple(notes),
                 not_restored=not_restored,
+                source="journal",
             )
         )
     return out

@@ -197,6 +197,7 @@ class Repairer:
             moved_to=moved,
             records=versions,
             not_restored=lost,
+            source="journal" if whole else "",
         )
 
     def _upload_state(self, entry: Entry, dry_run: bool) -> ObjectRepair | None:

@@ -24,9 +24,9 @@ again from what else there is (the journal, the shards, the data)."""
 
 Source = Literal["version", "journal", "shards", "data", ""]
 """Where a repaired object came from: a version the store kept (``restored``), else its
-journal (a shard, a journal block, an archive object), the shards (the index) or the data
-(an upload state); "" for what is not put back from anything (a retention marker written
-again empty)."""
+journal (a shard, a journal block its object still carries, an archive object), the shards
+(the index) or the data (an upload state); "" for what is not put back from anything (a
+retention marker written again empty, a block recorded as lost)."""
 
 
 Kind = Literal[

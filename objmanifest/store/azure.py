@@ -411,17 +411,21 @@ class AzureStore(PrefixedStore):
             "results_per_page": self.list_page_size,
             "raw_response_hook": self._observe,
         }
-        rows = self._call(
-            "list the versions of",
-            key,
-            lambda: [item for item in self._client.list_blobs(**options) if item.name == full],
-        )
-        if any(not row.version_id for row in rows):
+
+        def listed() -> list[Version] | None:
+            rows = [item for item in self._client.list_blobs(**options) if item.name == full]
+            if any(not row.version_id for row in rows):
+                return None
+            return [
+                Version(
+                    str(row.version_id), quoted(str(row.etag)), int(row.size), row.last_modified
+                )
+                for row in rows
+            ]
+
+        kept = self._call("list the versions of", key, listed)
+        if kept is None:
             return None
-        kept = [
-            Version(str(row.version_id), quoted(str(row.etag)), int(row.size), row.last_modified)
-            for row in rows
-        ]
         return iter(sorted(kept, key=lambda v: v.version_id, reverse=True))
 
     def get_version(self, key: str, version_id: str) -> Blob:

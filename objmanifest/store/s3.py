@@ -345,15 +345,21 @@ class S3Store(PrefixedStore):
             ):
                 return None
             raise
-        rows = page_versions(first, full)
+        rows = self._page_versions(first, key)
         if len(rows) == 1 and rows[0].version_id == "null" and not first.get("IsTruncated"):
             return None
         return self._version_pages(key, kwargs, first)
 
+    def _page_versions(self, page: Any, key: str) -> Sequence[Version]:
+        try:
+            return page_versions(page, self.full_key(key))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise self._not_s3("a version listing without its fields", "list", key) from None
+
     def _version_pages(self, key: str, kwargs: dict[str, Any], page: Any) -> Iterator[Version]:
         full = kwargs["Prefix"]
         while True:
-            yield from page_versions(page, full)
+            yield from self._page_versions(page, key)
             later = [v["Key"] for v in (*page.get("Versions", []), *page.get("DeleteMarkers", []))]
             if not page.get("IsTruncated") or any(k != full for k in later):
                 return  # keys come in order: one past ``full`` ends its versions
