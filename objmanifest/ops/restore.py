@@ -57,8 +57,8 @@ LOOKS = 32
 one (delete markers cost no read)."""
 
 NONE_KEPT = (
-    "the store keeps no versions of it (with bucket versioning on, repair restores such an "
-    "object exactly: see the stores page, 'Object versions')"
+    "the store keeps no versions of it (where the bucket keeps object versions, repair "
+    "restores such an object exactly: see the stores page, 'Object versions')"
 )
 
 
@@ -102,6 +102,7 @@ def choose(
                 continue
             try:
                 doc = codec.decode(key, blob.body)
+                codec.journal(doc)  # the index's records are read here: malformed is damage
             except (CorruptShard, UnsupportedSchema):
                 unsound += 1
                 continue
