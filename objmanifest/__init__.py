@@ -46,7 +46,7 @@ from .errors import (
 )
 from .journal.history import Dropped, Lineage, LineageNode, Transition
 from .ops.gc import GcItem, GcKept, GcReport
-from .ops.reports import ObjectRepair, RepairReport, RestoredEntry
+from .ops.reports import KeptVersion, ObjectRepair, RepairReport, RestoredEntry
 from .store import MemoryStore, ObjectStore, S3Store, connect
 from .task import Task
 
@@ -80,6 +80,7 @@ __all__ = [
     "InvalidFileId",
     "InvalidInput",
     "JournalRecord",
+    "KeptVersion",
     "LeaseLost",
     "LeasesLive",
     "Lineage",

@@ -34,6 +34,7 @@ from hypothesis import settings
 import objmanifest as om
 from tests.support.stores import (
     LAYOUT,
+    S3_SERVERS,
     SHARED_DIR,
     STORES,
     Server,
@@ -117,6 +118,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (``one_server``: the CLI, the MCP server, the web page's CLI) on the first S3 server only,
     or, in a run without one, on the first store of another scheme (``file``: the faces'
     suites without a server);
+    a test of the versions a store keeps (``keeps_versions``) only where its store keeps them
+    (memory, with ``versioning=True``, and the S3 servers);
     under a shard layout other than the default, leave out the tests that name a stage's own
     shard. A test that ``needs`` a capability its backend's emulator lacks runs as a strict
     xfail."""
@@ -136,6 +139,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             once = item.get_closest_marker("one_server") and on not in (None, first_s3)
             skip = bool(once and not (suite and not s3_only))
         if LAYOUT != "stage" and item.get_closest_marker("stage_layout"):
+            skip = True
+        if item.get_closest_marker("keeps_versions") and on not in ("memory", *S3_SERVERS):
             skip = True
         (dropped if skip else kept).append(item)
         for mark in item.iter_markers("needs"):

@@ -44,14 +44,24 @@ def s3store_methods() -> dict[str, ast.FunctionDef]:
 
 def client_calls() -> dict[str, set[str]]:
     """S3Store method -> the boto3 client methods it uses, through its own helpers too
-    (``self.client.X`` called or passed on, as ``partial(self.client.list_objects_v2)``)."""
+    (``self.client.X`` called or passed on, as ``partial(self.client.list_objects_v2)``); a
+    call given a ``VersionId`` is a request of one version, ``X+VersionId``."""
     methods = s3store_methods()
     direct: dict[str, set[str]] = {}
     helpers: dict[str, set[str]] = {}
     for name, fn in methods.items():
         direct[name], helpers[name] = set(), set()
+        versioned = set()
         for node in ast.walk(fn):
-            if not isinstance(node, ast.Attribute):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and any(k.arg == "VersionId" for k in node.keywords)
+            ):
+                versioned.add(id(node.func))
+                direct[name].add(f"{node.func.attr}+VersionId")
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Attribute) or id(node) in versioned:
                 continue
             owner = node.value
             if isinstance(owner, ast.Name) and owner.id == "self" and node.attr in methods:
@@ -96,8 +106,10 @@ def test_the_policies_name_exactly_the_actions_the_code_uses() -> None:
     admin = permissions.policy("work", "jobs", "admin")
     agent = permissions.policy("work", "jobs", "agent")
     assert permissions.actions(admin) == used
-    # An agent never lists the bucket's uploads (S3 cannot scope that to a prefix).
-    assert permissions.actions(agent) == used - {"s3:ListBucketMultipartUploads"}
+    # An agent never lists the bucket's uploads (S3 cannot scope that to a prefix), nor
+    # reads the versions a versioned bucket keeps (repair does).
+    admin_only = {"s3:ListBucketMultipartUploads", "s3:ListBucketVersions", "s3:GetObjectVersion"}
+    assert permissions.actions(agent) == used - admin_only
 
 
 # -- a small IAM evaluator --------------------------------------------------------------------
@@ -151,7 +163,7 @@ def requests(op: str, key: str) -> Iterator[tuple[str, str, dict[str, str]]]:
     """The IAM checks one store call (``op`` on ``key``, relative to PREFIX) meets."""
     full = f"{PREFIX}/{key}"
     for action in sorted(permissions.STORE_ACTIONS[op]):
-        if action == "s3:ListBucket":
+        if action in permissions.PREFIX_SCOPED:
             yield action, f"arn:aws:s3:::{BUCKET}", {"s3:prefix": full}
         elif action in permissions.BUCKET_ACTIONS:
             yield action, f"arn:aws:s3:::{BUCKET}", {}
@@ -328,7 +340,9 @@ def test_operators_need_the_admin_policy_and_an_agent_cannot_do_their_work() -> 
     assert all(needs.values()), [n for n, r in needs.items() if not r]
     kinds = {name: {action for _, _, action in refusals} for name, refusals in needs.items()}
     assert kinds["gc"] == kinds["sweep_uploads"] == {"s3:ListBucketMultipartUploads"}
-    assert kinds["archive"] == kinds["repair"] == {"s3:PutObject"}  # archive/, damaged/
+    assert kinds["archive"] == {"s3:PutObject"}  # archive/
+    # damaged/, and the versions a versioned bucket keeps of what it repairs
+    assert kinds["repair"] == {"s3:PutObject", "s3:ListBucketVersions"}
     assert "s3:DeleteObject" in kinds["trim"] and "s3:DeleteObject" in kinds["delete"]
 
 

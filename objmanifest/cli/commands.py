@@ -350,7 +350,11 @@ def repair_lines(report: om.RepairReport) -> list[str]:
     for obj in report.objects:
         where = f" (its bytes copied to {obj.moved_to})" if obj.moved_to else ""
         lines.append(f"{obj.key}: {obj.damage} ({obj.problem}): {obj.action}{where}")
-        if obj.kind == "shard" and obj.action != "left alone":
+        if obj.version is not None:
+            lines.append(f"  {kept_version_line(obj.version, obj)}")
+        elif obj.versions_note:
+            lines.append(f"  not from a kept version: {obj.versions_note}")
+        if obj.kind == "shard" and obj.action != "left alone" and obj.version is None:
             complete = "complete" if obj.journal_complete else "up to its last block"
             lines.append(
                 f"  from {obj.records} journal record(s) ({complete}): "
@@ -371,6 +375,16 @@ def repair_lines(report: om.RepairReport) -> list[str]:
     if report.dry_run:
         lines.append("dry run: nothing was written")
     return lines
+
+
+def kept_version_line(version: om.KeptVersion, obj: om.ObjectRepair) -> str:
+    """Which kept version an object was restored from, for a human."""
+    at = f" of {version.at.isoformat()}" if version.at is not None else ""
+    own = f" (its version {version.object_version})" if version.object_version else ""
+    held = f": {len(obj.entries)} entr{'y' if len(obj.entries) == 1 else 'ies'}"
+    carried = f", {obj.records} unflushed journal record(s)" if obj.records else ""
+    kept = f"{held}{carried}, as they were" if obj.kind == "shard" else ""
+    return f"from version {version.version_id}{at}{own}, exactly{kept}"
 
 
 def cmd_reap(ctx: Context) -> int:

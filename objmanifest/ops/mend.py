@@ -60,6 +60,24 @@ def inspect(store: ObjectStore, key: str, decode: Callable[[str, bytes], object]
     return Found(key, None)
 
 
+def copy_aside(store: ObjectStore, layout: TaskLayout, key: str, body: bytes, what: str) -> str:
+    """A damaged object's ``body`` copied create-only to ``TASK/damaged/OBJECT@TIME`` and
+    read back: where it went. Nothing may replace the object until this returns."""
+    aside = layout.damaged(key, store.now())
+    store.put(aside, body, mode=CREATE)
+    try:
+        copy = store.get(aside)
+    except NoSuchObject as e:  # removed since: nothing was replaced
+        raise NotFound(str(e)) from e
+    if copy is None or copy.body != body:
+        raise CorruptShard(
+            aside,
+            f"the copy of the damaged {what} does not read back as written; nothing was replaced",
+            store.describe(aside),
+        )
+    return aside
+
+
 def marker(
     store: ObjectStore, docs: Documents, layout: TaskLayout, object_key: str, dry_run: bool
 ) -> ObjectRepair | None:
@@ -181,16 +199,7 @@ def archives(
         action: Action = "would rebuild"
         if not dry_run and entries:
             if blob is not None:
-                moved = layout.damaged(key, store.now())
-                store.put(moved, blob.body, mode=CREATE)
-                copy = store.get(moved)
-                if copy is None or copy.body != blob.body:
-                    raise CorruptShard(
-                        moved,
-                        "the copy of the damaged archive object does not read back as "
-                        "written; nothing was replaced",
-                        store.describe(moved),
-                    )
+                moved = copy_aside(store, layout, key, blob.body, "archive object")
             new = place.archives.write(shard, entries, store.now())
             place.docs.commit(layout.shard(shard), codec, Repoint(archive_id, new))
             if blob is not None:
@@ -209,9 +218,10 @@ def archives(
                 records=len(ids),
                 entries=tuple(notes),
                 not_restored=not_restored,
+                source="journal",
             )
         )
     return out
 
 
-__all__ = ["Found", "Place", "Repoint", "archives", "inspect", "marker"]
+__all__ = ["Found", "Place", "Repoint", "archives", "copy_aside", "inspect", "marker"]

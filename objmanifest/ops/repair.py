@@ -1,4 +1,9 @@
-"""Repair: a stage shard or the index that was deleted or damaged, rebuilt.
+"""Repair: a stage shard or the index that was deleted or damaged, restored or rebuilt.
+
+Where the store keeps versions of its objects, a deleted or damaged shard, index or upload
+state is first restored exactly from its newest sound version that is at least as new as
+its journal (``restore``: nothing the version held is lost, and no claim is fenced). Only
+without one is it rebuilt as follows.
 
 A shard is rebuilt from its journal (the write-once blocks, plus the records a damaged
 object still carries if its JSON can be read), combined with the index (stage and
@@ -36,7 +41,8 @@ the data object where it can be, and named in the report where it cannot.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any, Literal, TypeVar
 
 import shard_index
 
@@ -44,15 +50,13 @@ from ..cas.codecs import IndexCodec, ShardCodec, index_error
 from ..cas.loop import Documents
 from ..cas.policy import Codec
 from ..core.layout import TaskLayout
-from ..core.model import Archived, Entry, JournalRecord, Shard, State, declaration_digest
-from ..data import transfer
+from ..core.model import Archived, Entry, JournalRecord, Shard, declaration_digest
 from ..data.chunked.rebuild import RebuildUpload, needs_parts, read_parts, rebuilt_state
 from ..data.chunked.state import UploadCodec
-from ..errors import ChecksumMismatch, CorruptShard, NotFound, UnsupportedSchema
+from ..errors import CorruptShard, NotFound, UnsupportedSchema
 from ..journal import mending
 from ..journal.history import History
-from ..store import CREATE, ObjectStore
-from ..store.errors import NoSuchObject
+from ..store import ObjectStore
 from . import mend
 from .archive import Archives
 from .mend import Found, inspect
@@ -63,18 +67,14 @@ from .replay import (
     Seen,
     ShardPlan,
     merged,
+    rebuilt_entry,
     replay,
     salvage,
 )
-from .reports import Action, ObjectRepair, RepairReport, RestoredEntry
+from .reports import Action, Kind, ObjectRepair, RepairReport, RestoredEntry
+from .restore import attempt, next_index, same
 
-# -- the commands -----------------------------------------------------------------------
-
-
-# -- reading what is left ----------------------------------------------------------------
-
-
-# -- rebuilding a shard ------------------------------------------------------------------
+T = TypeVar("T")
 
 
 class Repairer:
@@ -103,9 +103,11 @@ class Repairer:
         self.stages = stages
         self.index_codec = index_codec
         self.archives = Archives(store, layout)
+        self.place = mend.Place(store, docs, layout, self.archives)
 
     def run(self, dry_run: bool, repair_index: Callable[[], list[str]]) -> RepairReport:
-        """Journal blocks read first (what is damaged or missing); then shards (from their
+        """Journal blocks read first (what is damaged or missing); the index restored from
+        a kept version if it can be; then shards (from a kept version, else from their
         journal and the index, if it is sound), then the index from the shards (an index
         that is sound but lacks ids gets them: ``repair_index``), then the upload states
         ready chunked entries need, and last the damaged blocks, mended or said lost."""
@@ -127,6 +129,11 @@ class Repairer:
             self.block_damage[key] = mending.find(self.store, self.layout, key, live)
         index_found = inspect(self.store, self.layout.index, self.index_codec.decode)
         index = None if index_found.damage else self.docs.read(self.layout.index, self.index_codec)
+        restored_index: tuple[ObjectRepair, shard_index.ShardIndex | None] | str = ""
+        if index_found.damage in ("deleted", "corrupt"):
+            restored_index = self._restore(index_found, "index", self.index_codec, dry_run)
+            if not isinstance(restored_index, str):
+                index = restored_index[1]
         shards: dict[str, Shard] = {}
         for shard, codec in self.codecs.items():
             key = self.layout.shard(shard)
@@ -140,8 +147,10 @@ class Repairer:
             if rebuilt is not None:
                 shards[shard] = rebuilt
         added: list[str] = []
-        if index_found.damage is not None:
-            report = self._index(index_found, shards, dry_run)
+        if not isinstance(restored_index, str):
+            reports.append(restored_index[0])
+        if index_found.damage is not None and isinstance(restored_index, str):
+            report = self._index(index_found, shards, dry_run, restored_index)
             if report is not None:
                 reports.append(report)
                 added = list(report.indexed) if report.action != "left alone" else []
@@ -188,11 +197,13 @@ class Repairer:
             moved_to=moved,
             records=versions,
             not_restored=lost,
+            source="journal" if whole else "",
         )
 
     def _upload_state(self, entry: Entry, dry_run: bool) -> ObjectRepair | None:
         """A ready (or consumed) chunked entry's upload state, if it is deleted or damaged:
-        rebuilt from its data, which must make the entry's checksum."""
+        restored from a kept version, else rebuilt from its data, which must make the
+        entry's checksum (``_rebuilt_upload``)."""
         key = entry.parts_key
         assert key is not None
         codec = self.upload_codec(key)
@@ -203,6 +214,17 @@ class Repairer:
             return None
         if found.damage == "newer":
             return ObjectRepair(key, "upload state", "newer", found.problem, "left alone")
+        restored = self._restore(found, "upload state", codec, dry_run)
+        if not isinstance(restored, str):
+            return restored[0]
+        report = self._rebuilt_upload(entry, found, codec, dry_run)
+        return replace(report, source="data", versions_note=restored)
+
+    def _rebuilt_upload(
+        self, entry: Entry, found: Found, codec: UploadCodec, dry_run: bool
+    ) -> ObjectRepair:
+        key = found.key
+        assert found.damage is not None and found.damage != "newer"
         if dry_run:
             return ObjectRepair(
                 key,
@@ -265,6 +287,9 @@ class Repairer:
         }
         if found.damage == "deleted" and not records and not indexed:
             return None, None  # never written: nothing was lost
+        restored = self._restore(found, kind, codec, dry_run, records)
+        if not isinstance(restored, str):
+            return restored
         plan = self._plan(shard, codec, records, complete, index, indexed, unknown)
         moved = None
         action: Action = "would rebuild"
@@ -293,6 +318,8 @@ class Repairer:
             journal_complete=complete,
             entries=tuple(plan.restored),
             not_restored=tuple(not_restored),
+            source="journal",
+            versions_note=restored,
         )
         return report, plan.shard if action != "left alone" else None
 
@@ -389,131 +416,12 @@ class Repairer:
     def _entry(
         self, stage: str, s: Seen, floor: int, index: shard_index.ShardIndex | None
     ) -> tuple[Entry, RestoredEntry]:
-        lost: list[str] = []
-        declared = s.declared_at is not None
-        # The index is authoritative for dependencies; a declaration record names them
-        # (and the consumers) when there are any.
-        if index is not None and s.file_id in index:
-            depends_on = tuple(sorted(index.dependencies(s.file_id)))
-        elif declared:
-            depends_on = s.depends_on or ()
-        else:
-            depends_on = ()
-            lost.append("depends_on")
-        consumers = s.consumers or ()
-        if not declared:
-            lost += ["consumers", "declared_at"]
-        base: dict[str, Any] = {
-            "file_id": s.file_id,
-            "stage": stage,
-            "retry_count": s.retry_count,
-            "depends_on": depends_on,
-            "consumers": consumers,
-            "declared_at": s.declared_at,
-            "updated_at": s.updated_at,
-            "claimed_at": s.claimed_at,
-            "ready_at": s.ready_at,
-        }
-        seen_state = s.state
-        if seen_state == State.consumed.value:
-            if s.key is None or s.size is None:
-                lost += [f for f, v in (("key", s.key), ("size", s.size)) if v is None]
-            entry = Entry(
-                **base,
-                state=State.consumed,
-                epoch=s.epoch,
-                owner=s.producer,
-                checksum=s.checksum,
-                key=s.key,
-                size=s.size,
-                part_size=s.part_size,
-                parts_key=s.parts_key,
-                whole_checksum=s.whole_checksum,
-                consumed_by=s.consumed_by,
-            )
-            rule = "consumed is terminal: restored as the journal last saw it"
-            return entry, self._note(entry, s, rule, lost)
-        if seen_state == State.ready.value:
-            data, why = self._verified(stage, s)
-            if data is not None:
-                key, size = data
-                entry = Entry(
-                    **base,
-                    state=State.ready,
-                    epoch=s.epoch,
-                    owner=s.producer,
-                    checksum=s.checksum,
-                    key=key,
-                    size=size,
-                    part_size=s.part_size,
-                    parts_key=s.parts_key,
-                    whole_checksum=s.whole_checksum,
-                    consumed_by=s.consumed_by,
-                )
-                rule = (
-                    "ready, its data verifies: restored at its epoch (consumptions after "
-                    "the last record may be lost)"
-                )
-                return entry, self._note(entry, s, rule, lost)
-            state, rule = State.failed, f"ready but {why}: made claimable again"
-            error: str | None = f"repair: {why}"
-        elif seen_state == State.writing.value:
-            state = State.failed
-            rule = f"writing (epoch {s.epoch}): its holder is fenced, claimable again"
-            error = f"repair: the claim of epoch {s.epoch} was fenced when the shard was rebuilt"
-        elif seen_state in (State.pending.value, State.failed.value, State.dead.value):
-            state = State(seen_state)
-            rule = f"{seen_state}: kept, at an epoch above any seen"
-            error = s.error
-            if state is State.failed:
-                base["retry_at"] = s.retry_at  # its backoff goes on where it was
-        else:
-            state = State.pending
-            rule = "only the index knows it: pending, at an epoch above any seen"
-            error = None
-            lost.append("its history (declared after the last journal block)")
-        entry = Entry(**base, state=state, epoch=floor, error=error)
-        return entry, self._note(entry, s, rule, lost)
-
-    @staticmethod
-    def _note(entry: Entry, s: Seen, rule: str, lost: list[str]) -> RestoredEntry:
-        return RestoredEntry(
-            file_id=entry.file_id,
-            state=entry.state.value,
-            epoch=entry.epoch,
-            seen_state=s.state,
-            seen_epoch=s.epoch if s.state is not None else None,
-            rule=rule,
-            lost=tuple(dict.fromkeys(lost)),
-        )
-
-    def _verified(self, stage: str, s: Seen) -> tuple[tuple[str, int] | None, str]:
-        """The data key and size of a ready entry if its bytes exist and verify."""
-        if s.checksum is None:
-            return None, "no checksum was recorded"
-        key = s.key or self.layout.data(stage, s.file_id, s.epoch)
-        try:
-            head = self.store.head(key)
-        except NoSuchObject:
-            return None, f"its data {key} is missing"
-        size = s.size if s.size is not None else head.size
-        if s.part_size is not None:
-            # A chunked entry: its parts are verified by whoever consumes it.
-            if head.size != size or s.parts_key is None:
-                return None, f"its data {key} does not match the recorded size"
-            return (key, size), ""
-        try:
-            transfer.download(self.store, s.file_id, key, s.checksum, size)
-        except ChecksumMismatch:
-            return None, f"its data {key} does not verify"
-        except NotFound:
-            return None, f"its data {key} is missing"
-        return (key, size), ""
+        return rebuilt_entry(self.store, self.layout, stage, s, floor, index)
 
     # -- the index ---------------------------------------------------------------------
 
     def _index(
-        self, found: Found, shards: Mapping[str, Shard], dry_run: bool
+        self, found: Found, shards: Mapping[str, Shard], dry_run: bool, versions_note: str
     ) -> ObjectRepair | None:
         key = self.layout.index
         if found.damage == "newer":
@@ -555,9 +463,34 @@ class Repairer:
             records=0,
             indexed=tuple(fid for fid, _, _ in tuples),
             not_restored=tuple(unplaced),
+            source="shards",
+            versions_note=versions_note,
         )
 
     # -- writing -----------------------------------------------------------------------
+
+    def _restore(
+        self,
+        found: Found,
+        kind: Kind,
+        codec: Codec[T],
+        dry_run: bool,
+        records: list[JournalRecord] | None = None,
+    ) -> tuple[ObjectRepair, T | None] | str:
+        """``found`` restored from a kept version (``restore.attempt``), judged against its
+        journal (``records``, else its blocks and what its damaged bytes carry) and its
+        damaged blocks; the records it carries then count for mending those blocks."""
+        if records is None:
+            own = salvage(found.body)[0] if found.damage == "corrupt" else []
+            records = merged([*self.history.blocks(found.key, damaged=[]), *own])
+        unknown = max((d.last for d in self.block_damage.get(found.key, ())), default=0)
+        bump = next_index if kind == "index" else same
+        got = attempt(self.place, found, kind, codec, records, dry_run, unknown, bump)
+        if not isinstance(got, str) and got[1] is not None:
+            journal = codec.journal(got[1])
+            if journal is not None:
+                self.carried[found.key] = journal
+        return got
 
     def _replace(self, found: Found, codec: Any, command: Any) -> tuple[str | None, bool]:
         """Copy a corrupt object aside (create-only, then read back), then commit
@@ -565,19 +498,7 @@ class Repairer:
         if found.damage != "corrupt":
             self.docs.forget(found.key)
             return None, bool(self.docs.commit(found.key, codec, command))
-        aside = self.layout.damaged(found.key, self.store.now())
-        self.store.put(aside, found.body, mode=CREATE)
-        try:
-            blob = self.store.get(aside)
-        except NoSuchObject as e:  # removed since: nothing was replaced
-            raise NotFound(str(e)) from e
-        if blob is None or blob.body != found.body:
-            raise CorruptShard(
-                aside,
-                "the copy of the damaged object does not read back as written; nothing "
-                "was replaced",
-                self.store.describe(aside),
-            )
+        aside = mend.copy_aside(self.store, self.layout, found.key, found.body, "object")
         return aside, bool(self.docs.commit(found.key, codec, command, over=found.etag))
 
 

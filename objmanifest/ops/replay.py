@@ -1,6 +1,6 @@
 """A shard rebuilt from its journal: records salvaged from damaged bytes, merged, replayed
-into entries (every one fenced unless nothing can have followed it), and the named commits
-that put a rebuilt shard or index in place."""
+into entries (every one fenced unless nothing can have followed it: ``rebuilt_entry``), and
+the named commits that put a rebuilt shard or index in place."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
@@ -17,7 +17,12 @@ import shard_index
 from ..cas.blocks import BLOCK
 from ..cas.codecs import REMOVED
 from ..cas.policy import GROUP_MAX
-from ..core.model import JournalRecord, Shard, State
+from ..core.layout import TaskLayout
+from ..core.model import Entry, JournalRecord, Shard, State
+from ..data import transfer
+from ..errors import ChecksumMismatch, NotFound
+from ..store import ObjectStore
+from ..store.errors import NoSuchObject
 from .reports import RestoredEntry
 
 RECORDS_AT_RISK = 2 * BLOCK + GROUP_MAX
@@ -143,6 +148,141 @@ def replay(records: Iterable[JournalRecord]) -> dict[str, Seen]:
             entry.ready_at = change.ready_at or entry.ready_at
             entry.retry_at = change.retry_at
     return seen
+
+
+def rebuilt_entry(
+    store: ObjectStore,
+    layout: TaskLayout,
+    stage: str,
+    s: Seen,
+    floor: int,
+    index: shard_index.ShardIndex | None,
+) -> tuple[Entry, RestoredEntry]:
+    """The entry ``s`` is rebuilt as, by the rules of ``ops.repair`` (``floor``: the epoch
+    a fenced entry gets), and its note for the report."""
+    lost: list[str] = []
+    declared = s.declared_at is not None
+    # The index is authoritative for dependencies; a declaration record names them
+    # (and the consumers) when there are any.
+    if index is not None and s.file_id in index:
+        depends_on = tuple(sorted(index.dependencies(s.file_id)))
+    elif declared:
+        depends_on = s.depends_on or ()
+    else:
+        depends_on = ()
+        lost.append("depends_on")
+    consumers = s.consumers or ()
+    if not declared:
+        lost += ["consumers", "declared_at"]
+    base: dict[str, Any] = {
+        "file_id": s.file_id,
+        "stage": stage,
+        "retry_count": s.retry_count,
+        "depends_on": depends_on,
+        "consumers": consumers,
+        "declared_at": s.declared_at,
+        "updated_at": s.updated_at,
+        "claimed_at": s.claimed_at,
+        "ready_at": s.ready_at,
+    }
+    seen_state = s.state
+    if seen_state == State.consumed.value:
+        if s.key is None or s.size is None:
+            lost += [f for f, v in (("key", s.key), ("size", s.size)) if v is None]
+        entry = Entry(
+            **base,
+            state=State.consumed,
+            epoch=s.epoch,
+            owner=s.producer,
+            checksum=s.checksum,
+            key=s.key,
+            size=s.size,
+            part_size=s.part_size,
+            parts_key=s.parts_key,
+            whole_checksum=s.whole_checksum,
+            consumed_by=s.consumed_by,
+        )
+        rule = "consumed is terminal: restored as the journal last saw it"
+        return entry, _note(entry, s, rule, lost)
+    if seen_state == State.ready.value:
+        data, why = _verified(store, layout, stage, s)
+        if data is not None:
+            key, size = data
+            entry = Entry(
+                **base,
+                state=State.ready,
+                epoch=s.epoch,
+                owner=s.producer,
+                checksum=s.checksum,
+                key=key,
+                size=size,
+                part_size=s.part_size,
+                parts_key=s.parts_key,
+                whole_checksum=s.whole_checksum,
+                consumed_by=s.consumed_by,
+            )
+            rule = (
+                "ready, its data verifies: restored at its epoch (consumptions after "
+                "the last record may be lost)"
+            )
+            return entry, _note(entry, s, rule, lost)
+        state, rule = State.failed, f"ready but {why}: made claimable again"
+        error: str | None = f"repair: {why}"
+    elif seen_state == State.writing.value:
+        state = State.failed
+        rule = f"writing (epoch {s.epoch}): its holder is fenced, claimable again"
+        error = f"repair: the claim of epoch {s.epoch} was fenced when the shard was rebuilt"
+    elif seen_state in (State.pending.value, State.failed.value, State.dead.value):
+        state = State(seen_state)
+        rule = f"{seen_state}: kept, at an epoch above any seen"
+        error = s.error
+        if state is State.failed:
+            base["retry_at"] = s.retry_at  # its backoff goes on where it was
+    else:
+        state = State.pending
+        rule = "only the index knows it: pending, at an epoch above any seen"
+        error = None
+        lost.append("its history (declared after the last journal block)")
+    entry = Entry(**base, state=state, epoch=floor, error=error)
+    return entry, _note(entry, s, rule, lost)
+
+
+def _note(entry: Entry, s: Seen, rule: str, lost: list[str]) -> RestoredEntry:
+    return RestoredEntry(
+        file_id=entry.file_id,
+        state=entry.state.value,
+        epoch=entry.epoch,
+        seen_state=s.state,
+        seen_epoch=s.epoch if s.state is not None else None,
+        rule=rule,
+        lost=tuple(dict.fromkeys(lost)),
+    )
+
+
+def _verified(
+    store: ObjectStore, layout: TaskLayout, stage: str, s: Seen
+) -> tuple[tuple[str, int] | None, str]:
+    """The data key and size of a ready entry if its bytes exist and verify."""
+    if s.checksum is None:
+        return None, "no checksum was recorded"
+    key = s.key or layout.data(stage, s.file_id, s.epoch)
+    try:
+        head = store.head(key)
+    except NoSuchObject:
+        return None, f"its data {key} is missing"
+    size = s.size if s.size is not None else head.size
+    if s.part_size is not None:
+        # A chunked entry: its parts are verified by whoever consumes it.
+        if head.size != size or s.parts_key is None:
+            return None, f"its data {key} does not match the recorded size"
+        return (key, size), ""
+    try:
+        transfer.download(store, s.file_id, key, s.checksum, size)
+    except ChecksumMismatch:
+        return None, f"its data {key} does not verify"
+    except NotFound:
+        return None, f"its data {key} is missing"
+    return (key, size), ""
 
 
 @dataclass

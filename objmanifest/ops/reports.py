@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 Damage = Literal["deleted", "corrupt", "newer"]
 
 
 Action = Literal[
-    "rebuilt", "would rebuild", "left alone", "recorded as lost", "would record as lost"
+    "restored",
+    "would restore",
+    "rebuilt",
+    "would rebuild",
+    "left alone",
+    "recorded as lost",
+    "would record as lost",
 ]
+"""``restored``: put back exactly as a version the store kept holds it; ``rebuilt``: made
+again from what else there is (the journal, the shards, the data)."""
+
+
+Source = Literal["version", "journal", "shards", "data", ""]
+"""Where a repaired object came from: a version the store kept (``restored``), else its
+journal (a shard, a journal block its object still carries, an archive object), the shards
+(the index) or the data (an upload state); "" for what is not put back from anything (a
+retention marker written again empty, a block recorded as lost)."""
 
 
 Kind = Literal[
@@ -47,6 +63,26 @@ class RestoredEntry:
 
 
 @dataclass(frozen=True)
+class KeptVersion:
+    """The version of an object that the store kept (bucket versioning) and repair restored
+    it from: the store's id for it, when it was written, its ETag, and the object's own
+    version counter there (a shard's or the index's ``version``)."""
+
+    version_id: str
+    at: datetime | None
+    etag: str
+    object_version: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version_id": self.version_id,
+            "at": self.at.isoformat() if self.at is not None else None,
+            "etag": self.etag,
+            "object_version": self.object_version,
+        }
+
+
+@dataclass(frozen=True)
 class ObjectRepair:
     """One manifest object found damaged, and what repair did about it."""
 
@@ -67,6 +103,13 @@ class ObjectRepair:
     """The index: every file id it was rebuilt with."""
     not_restored: tuple[str, ...] = ()
     """What could not be put back, each saying why."""
+    source: Source = ""
+    """Where it came from (``Source``)."""
+    version: KeptVersion | None = None
+    """The kept version it was restored from (``source`` ``version``)."""
+    versions_note: str = ""
+    """Why it was not restored from a kept version, where the store was asked for them
+    (none kept, none sound, one older than the journal ...)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +124,9 @@ class ObjectRepair:
             "entries": [e.to_dict() for e in self.entries],
             "indexed": list(self.indexed),
             "not_restored": list(self.not_restored),
+            "source": self.source,
+            "version": self.version.to_dict() if self.version is not None else None,
+            "versions_note": self.versions_note,
         }
 
 

@@ -35,8 +35,11 @@ from .base import (
     PrefixedStore,
     PutMode,
     StoreClock,
+    Version,
+    Versioned,
     completed_from,
     list_keys,
+    versions_of,
 )
 from .faulty import Fault, Faults, FaultyStore
 from .memory import MemoryBackend, MemoryStore
@@ -71,6 +74,8 @@ __all__ = [
     "S3Store",
     "StoreClock",
     "StoreURL",
+    "Version",
+    "Versioned",
     "access_needed",
     "access_policy",
     "completed_from",
@@ -79,6 +84,7 @@ __all__ = [
     "make_client",
     "parse_url",
     "probe_conditional_writes",
+    "versions_of",
     "without_credentials",
 ]
 

@@ -23,6 +23,11 @@ No layer above it sees the SDK. Azure's answers are normalised here to the seam'
 
 Multipart uploads map to staged blocks and a create-only block-list commit, with upload
 ids and markers of our own: ``azure_blocks`` says how.
+
+Where the account keeps blob versions (versioning is an account setting, off by default),
+``versions`` lists them and ``get_version`` reads one. Azure has no delete markers: a
+deleted blob has no current version, and its earlier ones stay. Azurite (3.37) does not
+implement versioning: it writes no versions and lists none, so it keeps none here.
 """
 
 from __future__ import annotations
@@ -90,6 +95,7 @@ from .base import (
     PrefixedStore,
     PutMode,
     StoreClock,
+    Version,
     send_whole,
 )
 from .errors import BodyDamaged, NoSuchObject, OutcomeUnknown, PartsRejected, PreconditionFailed
@@ -390,6 +396,52 @@ class AzureStore(PrefixedStore):
         for row in sorted(listed, key=lambda row: row.key):
             if not hidden(row.key):
                 yield row
+
+    # -- versions (blob versioning) --------------------------------------------------------
+
+    def versions(self, key: str) -> Iterator[Version] | None:
+        """The versions the account keeps of ``key``, newest first (version ids are the
+        times they were written, in a form that sorts; Azure lists them oldest first, so
+        all are read). None when the blob is there but has no version id: the account keeps
+        no versions."""
+        full = self.full_key(key)
+        options: dict[str, Any] = {
+            "name_starts_with": full,
+            "include": ["versions"],
+            "results_per_page": self.list_page_size,
+            "raw_response_hook": self._observe,
+        }
+
+        def listed() -> list[Version] | None:
+            rows = [item for item in self._client.list_blobs(**options) if item.name == full]
+            if any(not row.version_id for row in rows):
+                return None
+            return [
+                Version(
+                    str(row.version_id), quoted(str(row.etag)), int(row.size), row.last_modified
+                )
+                for row in rows
+            ]
+
+        kept = self._call("list the versions of", key, listed)
+        if kept is None:
+            return None
+        return iter(sorted(kept, key=lambda v: v.version_id, reverse=True))
+
+    def get_version(self, key: str, version_id: str) -> Blob:
+        """One version of ``key``; ``NoSuchObject`` when it is not there."""
+        where = f"{self.describe(key)} (version {version_id})"
+        blob = self._blob(key)
+
+        def read() -> tuple[bytes, Any]:
+            downloaded = blob.download_blob(version_id=version_id, raw_response_hook=self._observe)
+            return downloaded.readall(), downloaded.properties
+
+        try:
+            body, properties = self._call("read", key, read)
+        except NoSuchObject:
+            raise NoSuchObject(where) from None
+        return Blob(body, str(properties.etag), metadata_in(properties.metadata))
 
     # -- multipart uploads: staged blocks and a block-list commit (azure_blocks) -----------
 

@@ -35,7 +35,8 @@ DELETE = f"{BLOBS}/delete"
 
 PURPOSE: Mapping[str, str] = {
     READ: "Get Blob, Get Blob Properties, Get Block List (reads, conditional reads, the parts "
-    "of an upload) and List Blobs (listing, the store's clock, open uploads)",
+    "of an upload) and List Blobs (listing, the store's clock, open uploads); with blob "
+    "versioning on, listing and reading a blob's earlier versions (repair)",
     WRITE: "Put Blob (create-only and If-Match writes of the manifest, data, journal blocks), "
     "Put Block and Put Block List (the parts of a chunked entry and their create-only commit)",
     ADD: "creating a blob that does not exist yet (Azure asks for write or add on a new blob)",
@@ -75,6 +76,8 @@ DATA_ACTIONS: Mapping[str, frozenset[str]] = {
     "complete_upload": frozenset({READ, WRITE, ADD, DELETE}),  # the marker goes at the end
     "abort_upload": frozenset({DELETE}),
     "list_uploads": frozenset({READ}),
+    "versions": frozenset({READ}),  # List Blobs with its versions
+    "get_version": frozenset({READ}),  # Get Blob of one version
 }
 """The data actions each ``ObjectStore`` call needs on Azure."""
 

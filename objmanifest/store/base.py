@@ -18,6 +18,12 @@ quirks, so the layers above see one behaviour:
 * bytes are read through our own ``ByteStream`` (a broken read is ``ReadBrokeOff``);
 * ``now()`` is the store's clock, never the caller's.
 
+A backend may also offer the versions it keeps of an object (``Versioned``: S3 bucket
+versioning, Azure blob versioning, GCS object versioning, ``MemoryStore(versioning=True)``),
+which ``repair`` restores a lost manifest object from. It is optional: a store that keeps
+none says so (``versions`` returns None), and a backend without the calls is one that keeps
+none (``versions_of``).
+
 Nothing of a backend's client library crosses this line, and no store outcome crosses the
 layers above it: a user sees only ``objmanifest.errors``.
 """
@@ -84,6 +90,20 @@ class Head:
     size: int
     metadata: dict[str, str]
     completed_upload: str | None = None
+
+
+@dataclass(frozen=True)
+class Version:
+    """One version a store keeps of an object: the store's own id for it (S3's
+    ``VersionId``, Azure's version id, GCS's generation), its ETag (of its bytes, as ``get``
+    would have answered it then) and size, when it was written, and whether it is a delete
+    marker (the record that the object was deleted: no bytes to read)."""
+
+    version_id: str
+    etag: str
+    size: int
+    at: datetime | None
+    deleted: bool = False
 
 
 @dataclass(frozen=True)
@@ -216,6 +236,28 @@ class ObjectStore(Protocol):
     def now(self) -> datetime:
         """The store's time (leases are judged on it, never on the caller's clock)."""
         ...
+
+
+@runtime_checkable
+class Versioned(Protocol):
+    """A store that can say which versions it keeps of an object, and read one.
+
+    ``versions`` gives them newest first (delete markers too, where the store has them),
+    reading further pages only as they are asked for; None when the store keeps none (a
+    store without versioning turned on, where it can tell): never an error for that.
+    ``get_version`` reads one; ``NoSuchObject`` when it is not there (a delete marker, a
+    version that expired since)."""
+
+    def versions(self, key: str) -> Iterator[Version] | None: ...
+    def get_version(self, key: str, version_id: str) -> Blob: ...
+
+
+def versions_of(store: ObjectStore, key: str) -> Iterator[Version] | None:
+    """The versions ``store`` keeps of ``key``, newest first; None where it keeps none (a
+    backend without the calls keeps none: ``file://``)."""
+    if not isinstance(store, Versioned):
+        return None
+    return store.versions(key)
 
 
 @runtime_checkable

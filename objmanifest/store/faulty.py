@@ -39,9 +39,12 @@ from .base import (
     PartBody,
     PartsListed,
     PutMode,
+    Version,
+    Versioned,
     list_keys,
     read_whole,
     send_whole,
+    versions_of,
 )
 from .errors import BodyDamaged, NoSuchObject, OutcomeUnknown
 
@@ -65,6 +68,8 @@ OPERATIONS: tuple[str, ...] = (
     "complete_upload",
     "abort_upload",
     "list_uploads",
+    "versions",
+    "get_version",
 )
 """The store calls a fault may be planned for (``Fault.op``)."""
 DAMAGES = ("flip", "truncate")
@@ -367,6 +372,26 @@ class FaultyStore:
                 pass
             raise self._answer_lost("list_uploads", prefix)
         yield from uploads
+
+    # -- versions (``Versioned``): a store that keeps none answers None -------------------
+
+    def versions(self, key: str) -> Iterator[Version] | None:
+        effect = self._enter("versions", key)
+        kept = versions_of(self.inner, key)
+        if effect == "lose":
+            for _ in kept or ():
+                pass
+            raise self._answer_lost("versions", key)
+        return kept
+
+    def get_version(self, key: str, version_id: str) -> Blob:
+        effect = self._enter("get_version", key)
+        inner = self.inner
+        if not isinstance(inner, Versioned):
+            raise NoSuchObject(f"{self.describe(key)} (version {version_id})")
+        if effect == "lose":
+            raise self._read_lost("get_version", key, lambda: inner.get_version(key, version_id))
+        return inner.get_version(key, version_id)
 
     # -- time -----------------------------------------------------------------------------
 

@@ -9,6 +9,11 @@ Every one of one bucket name in one process shares the same objects, so
 manifest (nothing is shared between processes, and nothing survives the process). Its
 clock is injectable (``clock=``).
 
+It keeps no versions of an object, unless a store of the bucket is opened with
+``versioning=True``: then the bucket keeps every version from that moment on (the objects
+already there become versions ``null``), as an S3 bucket does once its versioning is
+enabled, and a delete leaves a delete marker; ``versions`` and ``get_version`` read them.
+
 ``MemoryStore`` is what users open: ``FaultyStore`` (``faulty.py``) around a
 ``MemoryBackend``, so ``store.faults`` plans on it what a real network does (a call that
 fails, an answer lost, a read cut short, a body damaged on its way in) with the same code
@@ -41,6 +46,7 @@ from .base import (
     PartsListed,
     PrefixedStore,
     PutMode,
+    Version,
     read_whole,
 )
 from .errors import NoSuchObject, PartsRejected, PreconditionFailed, UploadGone
@@ -58,6 +64,15 @@ class _Object:
 
 
 @dataclass
+class _Kept:
+    """One version of a key: its object, or None for a delete marker."""
+
+    version_id: str
+    obj: _Object | None
+    at: datetime
+
+
+@dataclass
 class _Upload:
     key: str
     parts: dict[int, tuple[str, bytes]] = field(default_factory=dict)
@@ -71,17 +86,51 @@ class _Bucket:
     _sorted: list[str] | None = None
     """Every key in order, made by the first listing after a key came or went (a listing
     then costs a search, not a pass over every key: a task's many small lists)."""
+    versioning: bool = False
+    kept: dict[str, list[_Kept]] = field(default_factory=dict)
+    """Every version of each key since versioning was turned on, oldest first."""
+    _serial: int = 0
 
-    def store(self, key: str, obj: _Object) -> None:
-        """Put ``obj`` at ``key`` (the lock held)."""
+    def store(self, key: str, obj: _Object, at: datetime) -> None:
+        """Put ``obj`` at ``key``, a version of its own if the bucket keeps them (the lock
+        held)."""
         if key not in self.objects:
             self._sorted = None
         self.objects[key] = obj
+        self._keep(key, obj, at)
 
-    def remove(self, key: str) -> None:
-        """Take ``key`` away, if it is there (the lock held)."""
+    def remove(self, key: str, at: datetime) -> None:
+        """Take ``key`` away, if it is there; a bucket that keeps versions records a delete
+        marker, as S3 does for any delete (the lock held)."""
         if self.objects.pop(key, None) is not None:
             self._sorted = None
+        self._keep(key, None, at)
+
+    def _keep(self, key: str, obj: _Object | None, at: datetime) -> None:
+        if self.versioning:
+            self._serial += 1
+            self.kept.setdefault(key, []).append(_Kept(f"{self._serial:012d}", obj, at))
+
+    def drop(self, key: str, version_id: str) -> None:
+        """Remove one version of ``key`` for good; the object is the newest left (the lock
+        held)."""
+        kept = self.kept.get(key, [])
+        newest = bool(kept) and kept[-1].version_id == version_id
+        self.kept[key] = left = [k for k in kept if k.version_id != version_id]
+        if newest:
+            now = left[-1].obj if left else None
+            self.objects.pop(key, None)
+            if now is not None:
+                self.objects[key] = now
+            self._sorted = None
+
+    def keep_versions(self, at: datetime) -> None:
+        """Turn versioning on: every object there now is its key's first version (``null``,
+        as S3 calls a version written before versioning); the lock held."""
+        if not self.versioning:
+            self.versioning = True
+            for key, obj in self.objects.items():
+                self.kept.setdefault(key, []).append(_Kept("null", obj, at))
 
     def keys_from(self, prefix: str) -> list[str]:
         """The keys that start with ``prefix``, in order (the lock held)."""
@@ -125,11 +174,20 @@ class MemoryBackend(PrefixedStore):
         clock: Callable[[], datetime] | None = None,
         runtime: Runtime | None = None,
         connections: int = 64,
+        versioning: bool = False,
     ) -> None:
         super().__init__(bucket, prefix, runtime)
         self.clock = clock or _utc_now
         self._connections = connections
         self._data = _bucket(bucket)
+        if versioning:
+            with self._data.lock:
+                self._data.keep_versions(self.clock())
+
+    @property
+    def versioning(self) -> bool:
+        """Whether the bucket keeps every version of its objects."""
+        return self._data.versioning
 
     @property
     def connections(self) -> int:
@@ -183,7 +241,7 @@ class MemoryBackend(PrefixedStore):
         with self._data.lock:
             self._check(full, key, mode)
             etag = _quoted_md5(data)
-            self._data.store(full, _Object(data, etag, dict(metadata or {})))
+            self._data.store(full, _Object(data, etag, dict(metadata or {})), self.clock())
         return etag
 
     def _check(self, full: str, key: str, mode: PutMode) -> None:
@@ -199,7 +257,7 @@ class MemoryBackend(PrefixedStore):
 
     def delete(self, key: str) -> None:
         with self._data.lock:
-            self._data.remove(self.full_key(key))
+            self._data.remove(self.full_key(key), self.clock())
 
     def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
         full = self.full_key(prefix)
@@ -216,6 +274,38 @@ class MemoryBackend(PrefixedStore):
                         yield Listed(self.relative(rolled_up), True)
                     continue
             yield Listed(self.relative(key))
+
+    # -- versions -------------------------------------------------------------------------
+
+    def versions(self, key: str) -> Iterator[Version] | None:
+        """Every version kept of ``key``, newest first, delete markers too; None unless the
+        bucket keeps versions."""
+        with self._data.lock:
+            if not self._data.versioning:
+                return None
+            kept = list(self._data.kept.get(self.full_key(key), ()))
+        return iter(
+            [
+                Version(k.version_id, k.obj.etag, len(k.obj.body), k.at)
+                if k.obj is not None
+                else Version(k.version_id, "", 0, k.at, deleted=True)
+                for k in reversed(kept)
+            ]
+        )
+
+    def get_version(self, key: str, version_id: str) -> Blob:
+        with self._data.lock:
+            kept = self._data.kept.get(self.full_key(key), ())
+            found = next((k.obj for k in kept if k.version_id == version_id), None)
+        if found is None:
+            raise NoSuchObject(f"{self.describe(key)} (version {version_id})")
+        return Blob(found.body, found.etag, dict(found.metadata))
+
+    def delete_version(self, key: str, version_id: str) -> None:
+        """Remove one kept version for good (S3's DeleteObject with a ``VersionId``: what a
+        lifecycle rule's expiry of old versions does); the object is then the newest left."""
+        with self._data.lock:
+            self._data.drop(self.full_key(key), version_id)
 
     # -- multipart uploads ----------------------------------------------------------------
 
@@ -270,7 +360,7 @@ class MemoryBackend(PrefixedStore):
             self._check(full, key, mode)
             implied = checksum.multipart_etag(checksum.bare_etag(e) for e in etags)
             body = b"".join(chosen)
-            self._data.store(full, _Object(body, f'"{implied}"', {}))
+            self._data.store(full, _Object(body, f'"{implied}"', {}), self.clock())
             del self._data.uploads[upload_id]
 
     def abort_upload(self, key: str, upload_id: str) -> bool:
@@ -300,9 +390,9 @@ class MemoryBackend(PrefixedStore):
 
 class MemoryStore(FaultyStore):
     """An in-process store with S3's semantics (``memory://NAME/PREFIX``): every one of one
-    bucket name in one process shares the same objects. ``clock=`` sets its time, and
-    ``faults`` plans what a network does to its calls: a ``MemoryBackend`` inside a
-    ``FaultyStore``."""
+    bucket name in one process shares the same objects. ``clock=`` sets its time,
+    ``versioning=True`` has its bucket keep every version of its objects, and ``faults``
+    plans what a network does to its calls: a ``MemoryBackend`` inside a ``FaultyStore``."""
 
     scheme = "memory"
 
@@ -315,9 +405,15 @@ class MemoryStore(FaultyStore):
         runtime: Runtime | None = None,
         connections: int = 64,
         faults: Faults | None = None,
+        versioning: bool = False,
     ) -> None:
         self.backend = MemoryBackend(
-            bucket, prefix, clock=clock, runtime=runtime, connections=connections
+            bucket,
+            prefix,
+            clock=clock,
+            runtime=runtime,
+            connections=connections,
+            versioning=versioning,
         )
         super().__init__(self.backend, faults)
 

@@ -14,7 +14,9 @@ Two roles, for the bucket and prefix of a store URL (``objmanifest iam-policy``)
   or file id is called.
 * ``admin``: ``gc``, ``repair``, ``delete``, ``archive``, ``trim`` and
   ``Task.sweep_uploads``: everything under the prefix, and listing the bucket's multipart
-  uploads (S3 cannot narrow that permission to a prefix).
+  uploads (S3 cannot narrow that permission to a prefix); listing and reading the versions
+  a versioned bucket keeps under the prefix (``repair`` restores a lost manifest object
+  from its last sound version). Agents never read old versions.
 
 ``STORE_ACTIONS`` says which IAM actions each call of the storage seam needs on S3;
 ``tests/test_permissions.py`` derives them from the S3 calls in ``store/s3.py`` and runs
@@ -45,8 +47,11 @@ CLIENT_ACTIONS: Mapping[str, str] = {
     "list_parts": "s3:ListMultipartUploadParts",
     "abort_multipart_upload": "s3:AbortMultipartUpload",
     "list_multipart_uploads": "s3:ListBucketMultipartUploads",
+    "list_object_versions": "s3:ListBucketVersions",
+    "get_object+VersionId": "s3:GetObjectVersion",
 }
-"""The IAM action that allows each S3 request ``S3Store`` sends (by boto3 method)."""
+"""The IAM action that allows each S3 request ``S3Store`` sends (by boto3 method; a request
+of one version, with a ``VersionId``, is ``METHOD+VersionId``)."""
 
 STORE_ACTIONS: Mapping[str, frozenset[str]] = {
     "get": frozenset({"s3:GetObject"}),
@@ -65,11 +70,18 @@ STORE_ACTIONS: Mapping[str, frozenset[str]] = {
     # asks first whether the upload is still there (SeaweedFS answers 204 either way)
     "abort_upload": frozenset({"s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"}),
     "list_uploads": frozenset({"s3:ListBucketMultipartUploads"}),
+    "versions": frozenset({"s3:ListBucketVersions"}),
+    "get_version": frozenset({"s3:GetObjectVersion"}),
 }
 """The IAM actions each ``ObjectStore`` call needs on S3."""
 
-BUCKET_ACTIONS = frozenset({"s3:ListBucket", "s3:ListBucketMultipartUploads"})
+BUCKET_ACTIONS = frozenset(
+    {"s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:ListBucketVersions"}
+)
 """Actions on the bucket itself; every other one is on an object."""
+
+PREFIX_SCOPED = frozenset({"s3:ListBucket", "s3:ListBucketVersions"})
+"""Bucket actions confined to the prefix by the ``s3:prefix`` condition."""
 
 JSON = ".json"
 DATA_KEYS = f"*/{DATA}*@*"
@@ -111,6 +123,7 @@ ADMIN_OBJECT_ACTIONS = (
     "s3:DeleteObject",
     "s3:AbortMultipartUpload",
     "s3:ListMultipartUploadParts",
+    "s3:GetObjectVersion",
 )
 
 
@@ -129,12 +142,14 @@ def object_arn(bucket: str, prefix: str, pattern: str) -> str:
     return f"{bucket_arn(bucket)}/{base}{pattern}"
 
 
-def _listing(bucket: str, prefix: str) -> dict[str, Any]:
-    """ListBucket, under the prefix only when there is one (the URL's whole scope)."""
+def _listing(bucket: str, prefix: str, action: str = "s3:ListBucket") -> dict[str, Any]:
+    """ListBucket (or ListBucketVersions), under the prefix only when there is one (the
+    URL's whole scope)."""
+    what = "Versions" if action == "s3:ListBucketVersions" else ""
     statement: dict[str, Any] = {
-        "Sid": "ListUnderThePrefix",
+        "Sid": f"List{what}UnderThePrefix",
         "Effect": "Allow",
-        "Action": ["s3:ListBucket"],
+        "Action": [action],
         "Resource": bucket_arn(bucket),
     }
     if prefix.strip("/"):
@@ -142,7 +157,7 @@ def _listing(bucket: str, prefix: str) -> dict[str, Any]:
         # to answer 404 instead of 403: objmanifest relies on that 404.
         statement["Condition"] = {"StringLike": {"s3:prefix": [f"{_literal(prefix.strip('/'))}/*"]}}
     else:
-        statement["Sid"] = "ListTheBucket"
+        statement["Sid"] = f"ListTheBucket{what}"
     return statement
 
 
@@ -169,6 +184,7 @@ def policy(bucket: str, prefix: str, role: Role = "agent") -> dict[str, Any]:
                 "Action": list(ADMIN_OBJECT_ACTIONS),
                 "Resource": arns(("*",)),
             },
+            _listing(bucket, prefix, "s3:ListBucketVersions"),
         ]
     else:
         statements += [
@@ -220,6 +236,6 @@ def needed(op: str, address: str) -> str:
     if object_actions:
         parts.append(f"{' and '.join(object_actions)} on {bucket_arn(bucket)}/{_literal(key)}")
     for action in (a for a in wanted if a in BUCKET_ACTIONS):
-        scope = f" (s3:prefix {key})" if action == "s3:ListBucket" and key else ""
+        scope = f" (s3:prefix {key})" if action in PREFIX_SCOPED and key else ""
         parts.append(f"{action} on {bucket_arn(bucket)}{scope}")
     return "; ".join(parts)

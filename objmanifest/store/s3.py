@@ -23,7 +23,7 @@ import botocore.exceptions
 
 from ..core import checksum
 from ..core.runtime import Runtime
-from ..errors import AccessDenied, InvalidInput, ReadBrokeOff, StoreError
+from ..errors import InvalidInput, ReadBrokeOff, StoreError
 from .base import (
     CREATE,
     OVERWRITE,
@@ -35,6 +35,7 @@ from .base import (
     PrefixedStore,
     PutMode,
     StoreClock,
+    Version,
     send_whole,
 )
 from .errors import (
@@ -52,27 +53,15 @@ from .s3_answers import (
     PART_DAMAGED_CODES,
     RACE_CODES,
     S3Stream,
-    connection_problem,
     error_code,
+    failure,
+    missing,
+    not_s3,
+    page_versions,
 )
-from .urls import without_credentials
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-
-READS = ("read", "inspect")
-"""The actions (``get``/``open``, ``head``) whose 404 is an object that is not there; on any
-other call a 404 is no answer S3 gives, and an error."""
-
-
-def _missing(code: str, status: int, action: str) -> bool:
-    """Whether an S3 error answer says the object is not there: ``NoSuchKey`` (a HEAD's
-    404 has no code); a 404 of another call without a code is no S3 answer, and
-    ``NoSuchBucket`` no object's."""
-    if status == 404 and code in ("404", "") and action != "inspect":
-        return False
-    return code != "NoSuchBucket" and (code in ("NoSuchKey", "NotFound") or status == 404)
 
 
 class S3Store(PrefixedStore):
@@ -91,6 +80,8 @@ class S3Store(PrefixedStore):
         super().__init__(bucket, prefix, runtime)
         self.client = client
         self.clock = StoreClock(monotonic=self.runtime.monotonic)
+        self.versions_page_size: int | None = None
+        """Rows per ListObjectVersions request (None: S3's 1000); tests make it small."""
 
     @property
     def connections(self) -> int:
@@ -99,15 +90,12 @@ class S3Store(PrefixedStore):
     def _observe(self, response: Any) -> None:
         self.clock.observe(response.get("ResponseMetadata", {}).get("HTTPHeaders"))
 
+    def _endpoint(self) -> str | None:
+        return getattr(self.client.meta, "endpoint_url", None)
+
     def _not_s3(self, what: str, action: str, key: str) -> StoreError:
         """The endpoint answered something no S3 store answers."""
-        endpoint = getattr(self.client.meta, "endpoint_url", None)
-        endpoint = without_credentials(endpoint) if endpoint else "the endpoint"
-        return StoreError(
-            f"{endpoint} does not behave like S3: it answered {what} when asked to {action} "
-            f"{self.describe(key)}. Check the endpoint (--endpoint-url, AWS_ENDPOINT_URL_S3, "
-            "AWS_ENDPOINT_URL) and that it is an S3 API, not a web or console port"
-        )
+        return not_s3(self._endpoint(), what, action, self.describe(key))
 
     def _field(self, response: Any, name: str, action: str, key: str) -> Any:
         """A field every S3 answer to this request has; its absence means it is not S3."""
@@ -121,55 +109,9 @@ class S3Store(PrefixedStore):
     ) -> StoreError | NoSuchObject | InvalidInput:
         """Turn a botocore error into one that names the object and the fix (a missing
         object only on a read: ``READS``)."""
-        if isinstance(e, botocore.exceptions.ParamValidationError):
-            detail = " ".join(str(e).split())
-            return InvalidInput(f"cannot {action} {self.describe(key)}: {detail[:300]}")
         if isinstance(e, botocore.exceptions.ClientError):
             self._observe(e.response)
-            code, status = error_code(e)
-            if status == 404 and code in ("404", "") and action != "inspect":
-                # S3 explains every 404 but a HEAD's (NoSuchKey, NoSuchBucket ...)
-                return self._not_s3("404 without an S3 error code", action, key)
-            if code == "NoSuchBucket":
-                return StoreError(
-                    f"bucket {self.bucket!r} does not exist (while trying to {action} "
-                    f"{self.describe(key)}); create it first"
-                )
-            if _missing(code, status, action):
-                if action in READS:
-                    return NoSuchObject(self.describe(key))
-                return StoreError(f"could not {action} {self.describe(key)}: {code or status}")
-            if code == "AccessDenied":
-                return AccessDenied(
-                    f"the store refused to {action} {self.describe(key)} (AccessDenied): "
-                    "the credentials lack a permission (`objmanifest iam-policy` prints the "
-                    "policy objmanifest needs, `objmanifest doctor` names what is missing)"
-                )
-            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch"):
-                return StoreError(
-                    f"the store refused to {action} {self.describe(key)} ({code}): "
-                    "check the credentials and the bucket policy"
-                )
-            if code == "EntityTooSmall":
-                return StoreError(
-                    f"the store refused to {action} {self.describe(key)}: a part is smaller "
-                    "than 5 MiB (only the last may be); use part_size >= 5 MiB"
-                )
-            return StoreError(f"could not {action} {self.describe(key)}: {code or status}")
-        if isinstance(e, botocore.exceptions.NoCredentialsError):
-            return StoreError(
-                "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                "a profile, or pass a configured boto3 client"
-            )
-        if isinstance(e, CONNECTION_ERRORS):
-            endpoint = getattr(self.client.meta, "endpoint_url", None)
-            shown = without_credentials(endpoint) if endpoint else "the S3 endpoint"
-            return StoreError(
-                f"could not {action} {self.describe(key)}: no answer from {shown} "
-                f"({connection_problem(e)}); check that the store runs and the endpoint "
-                "(--endpoint-url, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL) is right"
-            )
-        return StoreError(f"could not {action} {self.describe(key)}: {type(e).__name__}: {e}")
+        return failure(e, action, self.describe(key), self.bucket, self._endpoint())
 
     def _call(
         self,
@@ -208,7 +150,7 @@ class S3Store(PrefixedStore):
                 raise PreconditionFailed(
                     f"{self.describe(key)}: {code or status}", answer=f"{status} {code}".strip()
                 ) from e
-            if gone_is_race and _missing(code, status, action):
+            if gone_is_race and missing(code, status, action):
                 raise PreconditionFailed(
                     f"{self.describe(key)}: gone", answer=f"{status} {code}".strip()
                 ) from e
@@ -378,6 +320,78 @@ class S3Store(PrefixedStore):
             kwargs["ContinuationToken"] = page["NextContinuationToken"]
         for key in sorted(rows):
             yield rows[key]
+
+    # -- versions (bucket versioning) ----------------------------------------------------
+
+    def versions(self, key: str) -> Iterator[Version] | None:
+        """The versions the bucket keeps of ``key``, newest first, delete markers too
+        (ListObjectVersions, a page at a time as they are read). None where none is kept
+        beside the object: a bucket without versioning lists only the object there, as
+        version ``null``; and where the store does not implement the request
+        (``NotImplemented``)."""
+        full = self.full_key(key)
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+        if self.versions_page_size:
+            kwargs["MaxKeys"] = self.versions_page_size
+        try:
+            first = self._call(
+                "list the versions of", key, partial(self.client.list_object_versions, **kwargs)
+            )
+        except StoreError as e:
+            cause = e.__cause__
+            if isinstance(cause, botocore.exceptions.ClientError) and error_code(cause)[0] in (
+                "NotImplemented",
+                "MethodNotAllowed",
+            ):
+                return None
+            raise
+        rows = self._page_versions(first, key)
+        if len(rows) == 1 and rows[0].version_id == "null" and not first.get("IsTruncated"):
+            return None
+        return self._version_pages(key, kwargs, first)
+
+    def _page_versions(self, page: Any, key: str) -> Sequence[Version]:
+        try:
+            return page_versions(page, self.full_key(key))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise self._not_s3("a version listing without its fields", "list", key) from None
+
+    def _version_pages(self, key: str, kwargs: dict[str, Any], page: Any) -> Iterator[Version]:
+        full = kwargs["Prefix"]
+        while True:
+            yield from self._page_versions(page, key)
+            later = [v["Key"] for v in (*page.get("Versions", []), *page.get("DeleteMarkers", []))]
+            if not page.get("IsTruncated") or any(k != full for k in later):
+                return  # keys come in order: one past ``full`` ends its versions
+            kwargs.update(
+                KeyMarker=page["NextKeyMarker"], VersionIdMarker=page["NextVersionIdMarker"]
+            )
+            page = self._call(
+                "list the versions of", key, partial(self.client.list_object_versions, **kwargs)
+            )
+
+    def get_version(self, key: str, version_id: str) -> Blob:
+        """One version of ``key`` (GetObject with its ``VersionId``); ``NoSuchObject`` when
+        it is not there (``NoSuchVersion``; a delete marker, which AWS answers with 405)."""
+        where = f"{self.describe(key)} (version {version_id})"
+        try:
+            response = self.client.get_object(
+                Bucket=self.bucket, Key=self.full_key(key), VersionId=version_id
+            )
+            body = S3Stream(response["Body"], where).read()
+        except botocore.exceptions.ClientError as e:
+            code, status = error_code(e)
+            if code in ("NoSuchVersion", "NoSuchKey", "MethodNotAllowed") or status == 405:
+                self._observe(e.response)
+                raise NoSuchObject(where) from None
+            raise self._fail(e, "read a version of", key) from e
+        except ReadBrokeOff as e:
+            raise StoreError(f"could not read {where}: {e}") from e
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._fail(e, "read a version of", key) from e
+        self._observe(response)
+        etag = self._field(response, "ETag", "read a version of", key)
+        return Blob(body=body, etag=etag, metadata=response.get("Metadata", {}))
 
     # -- multipart uploads ----------------------------------------------------------------
 

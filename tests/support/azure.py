@@ -7,17 +7,21 @@ the test container.
 ``FlakyTransport`` sits under the SDK's pipeline (so the store's own retry policy, hooks
 and error mapping all run above it) and, by plan, answers 503 ``ServerBusy`` or 500
 ``OperationTimedOut`` without forwarding, fails to connect, or forwards the request and then
-loses its answer.
+loses its answer. ``VersioningTransport`` adds the blob versioning Azurite lacks.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import threading
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from email.utils import formatdate
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
+from xml.sax.saxutils import escape
 
 import requests
 from azure.core.exceptions import ServiceRequestError, ServiceResponseError
@@ -115,20 +119,120 @@ class FlakyTransport(HttpTransport):  # type: ignore[type-arg]
 
 
 def _answer(
-    request: Any, status: int, code: str, body: bytes | None = None
+    request: Any,
+    status: int,
+    code: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
 ) -> RestRequestsTransportResponse:
-    """An error answer of Azure's shape (or ``body``), without asking the server."""
+    """An error answer of Azure's shape (or ``body``, with ``headers``), without asking the
+    server."""
     raw = requests.Response()
     raw.status_code = status
     raw.reason = code or "Bad Request"
     raw.url = request.url
     xml = f"<Error><Code>{code}</Code><Message>{code} (injected)</Message></Error>"
-    raw.raw = io.BytesIO(body or xml.encode())
+    raw.raw = io.BytesIO(body if body is not None else xml.encode())
     raw.headers.update({"Content-Type": "application/xml", "Date": formatdate(usegmt=True)})
+    raw.headers.update(headers or {})
     if code:
         raw.headers["x-ms-error-code"] = code
     # What RequestsTransport.send makes of an answer to the SDK's requests.
     return RestRequestsTransportResponse(request=request, internal_response=raw)
+
+
+@dataclass(frozen=True)
+class KeptBlob:
+    """One version of a blob, as Azure keeps it with blob versioning on."""
+
+    version_id: str
+    body: bytes
+    etag: str
+    last_modified: str
+
+
+class VersioningTransport(FlakyTransport):
+    """Azure's blob versioning, which Azurite 3.37 lacks, kept beside it: every Put Blob
+    that lands is a version (its bytes, ETag and time, under a version id of Azure's form,
+    the time it was written); a delete leaves the versions and no current one; a List Blobs
+    with ``include=versions`` and a Get Blob of a ``versionid`` are answered from them in
+    Azure's XML and headers. Everything else goes to Azurite as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: dict[str, list[KeptBlob]] = {}
+        """Blob name -> its versions, oldest first."""
+        self.current: dict[str, str | None] = {}
+        self._ids = itertools.count(1)
+
+    @staticmethod
+    def _name(path: str) -> str:
+        return path.split("/", 3)[3]  # /ACCOUNT/CONTAINER/NAME
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        url = urlsplit(request.url)
+        query = parse_qs(url.query)
+        if request.method == "GET" and "versionid" in query:
+            return self._read(request, self._name(url.path), query["versionid"][0])
+        include = ",".join(query.get("include", [])).split(",")
+        if request.method == "GET" and query.get("comp") == ["list"] and "versions" in include:
+            return self._listing(request, query.get("prefix", [""])[0])
+        response = super().send(request, **kwargs)
+        if request.method == "PUT" and "comp" not in query and response.status_code == 201:
+            name = self._name(url.path)
+            now = datetime.now(timezone.utc)
+            version_id = f"{now:%Y-%m-%dT%H:%M:%S}.{next(self._ids) % 10**7:07d}Z"
+            version = KeptBlob(
+                version_id,
+                bytes(request.content),
+                response.headers["ETag"],
+                response.headers["Last-Modified"],
+            )
+            with self._lock:
+                self.kept.setdefault(name, []).append(version)
+                self.current[name] = version_id
+        elif request.method == "DELETE" and response.status_code == 202 and "comp" not in query:
+            with self._lock:
+                self.current[self._name(url.path)] = None
+        return response
+
+    def _read(self, request: Any, name: str, version_id: str) -> Any:
+        found = next((v for v in self.kept.get(name, ()) if v.version_id == version_id), None)
+        if found is None:
+            return _answer(request, 404, "BlobNotFound")
+        size = len(found.body)
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(size),
+            "Content-Range": f"bytes 0-{max(size - 1, 0)}/{size}",
+            "ETag": found.etag,
+            "Last-Modified": found.last_modified,
+            "x-ms-version-id": found.version_id,
+            "x-ms-blob-type": "BlockBlob",
+        }
+        return _answer(request, 206, "", found.body, headers)
+
+    def _listing(self, request: Any, prefix: str) -> Any:
+        rows = []
+        with self._lock:
+            for name in sorted(n for n in self.kept if n.startswith(prefix)):
+                for v in self.kept[name]:
+                    current = "true" if self.current.get(name) == v.version_id else "false"
+                    rows.append(
+                        f"<Blob><Name>{escape(name)}</Name><VersionId>{v.version_id}</VersionId>"
+                        f"<IsCurrentVersion>{current}</IsCurrentVersion><Properties>"
+                        f"<Last-Modified>{v.last_modified}</Last-Modified>"
+                        f"<Etag>{v.etag.strip(chr(34))}</Etag>"  # unquoted, as Azure lists it
+                        f"<Content-Length>{len(v.body)}</Content-Length>"
+                        "<Content-Type>application/octet-stream</Content-Type>"
+                        "<BlobType>BlockBlob</BlobType></Properties></Blob>"
+                    )
+        xml = (
+            '<?xml version="1.0" encoding="utf-8"?><EnumerationResults>'
+            f"<Prefix>{escape(prefix)}</Prefix><Blobs>{''.join(rows)}</Blobs><NextMarker />"
+            "</EnumerationResults>"
+        )
+        return _answer(request, 200, "", xml.encode())
 
 
 def flaky_store(prefix: str, runtime: Runtime | None = None) -> tuple[AzureStore, FlakyTransport]:

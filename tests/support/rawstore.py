@@ -31,6 +31,8 @@ S3_NAMES = {
     "complete_upload": "CompleteMultipartUpload",
     "abort_upload": "AbortMultipartUpload",
     "list_uploads": "ListMultipartUploads",
+    "versions": "ListObjectVersions",
+    "get_version": "GetObject",
 }
 """A MemoryStore call -> the S3 operation it stands for, so request counts compare alike."""
 
@@ -80,6 +82,51 @@ def keys(store: Any, prefix: str) -> list[str]:
     return sorted(found)
 
 
+def kept(store: Any, key: str) -> list[tuple[str, bytes]]:
+    """(version id, bytes) of every version the store keeps of ``key`` that is not a delete
+    marker, newest first: on S3 as the bucket lists and serves them, on a ``MemoryStore``
+    as its backend holds them."""
+    if not is_s3(store):
+        listed = store.backend.versions(key) or ()
+        return [
+            (v.version_id, store.backend.get_version(key, v.version_id).body)
+            for v in listed
+            if not v.deleted
+        ]
+    full = store.full_key(key)
+    found: list[tuple[str, bytes]] = []
+    pages = store.client.get_paginator("list_object_versions").paginate(
+        Bucket=store.bucket, Prefix=full
+    )
+    for page in pages:
+        for v in page.get("Versions", []):
+            if v["Key"] == full:
+                body = store.client.get_object(
+                    Bucket=store.bucket, Key=full, VersionId=v["VersionId"]
+                )
+                found.append((v["VersionId"], body["Body"].read()))
+    return found
+
+
+def delete_markers(store: Any, key: str) -> int:
+    """How many delete markers the store keeps of ``key``."""
+    if not is_s3(store):
+        return sum(1 for v in store.backend.versions(key) or () if v.deleted)
+    full = store.full_key(key)
+    page = store.client.list_object_versions(Bucket=store.bucket, Prefix=full)
+    return sum(1 for m in page.get("DeleteMarkers", []) if m["Key"] == full)
+
+
+def delete_version(store: Any, key: str, version_id: str) -> None:
+    """Remove one kept version for good, as a lifecycle rule's expiry does."""
+    if is_s3(store):
+        store.client.delete_object(
+            Bucket=store.bucket, Key=store.full_key(key), VersionId=version_id
+        )
+    else:
+        store.backend.delete_version(key, version_id)
+
+
 def multipart_uploads(store: Any, prefix: str) -> list[tuple[str, str]]:
     """(key, upload id) of every multipart upload under ``prefix`` that is neither completed
     nor aborted."""
@@ -120,12 +167,13 @@ def _calls_counted(store: Any, seen: Counter[str]) -> Iterator[None]:
 
         return count
 
-    for op in S3_NAMES:
+    wrapped = [op for op in S3_NAMES if hasattr(store, op)]  # versions are optional
+    for op in wrapped:
         setattr(store, op, counted(op, getattr(store, op)))
     try:
         yield
     finally:
-        for op in S3_NAMES:
+        for op in wrapped:
             delattr(store, op)
 
 

@@ -157,6 +157,41 @@ on Azurite and ``gs://`` on fake-gcs-server (CI starts both; a newcomer without 
 memory, file, moto and SeaweedFS)."""
 
 
+VERSIONED_BUCKET = f"{BUCKET}-versions"
+"""A bucket that keeps every version of its objects: one of its own, so no other test runs
+on a versioned bucket."""
+
+_versioned: set[str] = set()
+
+
+def versioned_url(server: Server, prefix: str) -> str:
+    """The URL of ``prefix`` in the versioned bucket of an S3 server (made, and its
+    versioning enabled, on first use)."""
+    if server.name not in _versioned:
+        client = server.client()
+        with contextlib.suppress(
+            client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists
+        ):
+            client.create_bucket(Bucket=VERSIONED_BUCKET)
+        client.put_bucket_versioning(
+            Bucket=VERSIONED_BUCKET, VersioningConfiguration={"Status": "Enabled"}
+        )
+        _versioned.add(server.name)
+    return f"s3://{VERSIONED_BUCKET}/{prefix}"
+
+
+def versioned_store(server: Server, prefix: str) -> Any:
+    """A store at ``prefix`` whose bucket keeps every version of its objects: on memory
+    (``versioning=True``) or an S3 server (moto and SeaweedFS implement bucket versioning;
+    Azurite implements no blob versioning, ``file://`` keeps none): the tests marked
+    ``keeps_versions``."""
+    if server.name == "memory":
+        return om.MemoryStore(
+            VERSIONED_BUCKET, prefix, clock=WARP.clock, runtime=WARP.runtime, versioning=True
+        )
+    return om.connect(versioned_url(server, prefix), endpoint_url=server.endpoint_url)
+
+
 def backends() -> list[str]:
     """The names of the S3 servers the suites run against."""
     return [n for n in backend_names() if n in S3_SERVERS]
