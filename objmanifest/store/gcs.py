@@ -4,15 +4,14 @@ for ``gs://BUCKET/PREFIX``.
 **Versions are generations.** GCS has no ETag conditions on writes: its preconditions are on
 the object's *generation*, a positive integer that changes with every write. The seam's
 "etag" strings on this store carry the generation (``"1712345678901234"``), never GCS's
-ETag: ``CREATE`` is ``ifGenerationMatch=0``, ``PutMode.update(G)`` is ``ifGenerationMatch=G``
-(refused with 412 when the object is another version or is gone), and ``get(key, G)`` asks
-with ``ifGenerationNotMatch=G``. A token that is not a positive integer names no version
-of any object: an update with it is a lost race without asking, a read with it reads.
+ETag: ``CREATE`` is ``ifGenerationMatch=0``, ``PutMode.update(G)`` ``ifGenerationMatch=G``
+(412 when the object is another version or gone), ``get(key, G)`` ``ifGenerationNotMatch=G``.
+A token that is not a positive integer names no version: an update with it is a lost race
+without asking, a read with it reads.
 
 **Writes.** Every whole object is one ``uploadType=multipart`` upload carrying its CRC32C
 (the digest GCS checks), so GCS refuses a body damaged on its way (``send_whole`` sends it
-again); it is also the only upload whose preconditions fake-gcs-server enforces. A body
-given as a file is read whole first.
+again); it is the only upload whose preconditions fake-gcs-server enforces.
 
 **Reads.** ``get`` asks for the object's metadata (with ``ifGenerationNotMatch``: 304 when
 unchanged, no body sent), then for the bytes of exactly that generation (checked against
