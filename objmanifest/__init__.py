@@ -10,9 +10,10 @@ by a package below the face.
 from . import metrics
 from .agent import Agent
 from .cas.policy import CasPolicy
-from .core.events import Change, CommitEvent
-from .core.model import ArchiveReport, Claim, Declaration, Entry, JournalRecord, State, TaskStatus
+from .core.commit_events import Change, CommitEvent
+from .core.model import ArchiveReport, Claim, Declaration, Entry, JournalRecord, TaskStatus
 from .core.runtime import Runtime
+from .core.states import State
 from .data.transfer import TransferConfig
 from .errors import (
     AccessDenied,

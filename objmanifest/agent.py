@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import overload
 
-from .core import changes, commands, verbs
+from .core import changes, commands, operator_changes
 from .core.leases import Renewer, held_by_another
 from .core.model import Claim, Entry, Stored
 from .core.names import check_agent, error_text
@@ -391,7 +391,9 @@ class Agent:
         claim = self._check_holder(claim)
         engine = self._engine
         return engine.docs.commit(
-            engine.layout.shard(claim.shard), engine.codec(claim.shard), verbs.Release(claim)
+            engine.layout.shard(claim.shard),
+            engine.codec(claim.shard),
+            operator_changes.Release(claim),
         )
 
     # -- consuming ---------------------------------------------------------------------

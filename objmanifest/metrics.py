@@ -33,8 +33,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from .core.events import CommitEvent
-from .core.model import State, TaskStatus
+from .core.commit_events import CommitEvent
+from .core.model import TaskStatus
+from .core.states import State
 from .task import Task
 
 PREFIX = "objmanifest_"

@@ -17,7 +17,7 @@ import shard_index
 from .agent import Agent
 from .cas.codecs import HeaderCodec
 from .cas.policy import CasPolicy
-from .core.events import Observer
+from .core.commit_events import Observer
 from .core.layout import TaskLayout
 from .core.model import (
     ArchiveReport,
@@ -26,11 +26,11 @@ from .core.model import (
     Entry,
     JournalRecord,
     Shard,
-    State,
     TaskHeader,
     TaskStatus,
 )
 from .core.settings import TaskSettings
+from .core.states import State
 from .core.waiting import WaitPlan
 from .data.chunked import sweep
 from .data.transfer import TransferConfig

@@ -161,21 +161,21 @@ MUTANTS = (
     ),
     Mutant(
         "reap-keeps-dead-upload",
-        "objmanifest/data/effects.py",
+        "objmanifest/data/transition_effects.py",
         r"if parsed\.kind != \"shard\":",
         'if parsed.kind != "shard" or event.command == "reap":',
         (
             "tests/test_lease_takeover.py::test_reaping_a_dead_chunked_entry_aborts_its_upload",
-            "tests/test_effects.py::test_every_path_to_dead_aborts_the_upload",
+            "tests/test_transition_effects.py::test_every_path_to_dead_aborts_the_upload",
         ),
         "reap does not abort the upload of an entry it made dead",
     ),
     Mutant(
         "takeover-keeps-dead-upload",
-        "objmanifest/data/effects.py",
+        "objmanifest/data/transition_effects.py",
         r"if parsed\.kind != \"shard\":",
         'if parsed.kind != "shard" or event.command.startswith("claim"):',
-        ("tests/test_effects.py::test_every_path_to_dead_aborts_the_upload",),
+        ("tests/test_transition_effects.py::test_every_path_to_dead_aborts_the_upload",),
         "a takeover in claim or claim_many that makes an entry dead keeps its upload",
     ),
     Mutant(

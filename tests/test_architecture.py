@@ -477,8 +477,8 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
     assert cycles == []
 
 
-PRIVATE_IMPORTS = {("objmanifest/core/verbs.py", "objmanifest.core.changes")}
-"""``core.verbs`` shares the holder check and the entry update of ``core.changes`` (and
+PRIVATE_IMPORTS = {("objmanifest/core/operator_changes.py", "objmanifest.core.changes")}
+"""``core.operator_changes`` shares the holder check and the entry update of ``core.changes`` (and
 ``scripts/mutants.py`` plants its bugs in them by name)."""
 
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from objmanifest.core import checksum
-from objmanifest.core.model import Entry, Shard, State
+from objmanifest.core.model import Entry, Shard
+from objmanifest.core.states import State
 from objmanifest.store.memory import MemoryStore
 from objmanifest.task import Task
 from tests.support.checker import (

@@ -19,7 +19,8 @@ import pytest
 
 import objmanifest as om
 from objmanifest.cli.parser import parse
-from objmanifest.core.model import Entry, State
+from objmanifest.core.model import Entry
+from objmanifest.core.states import State
 from objmanifest.demo import parser
 from objmanifest.demo import plan as p
 from objmanifest.demo.verify import Kill, check_all_consumed, check_manifest

@@ -44,10 +44,10 @@ from objmanifest.core.model import (
     Declaration,
     Entry,
     Shard,
-    State,
     TaskHeader,
 )
 from objmanifest.core.names import MAX_FILE_ID_BYTES, check_agent, check_file_id, check_name
+from objmanifest.core.states import State
 from objmanifest.data.chunked.state import UploadCodec
 from objmanifest.engine.manifest import Manifest
 from objmanifest.store import parse_url

@@ -11,7 +11,7 @@ import pytest
 
 import objmanifest as om
 from objmanifest.cas.codecs import HeaderCodec
-from objmanifest.core import verbs
+from objmanifest.core import operator_changes
 from objmanifest.data.chunked import UploadCodec
 from objmanifest.ops import deletion
 from tests.support.breaking import BreakingFile
@@ -191,7 +191,9 @@ def test_undeclare_removes_a_pending_entry_from_its_shard_and_the_index(task: om
 def test_undeclare_finishes_an_interrupted_one(task: om.Task) -> None:
     task.declare("a", stage="collect")
     engine(task).docs.commit(
-        engine(task).shard_key("collect"), engine(task).codec("collect"), verbs.Undeclare("a")
+        engine(task).shard_key("collect"),
+        engine(task).codec("collect"),
+        operator_changes.Undeclare("a"),
     )
     assert task.status().unfinished != []  # in the index only: it does not look healthy
     assert task.undeclare("a") is None

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import pytest
 
-from objmanifest.core.model import State
+from objmanifest.core.states import State
 from objmanifest.errors import LeaseLost
 from objmanifest.store.errors import NoSuchObject, OutcomeUnknown
 from objmanifest.store.memory import MemoryStore

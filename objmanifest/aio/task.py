@@ -18,11 +18,11 @@ from ..core.model import (
     Entry,
     JournalRecord,
     Shard,
-    State,
     TaskHeader,
     TaskStatus,
 )
 from ..core.pacing import Pace
+from ..core.states import State
 from ..core.waiting import WaitPlan
 from ..data.transfer import TransferConfig
 from ..journal.history import Dropped, Lineage, Transition

@@ -20,7 +20,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 import shard_index
 
-from ..core.events import Change
+from ..core.commit_events import Change
 from ..core.layout import TaskLayout
 from ..core.model import (
     COMMITS_KEPT,

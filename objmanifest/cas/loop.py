@@ -19,7 +19,7 @@ Each write carries its commit id, and every attempt's id differs, so after a wri
 answer was lost (or a client retry that met its own earlier write) the re-read tells "my
 attempt landed" from "someone else won": a change is never applied twice.
 
-Every commit that lands is published once to the observers (``core.events``), and, for an
+Every commit that lands is published once to the observers (``core.commit_events``), and, for an
 object at the journal's schema, leaves exactly one journal record: it is written inside the
 version it describes, so it lands (or not) with the commit itself, and costs no request of
 its own. Once the object carries a whole block of ``BLOCK`` records, they are copied to a
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from ..core.events import Change, CommitEvent, Observers
+from ..core.commit_events import Change, CommitEvent, Observers
 from ..core.model import JournalRecord
 from ..errors import ConflictRetriesExhausted, CorruptShard, UnsupportedSchema
 from ..store import CREATE, ObjectStore, PutMode

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, TypeVar
 
-from ..core.events import Change
+from ..core.commit_events import Change
 from ..core.model import JournalRecord
 from ..errors import (
     InvalidInput,

@@ -1,12 +1,13 @@
-"""The changes to a shard: pure functions, and the named commands that carry them.
+"""The changes agents make to a shard's entries, as pure functions.
 
 Each change is a pure function ``(shard, now, ...) -> (new shard | None, result)``. The CAS
 loop (``cas.loop``) may apply one several times to fresher shards until its write wins, so
 they read nothing but their arguments and change nothing outside. A new shard of ``None``
 means "nothing to write". Refusals are raised as ``ObjManifestError``.
 
-The commands at the end (``ClaimEntry``, ``Renew``, ``Finish`` ...) name each change and
-its actor, so every commit is published as what it was: a claim, a finish, a reap.
+``core.commands`` names each change and its actor (``ClaimEntry``, ``Renew``, ``Finish``
+...), so every commit is published as what it was; ``core.operator_changes`` holds the
+operators' changes (release, revive, undeclare).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from ..errors import (
     ObjManifestError,
 )
 from . import leases
-from .model import Archived, Claim, Declaration, Entry, Shard, State, Stored, declaration_digest
-from .states import Event, next_state
+from .model import Archived, Claim, Declaration, Entry, Shard, Stored, declaration_digest
+from .states import Event, State, next_state
 
 Lookup = Callable[[str], "Entry | None"]
 """Finds a dependency's entry in any shard; None when it is not declared (yet)."""

@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from ..errors import LeaseLost, ObjManifestError
-from .model import Entry, State
+from .model import Entry
 from .runtime import DEFAULT, Repeating, Runtime
+from .states import State
 
 MARGIN = timedelta(seconds=2)
 """Slack for the ``Date`` header's whole seconds: a lease is expired only this long after

@@ -11,7 +11,6 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from enum import Enum
 from typing import Any, TypeVar
 
 from pydantic import (
@@ -25,8 +24,9 @@ from pydantic import (
 )
 
 from ..errors import InvalidInput
-from .events import Change
+from .commit_events import Change
 from .names import check_agent, check_file_id, check_name
+from .states import State
 
 SCHEMA_VERSION = 2
 """The newest format this objmanifest writes: 2 journals every version of every manifest
@@ -59,20 +59,6 @@ those start with a letter or digit)."""
 COMMITS_KEPT = 64
 """How many commit ids a shard remembers: enough to tell a lost response from a lost race
 even after dozens of others committed on top."""
-
-
-class State(str, Enum):
-    """Where an entry is in its lifecycle; see ``core.states`` for the allowed moves."""
-
-    pending = "pending"
-    writing = "writing"
-    ready = "ready"
-    consumed = "consumed"
-    failed = "failed"
-    dead = "dead"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -23,7 +23,20 @@ from __future__ import annotations
 from enum import Enum
 
 from .errors import InvalidTransition
-from .model import State
+
+
+class State(str, Enum):
+    """Where an entry is in its lifecycle; the table below says its allowed moves."""
+
+    pending = "pending"
+    writing = "writing"
+    ready = "ready"
+    consumed = "consumed"
+    failed = "failed"
+    dead = "dead"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class Event(str, Enum):

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from ..errors import InvalidInput, WaitTimeout
 from . import states
-from .model import State
 from .pacing import Pace
+from .states import State
 
 
 def some_ids(file_ids: list[str], shown: int = 10) -> str:

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from objmanifest.local.styles import STATE_STYLES
 
-from ..core.model import State
+from ..core.states import State
 
 PLAIN_EVERY = 2.0
 

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import objmanifest as om
 from objmanifest.store import without_credentials
 
-from ..core.model import State
+from ..core.states import State
 from ..local.errors import SetupError, Stopped
 from . import display as d
 from . import plan as p

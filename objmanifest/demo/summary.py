@@ -7,7 +7,7 @@ from typing import Any, Protocol, TextIO
 
 import objmanifest as om
 
-from ..core.model import State
+from ..core.states import State
 from . import display as d
 from . import plan as p
 from . import verify as v

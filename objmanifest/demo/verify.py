@@ -16,7 +16,8 @@ from pathlib import Path
 
 import objmanifest as om
 
-from ..core.model import Entry, State
+from ..core.model import Entry
+from ..core.states import State
 from . import plan as p
 
 FINISHED = (State.ready, State.consumed)

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 import objmanifest as om
 from objmanifest.core.leases import Renewer
 
-from ..core.model import State
+from ..core.states import State
 from . import plan as p
 
 POLL_SECONDS = 0.25

@@ -6,10 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from ..core import changes, leases
-from ..core.model import (
-    Entry,
-    State,
-)
+from ..core.model import Entry
+from ..core.states import State
 
 
 def attention(entry: Entry, now: datetime, lookup: changes.Lookup) -> tuple[str, str] | None:

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core import changes, commands
-from ..core.model import Entry, State
+from ..core.model import Entry
 from ..core.names import error_text
+from ..core.states import State
 from ..data import chunked, transfer
 from ..errors import ChecksumMismatch, NotFound, ObjManifestError
 from . import reads

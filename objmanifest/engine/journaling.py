@@ -9,16 +9,10 @@ from typing import Any
 
 from ..cas.codecs import HeaderCodec
 from ..cas.policy import Codec
-from ..core.model import (
-    READERS,
-    SCHEMA_VERSION,
-    Entry,
-    JournalRecord,
-    Shard,
-    State,
-)
+from ..core.model import READERS, SCHEMA_VERSION, Entry, JournalRecord, Shard
 from ..core.names import check_file_id
 from ..core.settings import check_retention
+from ..core.states import State
 from ..errors import CorruptShard, NotFound
 from ..journal import history as journal_history
 from ..journal.history import Dropped, Lineage, Transition, transitions_of

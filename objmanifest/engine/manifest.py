@@ -5,7 +5,7 @@ A shard or the index that does not exist yet reads as empty, and its first commi
 it with ``If-None-Match: *``: creating a task writes one object, and a crash in the middle
 of anything leaves nothing half-made that a rerun cannot finish. Keys come from
 ``layout.TaskLayout``; every change is a named command committed through ``cas.Documents``,
-whose events the task's observers receive, side effects included (``data.effects``).
+whose events the task's observers receive, side effects included (``data.transition_effects``).
 
 ``Manifest`` holds the state; the modules beside it (``reads``, ``declaring``, ``status``,
 ``journaling``, ``operations``, ``opening``, ``producing``, ``consuming``) are functions
@@ -24,14 +24,15 @@ from ..cas.codecs import IndexCodec, ShardCodec, ShardCodecs
 from ..cas.loop import Documents
 from ..cas.policy import CasPolicy
 from ..core import changes
-from ..core.events import Observers
+from ..core.commit_events import Observers
 from ..core.layout import TaskLayout
-from ..core.model import Claim, DamageNote, Entry, Shard, State, TaskHeader
+from ..core.model import Claim, DamageNote, Entry, Shard, TaskHeader
 from ..core.names import check_file_id
+from ..core.states import State
 from ..data.chunked import Scope
 from ..data.chunked.state import UploadCodec
-from ..data.effects import TransitionEffects
 from ..data.transfer import TransferConfig
+from ..data.transition_effects import TransitionEffects
 from ..errors import InvalidInput, LeaseLost, NotFound
 from ..journal.history import History
 from ..ops.archive import Archives

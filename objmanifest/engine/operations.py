@@ -3,7 +3,7 @@ undeclare, repair and archive."""
 
 from __future__ import annotations
 
-from ..core import commands, verbs
+from ..core import commands, operator_changes
 from ..core.ages import check_age
 from ..core.model import (
     ArchiveReport,
@@ -21,7 +21,7 @@ def revive(m: Manifest, file_id: str) -> Entry:
     shard = m.layout.shard_of(stage, file_id)
     doc = m.read_shard(shard)
     archived = m.archives.entry(doc, file_id) if file_id not in doc.entries else None
-    command = verbs.Revive(file_id, archived=archived)
+    command = operator_changes.Revive(file_id, archived=archived)
     return m.docs.commit(m.layout.shard(shard), m.codec(shard), command)
 
 
@@ -30,10 +30,12 @@ def undeclare(m: Manifest, file_id: str) -> Entry | None:
     stage = m.stage_of(file_id)
     waiting = sorted(m.index().dependents(file_id))
     if waiting:
-        raise verbs.dependents_error(file_id, waiting)
+        raise operator_changes.dependents_error(file_id, waiting)
     shard = m.layout.shard_of(stage, file_id)
-    removed = m.docs.commit(m.layout.shard(shard), m.codec(shard), verbs.Undeclare(file_id))
-    m.docs.commit(m.layout.index, m.index_codec, verbs.UndeclareInIndex(file_id))
+    removed = m.docs.commit(
+        m.layout.shard(shard), m.codec(shard), operator_changes.Undeclare(file_id)
+    )
+    m.docs.commit(m.layout.index, m.index_codec, operator_changes.UndeclareInIndex(file_id))
     return removed
 
 

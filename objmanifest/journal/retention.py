@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from ..cas.loop import Documents
 from ..cas.policy import Codec
-from ..core.events import Change
+from ..core.commit_events import Change
 from ..core.layout import BlockRef, TaskLayout
 from ..core.model import DroppedRange, JournalBlock, JournalRecord, RetentionMarker
 from ..errors import NotFound, ObjManifestError

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..core.model import State
+from ..core.states import State
 
 STATE_STYLES: dict[State, str] = {
     State.pending: "dim",

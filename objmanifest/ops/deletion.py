@@ -17,7 +17,8 @@ from typing import ClassVar
 
 from ..core import leases
 from ..core.layout import TaskLayout, task_of
-from ..core.model import Shard, State, TaskHeader
+from ..core.model import Shard, TaskHeader
+from ..core.states import State
 from ..errors import LeasesLive, NotFound
 from ..store import ObjectStore, list_keys
 from ..store.errors import NoSuchObject

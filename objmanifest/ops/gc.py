@@ -22,7 +22,8 @@ from ..cas.codecs import ShardCodec
 from ..cas.loop import Documents
 from ..core.commands import DropArchivedData, DropData
 from ..core.layout import TaskLayout
-from ..core.model import Entry, State
+from ..core.model import Entry
+from ..core.states import State
 from ..data.chunked import Scope, adoptable, sweep_plan
 from ..data.chunked.state import read_state
 from ..data.transfer import META_DIGEST

@@ -18,7 +18,8 @@ from ..cas.blocks import BLOCK
 from ..cas.codecs import REMOVED
 from ..cas.policy import GROUP_MAX
 from ..core.layout import TaskLayout
-from ..core.model import Entry, JournalRecord, Shard, State
+from ..core.model import Entry, JournalRecord, Shard
+from ..core.states import State
 from ..data import transfer
 from ..errors import ChecksumMismatch, NotFound
 from ..store import ObjectStore

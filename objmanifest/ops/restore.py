@@ -42,7 +42,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import shard_index
 
 from ..cas.policy import Codec
-from ..core.events import Change
+from ..core.commit_events import Change
 from ..core.model import JournalRecord, Shard
 from ..errors import AccessDenied, CorruptShard, UnsupportedSchema
 from ..store import Versioned

@@ -91,7 +91,7 @@ class _Bucket:
     """Every version of each key since versioning was turned on, oldest first."""
     _serial: int = 0
 
-    def store(self, key: str, obj: _Object, at: datetime) -> None:
+    def store(self, key: str, obj: _Object, at: Callable[[], datetime]) -> None:
         """Put ``obj`` at ``key``, a version of its own if the bucket keeps them (the lock
         held)."""
         if key not in self.objects:
@@ -99,17 +99,18 @@ class _Bucket:
         self.objects[key] = obj
         self._keep(key, obj, at)
 
-    def remove(self, key: str, at: datetime) -> None:
+    def remove(self, key: str, at: Callable[[], datetime]) -> None:
         """Take ``key`` away, if it is there; a bucket that keeps versions records a delete
         marker, as S3 does for any delete (the lock held)."""
         if self.objects.pop(key, None) is not None:
             self._sorted = None
         self._keep(key, None, at)
 
-    def _keep(self, key: str, obj: _Object | None, at: datetime) -> None:
+    def _keep(self, key: str, obj: _Object | None, at: Callable[[], datetime]) -> None:
+        """Record a version (its time asked of the store's clock only then)."""
         if self.versioning:
             self._serial += 1
-            self.kept.setdefault(key, []).append(_Kept(f"{self._serial:012d}", obj, at))
+            self.kept.setdefault(key, []).append(_Kept(f"{self._serial:012d}", obj, at()))
 
     def drop(self, key: str, version_id: str) -> None:
         """Remove one version of ``key`` for good; the object is the newest left (the lock
@@ -241,7 +242,7 @@ class MemoryBackend(PrefixedStore):
         with self._data.lock:
             self._check(full, key, mode)
             etag = _quoted_md5(data)
-            self._data.store(full, _Object(data, etag, dict(metadata or {})), self.clock())
+            self._data.store(full, _Object(data, etag, dict(metadata or {})), self.clock)
         return etag
 
     def _check(self, full: str, key: str, mode: PutMode) -> None:
@@ -257,7 +258,7 @@ class MemoryBackend(PrefixedStore):
 
     def delete(self, key: str) -> None:
         with self._data.lock:
-            self._data.remove(self.full_key(key), self.clock())
+            self._data.remove(self.full_key(key), self.clock)
 
     def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
         full = self.full_key(prefix)
@@ -360,7 +361,7 @@ class MemoryBackend(PrefixedStore):
             self._check(full, key, mode)
             implied = checksum.multipart_etag(checksum.bare_etag(e) for e in etags)
             body = b"".join(chosen)
-            self._data.store(full, _Object(body, f'"{implied}"', {}), self.clock())
+            self._data.store(full, _Object(body, f'"{implied}"', {}), self.clock)
             del self._data.uploads[upload_id]
 
     def abort_upload(self, key: str, upload_id: str) -> bool:

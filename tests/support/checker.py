@@ -41,9 +41,9 @@ from typing import IO, Any
 
 import objmanifest as om
 from objmanifest.cas.policy import Codec
-from objmanifest.core.events import Change
-from objmanifest.core.model import Entry, JournalRecord, State
-from objmanifest.core.states import TABLE, VERBS, Event, Verb
+from objmanifest.core.commit_events import Change
+from objmanifest.core.model import Entry, JournalRecord
+from objmanifest.core.states import TABLE, VERBS, Event, State, Verb
 from objmanifest.engine.manifest import Manifest
 from objmanifest.errors import NotFound
 from tests.support.internals import engine

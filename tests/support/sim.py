@@ -41,8 +41,9 @@ from typing import Any
 
 from objmanifest.cas import codecs
 from objmanifest.core import changes, checksum, leases
-from objmanifest.core.model import Claim, Entry, State
+from objmanifest.core.model import Claim, Entry
 from objmanifest.core.runtime import Repeating, Runtime
+from objmanifest.core.states import State
 from objmanifest.data import transfer
 from objmanifest.errors import (
     AlreadyConsumed,

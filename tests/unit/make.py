@@ -7,7 +7,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from objmanifest.core.changes import Lookup, Rules
-from objmanifest.core.model import Claim, Entry, Shard, State
+from objmanifest.core.model import Claim, Entry, Shard
+from objmanifest.core.states import State
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
 """The store's time at the start of every test."""

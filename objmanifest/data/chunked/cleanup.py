@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from ...core.model import Entry, State
+from ...core.model import Entry
+from ...core.states import State
 from ...store import list_keys
 from .scope import Scope
 from .state import Abort, Reject, UploadCodec, UploadState, read_state

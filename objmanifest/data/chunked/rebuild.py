@@ -20,7 +20,8 @@ from typing import ClassVar
 import xxhash
 
 from ...core import checksum
-from ...core.model import Entry, State
+from ...core.model import Entry
+from ...core.states import State
 from ...store import ObjectStore
 from ...store.errors import NoSuchObject
 from .. import transfer

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import ClassVar, Literal
 
 from ...cas.codecs import UPLOAD_REPAIR, VersionedCodec
-from ...core.events import Change
+from ...core.commit_events import Change
 from ...core.layout import TaskLayout
 from ...core.model import SCHEMA_VERSION, Claim, Journaled
 from ...errors import CorruptShard, LeaseLost, ObjManifestError

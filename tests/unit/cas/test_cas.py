@@ -27,7 +27,7 @@ import pytest
 
 from objmanifest.cas.loop import Documents
 from objmanifest.cas.policy import GROUP_MAX, CasPolicy, Stats
-from objmanifest.core.events import Change, CommitEvent
+from objmanifest.core.commit_events import Change, CommitEvent
 from objmanifest.core.runtime import Runtime
 from objmanifest.errors import (
     ConflictRetriesExhausted,
@@ -1143,7 +1143,7 @@ def test_an_observer_that_raises_neither_undoes_nor_fails_the_commit(
 
     rig.docs.observers.subscribe(broken)
     rig.docs.observers.subscribe(seen.append)
-    caplog.set_level(logging.ERROR, logger="objmanifest.core.events")
+    caplog.set_level(logging.ERROR, logger="objmanifest.core.commit_events")
 
     assert rig.docs.commit(KEY, CODEC, Add("x")) == 1
     assert rig.peek() == Tally({"x": 1}, when(1), 1, (cid(1, 1),))

@@ -15,8 +15,8 @@ import pytest
 
 import objmanifest as om
 from objmanifest.cas.policy import CasPolicy
-from objmanifest.core.model import State
 from objmanifest.core.runtime import Runtime
+from objmanifest.core.states import State
 from objmanifest.errors import NotClaimable
 from objmanifest.store import MemoryStore
 from tests.support.internals import engine

@@ -24,7 +24,7 @@ import pytest
 
 from objmanifest.cas.loop import Documents, _Lane, _Member
 from objmanifest.cas.policy import GROUP_MAX, CasPolicy, Stats
-from objmanifest.core.events import CommitEvent
+from objmanifest.core.commit_events import CommitEvent
 from objmanifest.errors import ConflictRetriesExhausted, StoreError
 from objmanifest.store import MemoryStore
 from objmanifest.store.errors import OutcomeUnknown

@@ -18,7 +18,7 @@ import pytest
 
 import objmanifest as om
 from objmanifest.cas.codecs import IndexCodec, ShardCodec
-from objmanifest.core.events import CommitEvent
+from objmanifest.core.commit_events import CommitEvent
 from objmanifest.core.model import COMMITS_KEPT
 from objmanifest.ops.replay import RECORDS_AT_RISK
 from tests.support.internals import engine

@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from objmanifest.cas.codecs import REMOVED, Fragments, ShardCodec, _rebuild_fields
-from objmanifest.core.events import Change
-from objmanifest.core.model import Archived, Entry, JournalRecord, Shard, State
+from objmanifest.core.commit_events import Change
+from objmanifest.core.model import Archived, Entry, JournalRecord, Shard
+from objmanifest.core.states import State
 
 from ..make import T0, at, entry
 

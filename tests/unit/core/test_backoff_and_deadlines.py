@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from objmanifest.core import changes, leases, states
-from objmanifest.core.model import State
+from objmanifest.core.states import State
 from objmanifest.errors import NotClaimable
 
 from ..make import RULES, T0, at, claim_on, entry, exactly, held, nothing, ready, shard

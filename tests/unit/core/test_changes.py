@@ -12,15 +12,8 @@ import pytest
 
 from objmanifest.core import changes, commands
 from objmanifest.core.changes import DataChanged, Rules
-from objmanifest.core.model import (
-    Archived,
-    Claim,
-    Declaration,
-    Entry,
-    Shard,
-    State,
-    declaration_digest,
-)
+from objmanifest.core.model import Archived, Claim, Declaration, Entry, Shard, declaration_digest
+from objmanifest.core.states import State
 from objmanifest.errors import (
     AlreadyConsumed,
     DataRemoved,

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from objmanifest.core import changes, commands
-from objmanifest.core.model import Claim, Declaration, Shard, State, Stored
+from objmanifest.core.model import Claim, Declaration, Shard, Stored
+from objmanifest.core.states import State
 from objmanifest.errors import LeaseLost
 
 from ..make import RULES, at, claim_on, entry, exactly, held, lookup, ready, shard

@@ -12,7 +12,7 @@ import pytest
 
 from objmanifest.core import leases
 from objmanifest.core.leases import Renewer
-from objmanifest.core.model import State
+from objmanifest.core.states import State
 from objmanifest.errors import LeaseLost, ObjManifestError, StoreError
 
 from ..make import T0, at, entry, held

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from objmanifest.core import changes
 from objmanifest.core.changes import Rules
-from objmanifest.core.model import Claim, Entry, Shard, State
-from objmanifest.core.states import TABLE, Event, InvalidTransition, next_state
+from objmanifest.core.model import Claim, Entry, Shard
+from objmanifest.core.states import TABLE, Event, InvalidTransition, State, next_state
 from objmanifest.errors import LeaseLost, ObjManifestError
 
 from ..make import RULES, STAGE, T0, at, claim_on, entry, exactly, lookup, shard

@@ -6,8 +6,7 @@ import itertools
 
 import pytest
 
-from objmanifest.core.model import State
-from objmanifest.core.states import FAILURES, TABLE, Event, InvalidTransition, next_state
+from objmanifest.core.states import FAILURES, TABLE, Event, InvalidTransition, State, next_state
 
 EXPECTED = {
     (State.pending, Event.claim): {State.writing},

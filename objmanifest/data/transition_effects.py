@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 
 from ..core import checksum
-from ..core.events import CommitEvent
-from ..core.model import State
+from ..core.commit_events import CommitEvent
+from ..core.states import State
 from ..errors import ObjManifestError
 from .chunked import Scope, abandon
 

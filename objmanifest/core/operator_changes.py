@@ -18,8 +18,8 @@ import shard_index
 
 from ..errors import HasDependents, WrongState
 from .changes import _entry, _held, _update
-from .model import Claim, Entry, Shard, State
-from .states import Verb, verb_state
+from .model import Claim, Entry, Shard
+from .states import State, Verb, verb_state
 
 
 def release(shard: Shard, claim: Claim, now: datetime) -> tuple[Shard, Entry]:
