@@ -38,6 +38,7 @@ from objmanifest.local import servers
 from objmanifest.wire import exits
 from objmanifest.wire.polling import poll
 from tests.support.breaking import BreakingFile
+from tests.support.cli_forks import FORKS
 from tests.support.faults import FaultProxy
 from tests.support.internals import engine
 from tests.support.rawstore import get as raw_get
@@ -91,7 +92,8 @@ class Result:
 
 @dataclass
 class Cli:
-    """Runs ``python -m objmanifest`` with the environment of one server and prefix."""
+    """Runs ``python -m objmanifest`` with the environment of one server and prefix (each
+    command a process of its own, forked: ``tests.support.cli_forks``)."""
 
     env: dict[str, str]
     cwd: Path
@@ -118,10 +120,9 @@ class Cli:
         env: dict[str, str] | None = None,
         timeout: float = 60,
     ) -> Result:
-        proc = subprocess.run(
-            self.command(*args),
-            input=stdin if stdin is not None else b"",
-            capture_output=True,
+        proc = FORKS.run(
+            in_layout(args),
+            stdin=stdin if stdin is not None else b"",
             env=env or self.environ(),
             cwd=self.cwd,
             timeout=timeout,
@@ -1368,6 +1369,10 @@ def test_archive_moves_old_terminal_entries(cli: Cli, task: om.Task, tmp_path: P
         "objects": [],
         "adopted": [],
     }
+    consumed_at = task.entry("raw").updated_at
+    assert consumed_at is not None
+    while task.store.now() <= consumed_at:  # a new process reads the store's clock in seconds
+        time.sleep(0.1)
     report = cli.json("archive", "--older-than", "0")
     assert report["archived"]["collect"] == ["raw"]
     [key] = report["objects"]

@@ -26,6 +26,7 @@ import pytest
 import objmanifest as om
 from objmanifest.cli import main
 from tests.support import rawstore
+from tests.support.cli_forks import FORKS
 from tests.support.faults import FaultProxy
 from tests.support.internals import engine
 from tests.support.stores import Server
@@ -60,18 +61,18 @@ class Cli:
 
     def run(self, *args: str, code: int = 0, stdin: bytes = b"", shell: str = "") -> Ran:
         """``objmanifest ARGS`` (or a bash line with ``om`` for it) in a child process."""
+        env = {**self.env, "PY": sys.executable}
         if shell:
-            command = ["bash", "-c", f'om() {{ "$PY" -m objmanifest "$@"; }}\n{shell}']
+            proc = subprocess.run(
+                ["bash", "-c", f'om() {{ "$PY" -m objmanifest "$@"; }}\n{shell}'],
+                input=stdin,
+                capture_output=True,
+                env=env,
+                cwd=self.cwd,
+                timeout=120,
+            )
         else:
-            command = [sys.executable, "-m", "objmanifest", *in_layout(args)]
-        proc = subprocess.run(
-            command,
-            input=stdin,
-            capture_output=True,
-            env={**self.env, "PY": sys.executable},
-            cwd=self.cwd,
-            timeout=120,
-        )
+            proc = FORKS.run(in_layout(args), stdin=stdin, env=env, cwd=self.cwd, timeout=120)
         ran = Ran(proc.returncode, proc.stdout, proc.stderr.decode())
         assert ran.code == code, str(ran)
         assert "Traceback" not in ran.stderr, str(ran)
