@@ -65,8 +65,8 @@ CANNOT_CONFINE = (
     "of its own.",
     "GCS has no permission that replaces an object without being able to delete it: an agent "
     "that commits a shard can delete it too (S3's policy denies agents that). The roles "
-    "confine deletes to the prefix only; bucket object versioning (or soft delete) keeps "
-    "what a delete removed, for repair.",
+    "confine deletes to the prefix only; bucket object versioning keeps what a delete "
+    "removed, for repair (soft delete keeps it too, but repair does not read it).",
     "A condition on resource.name is an IAM binding on the bucket (or project): it needs "
     "uniform bucket-level access on the bucket.",
 )
