@@ -33,8 +33,8 @@ from hypothesis import settings
 
 import objmanifest as om
 from tests.support.stores import (
+    KEEPS_VERSIONS,
     LAYOUT,
-    S3_SERVERS,
     SHARED_DIR,
     STORES,
     Server,
@@ -119,7 +119,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     or, in a run without one, on the first store of another scheme (``file``: the faces'
     suites without a server);
     a test of the versions a store keeps (``keeps_versions``) only where its store keeps them
-    (memory, with ``versioning=True``, and the S3 servers);
+    (``KEEPS_VERSIONS``: memory, with ``versioning=True``, the S3 servers and
+    fake-gcs-server);
     under a shard layout other than the default, leave out the tests that name a stage's own
     shard. A test that ``needs`` a capability its backend's emulator lacks runs as a strict
     xfail."""
@@ -140,7 +141,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             skip = bool(once and not (suite and not s3_only))
         if LAYOUT != "stage" and item.get_closest_marker("stage_layout"):
             skip = True
-        if item.get_closest_marker("keeps_versions") and on not in ("memory", *S3_SERVERS):
+        if item.get_closest_marker("keeps_versions") and on not in KEEPS_VERSIONS:
             skip = True
         (dropped if skip else kept).append(item)
         for mark in item.iter_markers("needs"):

@@ -494,7 +494,10 @@ def test_no_private_name_is_imported_from_another_module(path: Path) -> None:
     assert private == [], rel(path)
 
 
-GCS_MODULES = {f"store/{name}.py" for name in ("gcs", "gcs_client", "gcs_answers", "gcs_uploads")}
+GCS_MODULES = {
+    f"store/{name}.py"
+    for name in ("gcs", "gcs_client", "gcs_answers", "gcs_uploads", "gcs_versions")
+}
 """The only modules that see google-cloud-storage, google-auth, google-api-core or their
 transport (``gcs_permissions.py`` needs none of them)."""
 

@@ -12,6 +12,7 @@ import objmanifest as om
 from objmanifest.errors import InvalidInput
 from objmanifest.store import PutMode, access_needed, gcs_permissions
 from tests.support.gcs_double import GCSDouble
+from tests.support.internals import engine
 
 BUCKET = "objmanifest-roles"
 MiB = 1024 * 1024
@@ -94,7 +95,8 @@ def test_the_roles_name_exactly_the_permissions_the_store_asks_for() -> None:
         double.permissions.clear()
         task.gc()
         task.sweep_uploads()
-        task.repair()
+        store.delete(engine(task).shard_key("b", "later"))  # repair asks for its versions
+        assert [o.source for o in task.repair().objects] == ["journal"]
         task.archive(older_than=0)
         task.trim_journal(keep_versions=1)
         task.delete(force=True)
@@ -106,8 +108,9 @@ def test_the_roles_name_exactly_the_permissions_the_store_asks_for() -> None:
 
 def test_each_call_needs_exactly_the_permissions_doctor_names() -> None:
     """Each call of the store, alone against the double (a write replacing an object, a
-    part sent again, an update completed over an object): what GCS checks is exactly what
-    ``STORE_PERMISSIONS`` says, which ``doctor`` names for a refused call."""
+    part sent again, an update completed over an object, the versions repair reads): what
+    GCS checks is exactly what ``STORE_PERMISSIONS`` says, which ``doctor`` names for a
+    refused call."""
     double = GCSDouble()
     try:
         double.create_bucket(BUCKET)
@@ -138,6 +141,9 @@ def test_each_call_needs_exactly_the_permissions_doctor_names() -> None:
             store.upload_part("other", other, 1, b"x")
             yield "abort_upload", lambda: store.abort_upload("other", other)
             yield "create_upload", lambda: store.create_upload("third")
+            yield "versions", lambda: store.versions("k")
+            kept = store.head("k").etag
+            yield "get_version", lambda: store.get_version("k", kept)
 
         for op, call in calls():
             double.permissions.clear()

@@ -82,11 +82,16 @@ class LocalGCS:
         """Environment for a child process (CLI, demo agents) that should use this server."""
         return {"STORAGE_EMULATOR_HOST": self.endpoint_url}
 
-    def create_bucket(self, name: str) -> None:
-        """Create ``name``; a bucket that already exists is fine (tests share servers)."""
+    def create_bucket(self, name: str, *, versioning: bool = False) -> None:
+        """Create ``name`` (with object versioning on, if ``versioning``: the memory backend
+        keeps noncurrent generations); a bucket that already exists is fine (tests share
+        servers)."""
+        bucket: dict[str, object] = {"name": name}
+        if versioning:
+            bucket["versioning"] = {"enabled": True}
         request = urllib.request.Request(
             f"{self.endpoint_url}/storage/v1/b?project=objmanifest-emulator",
-            data=json.dumps({"name": name}).encode(),
+            data=json.dumps(bucket).encode(),
             headers={"Content-Type": "application/json"},
             method="POST",
         )

@@ -20,7 +20,9 @@ its CRC32C). An unchanged object is None even where the store ignores read preco
 changed object costs two requests where S3 takes one, so its metadata is exact.
 
 **Chunked entries** (``create_upload`` ... ``complete_upload``) are parts stored as objects
-of their own and composed: see ``gcs_uploads``.
+of their own and composed: see ``gcs_uploads``. **Versions** (``versions``,
+``get_version``) are the noncurrent generations object versioning keeps: see
+``gcs_versions``.
 
 **Errors.** 412 is a lost race (``PreconditionFailed``), 304 an unchanged object, 404 a
 missing object (or, answered to a write or a listing, a missing bucket: a ``StoreError``
@@ -59,6 +61,7 @@ from .base import (
     PrefixedStore,
     PutMode,
     StoreClock,
+    Version,
     read_whole,
     send_whole,
 )
@@ -69,8 +72,11 @@ from .gcs_answers import (
     answer,
     crc32c_base64,
     damaged,
+    download,
     generation,
     no_bucket,
+    retry_status,
+    status_error,
 )
 from .gcs_client import (
     CONNECTION_ERRORS,
@@ -81,7 +87,8 @@ from .gcs_client import (
     GCSClient,
     make_gcs_client,
 )
-from .gcs_uploads import PARTS, UPLOAD_META, Uploads
+from .gcs_uploads import PARTS, UPLOAD_META, Uploads, shown
+from .gcs_versions import Generations
 from .urls import StoreURL
 
 T = TypeVar("T")
@@ -112,6 +119,7 @@ class GCSStore(PrefixedStore):
         client.attach(self.clock)
         self._bucket = client.client.bucket(bucket)
         self.uploads = Uploads(self)
+        self.generations = Generations(self)
 
     @property
     def connections(self) -> int:
@@ -284,10 +292,10 @@ class GCSStore(PrefixedStore):
                 return None
             exact = self.blob(key, generation=meta.generation)
             try:
-                body: bytes = self.call("read", key, partial(_download, exact))
+                body: bytes = self.call("read", key, partial(download, exact))
             except NoSuchObject:
                 continue  # replaced (or deleted) since its metadata was read: ask again
-            return Blob(body=body, etag=str(meta.generation), metadata=_shown(meta))
+            return Blob(body=body, etag=str(meta.generation), metadata=shown(meta))
         raise StoreError(
             f"could not read {self.describe(key)}: it was replaced {READS} times while being "
             "read; retry"
@@ -299,7 +307,7 @@ class GCSStore(PrefixedStore):
         return Head(
             etag=str(meta.generation),
             size=int(meta.size or 0),
-            metadata=_shown(meta),
+            metadata=shown(meta),
             completed_upload=(meta.metadata or {}).get(UPLOAD_META),
         )
 
@@ -333,7 +341,7 @@ class GCSStore(PrefixedStore):
                 "GET", url, headers=headers, stream=True, timeout=TIMEOUT
             )
 
-        response = self.call("read", key, lambda: READ_RETRY(_media(send))())
+        response = self.call("read", key, lambda: READ_RETRY(retry_status(send))())
         if response.status_code == 404:
             response.close()
             raise NoSuchObject(self.describe(key))
@@ -345,7 +353,7 @@ class GCSStore(PrefixedStore):
         if response.status_code not in (200, 206):
             status = response.status_code
             response.close()
-            raise self.fail(_status_error(status, "media download"), "read", key)
+            raise self.fail(status_error(status, "media download"), "read", key)
         return GCSStream(response, self.describe(key))
 
     def put(
@@ -517,12 +525,24 @@ class GCSStore(PrefixedStore):
         try:
             return iter(self.call("list", key, pages))
         except NoSuchObject as e:
-            if self.bucket_missing():
-                raise self._no_bucket("list", key) from e
-            raise StoreError(f"could not list {self.describe(key)}: answered 404") from e
+            raise self.listing_failed("list", key, e) from e
+
+    def listing_failed(self, action: str, key: str, e: NoSuchObject) -> StoreError:
+        """A listing answered 404: the bucket is missing (asked), or the answer says so."""
+        if self.bucket_missing():
+            return self._no_bucket(action, key)
+        return StoreError(f"could not {action} {self.describe(key)}: answered 404")
 
     page_size: int | None = None
     """How many names a listing asks for per page (None: the store's own, 1000)."""
+
+    # -- versions (object versioning: noncurrent generations, see gcs_versions) -----------
+
+    def versions(self, key: str) -> Iterator[Version] | None:
+        return self.generations.versions(key)
+
+    def get_version(self, key: str, version_id: str) -> Blob:
+        return self.generations.get_version(key, version_id)
 
     # -- multipart uploads ----------------------------------------------------------------
 
@@ -559,38 +579,6 @@ class GCSStore(PrefixedStore):
                 if not self.clock.known:
                     raise
         return self.clock.now()
-
-
-def _download(blob: storage.Blob) -> bytes:
-    """The bytes of the generation ``blob`` names, checked against its CRC32C."""
-    body: bytes = blob.download_as_bytes(checksum="crc32c", timeout=TIMEOUT, retry=READ_RETRY)
-    return body
-
-
-def _status_error(status: int, what: str) -> api_exceptions.GoogleAPICallError:
-    error: api_exceptions.GoogleAPICallError = api_exceptions.from_http_status(  # type: ignore[no-untyped-call]
-        status, what
-    )
-    return error
-
-
-def _shown(meta: storage.Blob) -> dict[str, str]:
-    """An object's user metadata, without the upload id a completed upload carries."""
-    return {k: v for k, v in (meta.metadata or {}).items() if k != UPLOAD_META}
-
-
-def _media(send: Callable[[], Any]) -> Callable[[], Any]:
-    """``send`` with a retryable status raised (for ``READ_RETRY``) instead of returned."""
-
-    def checked() -> Any:
-        response = send()
-        if response.status_code in (429, 408, 500, 502, 503, 504):
-            status = response.status_code
-            response.close()
-            raise _status_error(status, "media download")
-        return response
-
-    return checked
 
 
 def open_store(url: StoreURL, *, endpoint_url: str | None, runtime: Runtime | None) -> ObjectStore:

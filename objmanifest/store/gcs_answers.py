@@ -1,18 +1,21 @@
 """How GCS's answers are read: a version token as a generation, a refusal of a damaged body,
-a response body as a stream that says a broken read, and the digests a body carries."""
+a response body as a stream that says a broken read, a retryable status of a raw request,
+one generation's bytes checked against their CRC32C, and the digests a body carries."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import google_crc32c
 import requests
 from google.api_core import exceptions as api_exceptions
+from google.cloud import storage
 
 from ..errors import ReadBrokeOff
-from .gcs_client import CONNECTION_ERRORS
+from .gcs_client import CONNECTION_ERRORS, READ_RETRY, TIMEOUT
 
 ENFORCES = {
     "create-only": "a multipart upload with ifGenerationMatch=0",
@@ -65,6 +68,34 @@ def answer(e: api_exceptions.GoogleAPICallError) -> str:
     reasons = [str(err.get("reason", "")) for err in (e.errors or []) if isinstance(err, dict)]
     reason = next((r for r in reasons if r), "")
     return f"{e.code} {reason}".strip() if e.code else reason
+
+
+def download(blob: storage.Blob) -> bytes:
+    """The bytes of the generation ``blob`` names, checked against its CRC32C."""
+    body: bytes = blob.download_as_bytes(checksum="crc32c", timeout=TIMEOUT, retry=READ_RETRY)
+    return body
+
+
+def status_error(status: int, what: str) -> api_exceptions.GoogleAPICallError:
+    """The SDK's error for an HTTP ``status`` answered to a raw request."""
+    error: api_exceptions.GoogleAPICallError = api_exceptions.from_http_status(  # type: ignore[no-untyped-call]
+        status, what
+    )
+    return error
+
+
+def retry_status(send: Callable[[], Any]) -> Callable[[], Any]:
+    """``send`` with a retryable status raised (for ``READ_RETRY``) instead of returned."""
+
+    def checked() -> Any:
+        response = send()
+        if response.status_code in (429, 408, 500, 502, 503, 504):
+            status = response.status_code
+            response.close()
+            raise status_error(status, "media download")
+        return response
+
+    return checked
 
 
 def md5_hex(md5_hash: str | None) -> str:

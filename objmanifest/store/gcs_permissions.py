@@ -6,8 +6,10 @@ with an IAM condition on the prefix (``objmanifest iam-policy --url gs://BUCKET/
   ``storage.objects.delete``), and every commit of a shard replaces it, so an agent can
   delete manifest objects under the prefix: S3's deny of that has no GCS equivalent.
 * ``admin`` (``gc``, ``repair``, ``delete``, ``archive``, ``trim``, sweeping uploads): the
-  same, and ``storage.buckets.get`` (to tell a missing bucket from a missing object, and to
-  read whether the bucket keeps object versions).
+  same, and ``storage.buckets.get`` (to tell a missing bucket from a missing object).
+  ``repair``'s reads of the generations object versioning keeps need nothing more: a
+  listing with ``versions=true`` is ``storage.objects.list``, a read of one generation
+  ``storage.objects.get``.
 
 The binding's condition, ``resource.name.startsWith("projects/_/buckets/B/objects/P/")``,
 confines reads, writes and deletes to the prefix. It cannot confine ``storage.objects.list``:
@@ -46,9 +48,12 @@ AGENT_PERMISSIONS: dict[str, str] = {
 
 ADMIN_PERMISSIONS: dict[str, str] = {
     **AGENT_PERMISSIONS,
+    "storage.objects.get": AGENT_PERMISSIONS["storage.objects.get"]
+    + "; repair reads the noncurrent generations object versioning keeps with it",
+    "storage.objects.list": AGENT_PERMISSIONS["storage.objects.list"]
+    + "; repair lists the generations object versioning keeps with it (versions=true)",
     "storage.buckets.get": (
-        "tell a missing bucket from a missing object, and read whether the bucket keeps "
-        "object versions (repair restores a shard from its last good version)"
+        "tell a missing bucket from a missing object (after a write or a listing answered 404)"
     ),
 }
 
@@ -60,8 +65,8 @@ CANNOT_CONFINE = (
     "of its own.",
     "GCS has no permission that replaces an object without being able to delete it: an agent "
     "that commits a shard can delete it too (S3's policy denies agents that). The roles "
-    "confine deletes to the prefix only; bucket object versioning (or soft delete) keeps "
-    "what a delete removed, for repair.",
+    "confine deletes to the prefix only; bucket object versioning keeps what a delete "
+    "removed, for repair (soft delete keeps it too, but repair does not read it).",
     "A condition on resource.name is an IAM binding on the bucket (or project): it needs "
     "uniform bucket-level access on the bucket.",
 )
@@ -91,6 +96,8 @@ STORE_PERMISSIONS: Mapping[str, frozenset[str]] = {
     # the marker and parts go after
     "abort_upload": frozenset({LIST, DELETE}),
     "list_uploads": frozenset({LIST}),
+    "versions": frozenset({LIST}),  # objects.list with versions=true (repair)
+    "get_version": frozenset({GET}),  # one generation's metadata and bytes (repair)
 }
 """The permissions each ``ObjectStore`` call of ``GCSStore`` needs."""
 

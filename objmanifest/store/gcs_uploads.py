@@ -100,6 +100,12 @@ PARTS = ".objmanifest-parts/"
 UPLOAD_META = "objmanifest-upload"
 """The metadata key of a completed object that names the upload it came from."""
 
+
+def shown(meta: storage.Blob) -> dict[str, str]:
+    """An object's user metadata, without the upload id a completed upload carries."""
+    return {k: v for k, v in (meta.metadata or {}).items() if k != UPLOAD_META}
+
+
 MAX_COMPOSE = 32
 """Sources one compose call takes (GCS's limit)."""
 

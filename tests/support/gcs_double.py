@@ -10,7 +10,7 @@ with ``ifGenerationNotMatch`` (304) and ``generation``, ranged reads (206, 416),
 with a prefix, a delimiter and pages, compose with ``ifGenerationMatch`` and each source's
 generation, deletes, a bucket's existence, and a ``Date`` on every answer. Faults can be
 planned: an answer lost after the change was applied, an answer refused without applying it
-(429, 503, 403 ...), a body damaged on its way in, a read that breaks off.
+(429, 503, 403 ...), a body damaged on its way in or out, a read that breaks off.
 """
 
 from __future__ import annotations
@@ -105,8 +105,9 @@ class GCSDouble:
     def plan(self, method: str, path: str, kind: str, status: int = 0, times: int = 1) -> None:
         """The next ``times`` requests of ``method`` whose path (with its query) contains
         ``path`` meet a fault: ``lose`` (applied, no answer), ``status`` (answered ``status``,
-        not applied), ``damage`` (one byte of the body flipped), ``cut`` (a read's body
-        breaks off after half of it)."""
+        not applied), ``damage`` (one byte of the body flipped: the request's, or the
+        answer's for a request without one, a read), ``cut`` (a read's body breaks off after
+        half of it)."""
         with self.lock:
             self.faults.append(_Fault(method, path, kind, status, times))
 
@@ -173,6 +174,7 @@ def _handler(double: GCSDouble) -> type[BaseHTTPRequestHandler]:
             damage = double.take(method, target, ("damage",))
             if damage is not None and body:
                 body = _flip_media(body)
+            damage_answer = damage is not None and not body
             lose = double.take(method, target, ("lose",))
             try:
                 status, doc, headers, raw = _route(double, method, target, self.headers, body)
@@ -190,6 +192,8 @@ def _handler(double: GCSDouble) -> type[BaseHTTPRequestHandler]:
                 return
             if raw is not None:
                 cut = double.take(method, target, ("cut",))
+                if damage_answer and raw:
+                    raw = raw[:-1] + bytes([raw[-1] ^ 0xFF])
                 headers["Content-Length"] = str(len(raw))
                 self.send_response(status)
                 for name, value in headers.items():

@@ -17,6 +17,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import objmanifest as om
+from objmanifest.store.gcs import GCSStore
 
 S3_NAMES = {
     "get": "GetObject",
@@ -82,10 +83,30 @@ def keys(store: Any, prefix: str) -> list[str]:
     return sorted(found)
 
 
+def gcs_of(store: Any) -> GCSStore | None:
+    """The ``GCSStore`` ``store`` is (or wraps, as the test fixtures do), else None."""
+    inner = getattr(store, "inner", store)
+    return inner if isinstance(inner, GCSStore) else None
+
+
+def _generations(store: GCSStore, key: str) -> list[Any]:
+    """The SDK's rows of every generation GCS keeps of ``key``, newest first."""
+    full = store.full_key(key)
+    rows = store.gcs.client.list_blobs(store.bucket, prefix=full, versions="true")
+    return sorted((r for r in rows if r.name == full), key=lambda r: -int(r.generation))
+
+
 def kept(store: Any, key: str) -> list[tuple[str, bytes]]:
     """(version id, bytes) of every version the store keeps of ``key`` that is not a delete
-    marker, newest first: on S3 as the bucket lists and serves them, on a ``MemoryStore``
-    as its backend holds them."""
+    marker, newest first: on S3 and GCS as the bucket lists and serves them (through its
+    SDK), on a ``MemoryStore`` as its backend holds them."""
+    gcs = gcs_of(store)
+    if gcs is not None:
+        bucket = gcs.gcs.client.bucket(gcs.bucket)
+        return [
+            (str(r.generation), bucket.blob(r.name, generation=r.generation).download_as_bytes())
+            for r in _generations(gcs, key)
+        ]
     if not is_s3(store):
         listed = store.backend.versions(key) or ()
         return [
@@ -109,7 +130,10 @@ def kept(store: Any, key: str) -> list[tuple[str, bytes]]:
 
 
 def delete_markers(store: Any, key: str) -> int:
-    """How many delete markers the store keeps of ``key``."""
+    """How many delete markers the store keeps of ``key`` (GCS has none: a deleted object
+    is one whose generations are all noncurrent)."""
+    if gcs_of(store) is not None:
+        return 0
     if not is_s3(store):
         return sum(1 for v in store.backend.versions(key) or () if v.deleted)
     full = store.full_key(key)
@@ -118,8 +142,13 @@ def delete_markers(store: Any, key: str) -> int:
 
 
 def delete_version(store: Any, key: str, version_id: str) -> None:
-    """Remove one kept version for good, as a lifecycle rule's expiry does."""
-    if is_s3(store):
+    """Remove one kept version for good, as a lifecycle rule's expiry does (on GCS, a
+    delete of that generation: fake-gcs-server cannot, see ``LACKS``)."""
+    gcs = gcs_of(store)
+    if gcs is not None:
+        full = gcs.full_key(key)
+        gcs.gcs.client.bucket(gcs.bucket).blob(full, generation=int(version_id)).delete()
+    elif is_s3(store):
         store.client.delete_object(
             Bucket=store.bucket, Key=store.full_key(key), VersionId=version_id
         )
