@@ -144,7 +144,7 @@ class VersionedCodec(Generic[D]):
 
     def stamp(self, doc: D, commit_id: str) -> D:
         commits = remembered(doc.commits, commit_id)
-        return doc.model_copy(update={"version": doc.version + 1, "commits": commits})
+        return doc.replaced(version=doc.version + 1, commits=commits)
 
     def commit_ids(self, doc: D) -> Sequence[str]:
         return doc.commits
@@ -159,7 +159,7 @@ class VersionedCodec(Generic[D]):
         return doc.journal_id, doc.journal or ()
 
     def with_journal(self, doc: D, journal_id: str, records: Sequence[JournalRecord]) -> D:
-        return doc.model_copy(update={"journal_id": journal_id, "journal": tuple(records)})
+        return doc.replaced(journal_id=journal_id, journal=tuple(records))
 
     def schema_of(self, doc: D) -> int:
         return doc.schema_version
@@ -327,7 +327,7 @@ class ShardCodec(VersionedCodec[Shard]):
         and those are put into the holes, from the cached pieces or whole."""
         present = [(name, hole) for name, hole in _HOLES if getattr(doc, name) is not None]
         empty: dict[str, Any] = {n: () if n == "journal" else {} for n, _ in present}
-        skeleton = doc.model_copy(update=empty).model_dump_json(exclude_none=True).encode()
+        skeleton = doc.replaced(**empty).model_dump_json(exclude_none=True).encode()
         out, pos = [], 0
         for name, hole in present:
             value = getattr(doc, name)

@@ -55,13 +55,13 @@ MAX_SPREAD_PARTITIONS = 16384  # the most shards one stage of a spread task may 
 TASK_SHARD = "_task"
 """The name of the one shard of a task created with ``layout="task"`` (never a stage name:
 those start with a letter or digit)."""
-"""The first schema version whose manifest objects carry their journal records."""
 COMMITS_KEPT = 64
 """How many commit ids a shard remembers: enough to tell a lost response from a lost race
 even after dozens of others committed on top."""
 
 
 M = TypeVar("M", bound=BaseModel)
+_set = object.__setattr__
 
 
 def validated(model: type[M], what: str, **fields: Any) -> M:
@@ -81,6 +81,20 @@ def validated(model: type[M], what: str, **fields: Any) -> M:
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True, use_enum_values=False)
+
+    def replaced(self: M, **changes: Any) -> M:
+        """``model_copy(update=changes)`` in one step (commits copy shards and entries often;
+        pydantic's general copy costs twice as much); a name the model does not declare, or
+        a model with private attributes, goes through ``model_copy``."""
+        known = changes.keys() <= type(self).__pydantic_fields__.keys()
+        if not known or getattr(self, "__pydantic_private__", None):
+            return self.model_copy(update=changes)
+        new, extra = type(self).__new__(type(self)), self.__pydantic_extra__
+        _set(new, "__dict__", {**self.__dict__, **changes})
+        _set(new, "__pydantic_extra__", None if extra is None else dict(extra))
+        _set(new, "__pydantic_fields_set__", self.__pydantic_fields_set__ | changes.keys())
+        _set(new, "__pydantic_private__", None)
+        return new
 
 
 class JournalRecord(_Model):
@@ -273,7 +287,7 @@ class Shard(Journaled):
     archived: dict[str, Archived] | None = None
 
     def with_entries(self, changed: dict[str, Entry]) -> Shard:
-        return self.model_copy(update={"entries": {**self.entries, **changed}})
+        return self.replaced(entries={**self.entries, **changed})
 
 
 class TaskHeader(_Model):

@@ -995,3 +995,24 @@ def test_an_archived_id_declared_differently_is_a_conflict_naming_its_archive() 
         ),
     ):
         changes.declare(before, NOW, [Declaration(file_id="died", stage=STAGE, consumers=("r",))])
+
+
+def test_a_model_replaced_is_the_copy_model_copy_makes_extra_fields_kept() -> None:
+    """``replaced`` (the one-step copy commits use) makes what ``model_copy(update=...)``
+    does: the same fields, the same set of fields given, the extra fields a newer release
+    wrote (copied, not shared), and a name the model does not declare among them."""
+    old = Entry.model_validate(
+        {"file_id": "a", "stage": STAGE, "epoch": 2, "from_a_newer_release": {"x": 1}}
+    )
+    for changed in ({"epoch": 3, "owner": "w"}, {"epoch": 3, "not_declared": "v"}, {}):
+        new, expected = old.replaced(**changed), old.model_copy(update=changed)
+        assert type(new) is Entry and new is not old
+        assert new == expected
+        assert new.model_dump_json() == expected.model_dump_json()
+        assert new.model_fields_set == expected.model_fields_set
+        assert new.model_extra == expected.model_extra
+        assert new.model_extra is not old.model_extra
+    assert old.epoch == 2 and old.model_extra == {"from_a_newer_release": {"x": 1}}
+    shard_before = shard(entry("a"))
+    renamed = shard_before.replaced(entries={}, version=7)
+    assert (renamed.entries, renamed.version, shard_before.entries.keys()) == ({}, 7, {"a"})
