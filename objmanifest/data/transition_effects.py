@@ -17,6 +17,7 @@ import logging
 
 from ..core import checksum
 from ..core.commit_events import CommitEvent
+from ..core.layout import Parsed
 from ..core.states import State
 from ..errors import ObjManifestError
 from .chunked import Scope, abandon
@@ -31,19 +32,23 @@ class TransitionEffects:
         self.scope = scope
 
     def __call__(self, event: CommitEvent) -> None:
-        parsed = self.scope.layout.parse(event.key)
-        if parsed.kind != "shard":
-            return
+        parsed: Parsed | None = None  # parsed only for a transition with an effect (rare)
         for t in event.transitions:
             if t.after == State.dead.value and t.before != State.dead.value:
-                self._abandon(parsed.stage, t.item, None, "it is dead")
+                epoch, why = None, "it is dead"
             elif (
                 t.after == State.ready.value
                 and t.before == State.writing.value
                 and (t.epoch or 0) > 1
                 and not checksum.is_composite(t.checksum)
             ):
-                self._abandon(parsed.stage, t.item, t.epoch, "it was made ready as one object")
+                epoch, why = t.epoch, "it was made ready as one object"
+            else:
+                continue
+            parsed = parsed or self.scope.layout.parse(event.key)
+            if parsed.kind != "shard":
+                return
+            self._abandon(parsed.stage, t.item, epoch, why)
 
     def _abandon(self, stage: str | None, file_id: str, epoch: int | None, why: str) -> None:
         try:
