@@ -133,7 +133,7 @@ def test_tricky_keys_live_side_by_side_and_list_in_key_order(store: FileStore) -
     assert [row.key for row in store.list("")] == sorted(TRICKY)
     for key in TRICKY:
         assert store.get(key) == Blob(
-            key.encode("utf-8"), f'"{md5(key.encode())}"', {"k": str(len(key))}
+            key.encode("utf-8"), f'"{checksum.of_bytes(key.encode())}"', {"k": str(len(key))}
         )
     # Nothing of the store's own is in the key space, nor a key outside the directory.
     assert sorted(os.listdir(store.root)) == sorted(
@@ -194,19 +194,40 @@ def test_an_empty_directory_left_behind_is_not_a_common_prefix(store: FileStore)
 # -- objects --------------------------------------------------------------------------------
 
 
-def test_the_etag_is_the_md5_of_the_body_and_a_stream_is_digested_as_written(
+def test_the_etag_is_the_checksum_of_the_body_and_a_stream_is_digested_as_written(
     store: FileStore,
 ) -> None:
     body = os.urandom(3 * 1024 * 1024 + 5)
     streamed = store.put("big", io.BytesIO(body), metadata={"m": "1"})
-    assert streamed == f'"{md5(body)}"'
+    assert streamed == f'"{checksum.of_bytes(body)}"'
     assert store.head("big") == Head(streamed, len(body), {"m": "1"})
     assert store.head("big").completed_upload is None
-    assert store.put("small", body[:10]) == f'"{md5(body[:10])}"'
+    assert store.put("small", body[:10]) == f'"{checksum.of_bytes(body[:10])}"'
+    assert store.put("empty", b"") == f'"{checksum.of_bytes(b"")}"'
+    assert store.put("empty stream", io.BytesIO()) == f'"{checksum.of_bytes(b"")}"'
     stream = store.open("big", (1000, 2000))
     assert stream.read() == body[1000:2000]
     stream.close()
     assert store.get("big", if_none_match=streamed) is None
+
+
+def test_an_object_an_earlier_release_wrote_with_its_md5_etag_is_read_and_updated(
+    store: FileStore,
+) -> None:
+    """Earlier releases gave an object the MD5 of its body as its ETag; the ETag is opaque,
+    so such a file keeps answering conditions on it, and its next version gets a checksum."""
+    body = b'{"old": "version"}'
+    path = store.object_path("doc")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(file_io.header_bytes(md5(body), {}) + body)
+    old = f'"{md5(body)}"'
+    assert store.get("doc") == Blob(body, old, {})
+    assert store.get("doc", if_none_match=old) is None
+    with pytest.raises(PreconditionFailed):
+        store.put("doc", b"new", mode=PutMode.update(f'"{checksum.of_bytes(body)}"'))
+    assert store.put("doc", b"new", mode=PutMode.update(old)) == f'"{checksum.of_bytes(b"new")}"'
+    assert store.get("doc") == Blob(b"new", f'"{checksum.of_bytes(b"new")}"', {})
 
 
 def test_a_large_header_is_read_whole(store: FileStore) -> None:
@@ -341,7 +362,7 @@ def test_a_writer_killed_at_any_step_leaves_a_whole_object_and_no_lock(
             assert mode == "create"
             continue
         assert blob is not None and blob.body in (old, new), step
-        assert blob.etag == f'"{md5(blob.body)}"'
+        assert blob.etag == f'"{checksum.of_bytes(blob.body)}"'
         assert store.head("doc") == Head(blob.etag, len(blob.body), {})
         if mode == "create":
             assert blob.body == new

@@ -6,8 +6,8 @@ keeps its own files under ``DIR/.objmanifest/`` (``tmp/``, ``uploads/``, ``locks
 ``clock``).
 
 Every version of an object is a file of its own, written whole to ``tmp/``, digested (its
-MD5 is the ETag, kept in the file's header with the metadata) and ``fsync``-ed, then put
-in place in one step:
+xxh3-128 checksum is the ETag, kept in the file's header with the metadata) and
+``fsync``-ed, then put in place in one step:
 
 * **create-only** links it to the object's path (``link(2)`` fails if anything is there:
   the filesystem decides the race, also between machines on NFS);
@@ -31,10 +31,13 @@ The clock is the filesystem's: ``now()`` touches ``.objmanifest/clock`` and read
 mtime (on NFS the server stamps it), and ``StoreClock`` advances it between observations
 by the monotonic clock, as the ``Date`` headers of an S3 store.
 
-"In transit" here is the way from the caller's bytes to the file: the ETag is the MD5 of
-the very bytes written (a streamed body is digested chunk by chunk as it goes), so there is
-nothing for a digest to check on arrival. NFS's own wire is the mount's business (TCP's
-checksum, or ``sec=krb5i`` for an integrity check of every RPC).
+"In transit" here is the way from the caller's bytes to the file: the ETag is the checksum
+of the very bytes written (a streamed body is digested chunk by chunk as it goes), so there
+is nothing for a digest to check on arrival. It is not an MD5, as S3's is, because nothing
+compares a whole object's ETag with an MD5 (only a part's, which stays one) and xxh3 costs a
+fraction of it; an object an earlier release wrote keeps its MD5 until its next version
+(an ETag is only ever compared with one the store gave). NFS's own wire is the mount's
+business (TCP's checksum, or ``sec=krb5i`` for an integrity check of every RPC).
 """
 
 from __future__ import annotations
@@ -92,8 +95,8 @@ class FileStore:
 
     scheme = "file"
     integrity = (
-        "not asked: a directory has no transit to damage (the ETag is the MD5 of the very "
-        "bytes written)"
+        "not asked: a directory has no transit to damage (the ETag is the checksum of the "
+        "very bytes written)"
     )
 
     def __init__(self, root: str, *, runtime: Runtime | None = None, connections: int = 16) -> None:
@@ -243,7 +246,7 @@ class FileStore:
         metadata: dict[str, str] | None = None,
         content_type: str = "application/octet-stream",
     ) -> str:
-        """Write an object and return its ETag (the MD5 of its body, as on S3)."""
+        """Write an object and return its ETag (its body's xxh3-128 checksum)."""
         path = self.object_path(key)
 
         def write(fd: int) -> str:

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from ..core import checksum
 from ..errors import AccessDenied, ReadBrokeOff, StoreError
 from .errors import NoSuchObject
 
@@ -40,10 +41,13 @@ CHUNK = 1024 * 1024
 MAX_HEADER = 16 * 1024 * 1024
 """The longest header a file may claim (metadata of that size is nobody's)."""
 
-PLACEHOLDER = "0" * 32
-"""The ETag a streamed body's header is written with, replaced by its MD5 at the end."""
+PLACEHOLDER = checksum.PREFIX + "0" * 32
+"""The ETag a streamed body's header is written with, replaced by its digest at the end
+(the same length)."""
 
 _HEAD = struct.Struct(">I")
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"))
+"""``json.dumps(..., separators=(",", ":"))``, its encoder made once."""
 _ETAG_AT = len(MAGIC) + _HEAD.size + len('{"etag":"')
 
 FLOCK = struct.Struct("hhqqi4x")
@@ -71,8 +75,7 @@ def header_bytes(etag: str, metadata: dict[str, str] | None, upload: str | None 
     fields: dict[str, object] = {"etag": etag, "metadata": dict(metadata or {})}
     if upload is not None:
         fields["upload"] = upload
-    text = json.dumps(fields, separators=(",", ":"))
-    data = text.encode("utf-8")
+    data = _HEADER_JSON.encode(fields).encode("utf-8")
     return MAGIC + _HEAD.pack(len(data)) + data
 
 
@@ -127,20 +130,21 @@ def write_all(fd: int, buffers: Iterable[bytes | memoryview]) -> None:
 
 
 def write_object(fd: int, body: bytes | BinaryIO, metadata: dict[str, str] | None) -> str:
-    """Write an object's file (header and body) to ``fd``; the body's MD5 (hex), digested
-    from the very bytes written. A file object is read from its start to its end."""
+    """Write an object's file (header and body) to ``fd``; its ETag, the body's checksum
+    (``xxh3-128:`` and its hex digest) digested from the very bytes written. A file object
+    is read from its start to its end."""
     if isinstance(body, (bytes, bytearray, memoryview)):
-        etag = hashlib.md5(body, usedforsecurity=False).hexdigest()
+        etag = checksum.of_bytes(body)
         write_all(fd, [header_bytes(etag, metadata), memoryview(body)])
         return etag
     write_all(fd, [header_bytes(PLACEHOLDER, metadata)])
-    digest = hashlib.md5(usedforsecurity=False)
+    digest = checksum.Digest()
     if body.seekable():
         body.seek(0)
     while chunk := body.read(CHUNK):
         digest.update(chunk)
         write_all(fd, [chunk])
-    etag = digest.hexdigest()
+    etag = digest.checksum()
     os.pwrite(fd, etag.encode("ascii"), _ETAG_AT)
     return etag
 
