@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import objmanifest as om
+from objmanifest.cas.blocks import BLOCK
 from objmanifest.cli import main
 from tests.support import rawstore
 from tests.support.cli_forks import FORKS
@@ -430,6 +431,48 @@ def test_a_deleted_shard_is_damage_until_repair_and_no_declare_papers_it_over(
     assert [(o["key"], o["action"]) for o in repaired["objects"]] == [(key, "rebuilt")]
     assert cli.json("status")["totals"]["pending"] == 1
     cli.run("declare", other, "--stage", "a")
+
+
+@MOTO_ONLY
+@pytest.mark.layouts
+def test_repair_puts_back_a_shard_and_an_index_nested_thousands_deep(
+    cli: Cli, store: om.ObjectStore
+) -> None:
+    """A shard and the index raw-PUT as ``{"x":`` 50,000 times: ``status`` exits 12, and
+    ``repair`` exits 0 rebuilding both from what the journal's blocks kept (the records the
+    objects carried went with them), after which the task is sound and its entries there."""
+    cli.run("init", "a", "--lease", "600")
+    ids = [f"f{n:02d}" for n in range(2 * BLOCK)]  # a block of each object's records stored
+    for file_id in ids:
+        cli.run("declare", file_id, "--stage", "a")
+    task = om.Task.open(store, "job")
+    shard, index = engine(task).shard_key("a", ids[0]), engine(task).layout.index
+    for key in (shard, index):
+        rawstore.put(store, key, b'{"x":' * 50_000)
+    cli.run("status", code=UNSUPPORTED)
+    repaired = cli.json("repair")
+    assert {(o["key"], o["action"]) for o in repaired["objects"]} == {
+        (shard, "rebuilt"),
+        (index, "rebuilt"),
+    }
+    assert cli.json("status")["totals"]["pending"] >= BLOCK - 1
+    assert cli.json("show", ids[0])["state"] == "pending"
+
+
+@MOTO_ONLY
+def test_ninety_declares_each_a_process_keep_the_shard_journal_bounded(
+    cli: Cli, store: om.ObjectStore
+) -> None:
+    """Ninety ``objmanifest declare`` processes, one commit each: every journaled object
+    carries fewer than ``2 * BLOCK`` records, and ``trim`` can let old ones go."""
+    cli.run("init", "a", "--journal-keep-versions", "40")
+    for n in range(90):
+        cli.run("declare", f"f{n:03d}", "--stage", "a")
+    task = om.Task.open(store, "job")
+    for key, codec in engine(task).journaled_objects():
+        journal = codec.journal(engine(task).docs.read(key, codec))
+        assert journal is not None and len(journal[1]) < 2 * BLOCK, key
+    assert sum(d.records for d in task.trim_journal()) >= BLOCK
 
 
 @MOTO_ONLY
@@ -994,6 +1037,7 @@ def test_doctor_on_a_missing_bucket_is_one_error(cli: Cli) -> None:
         "objmanifest: store error: bucket 'no-such-bucket-here' does not"
     )
     assert "create it first" in err and "Date header" not in err
+    assert "iam-policy" not in err and "IAM" not in err  # a missing bucket is no permission
     refused = cli.json("--url", "s3://no-such-bucket-here/p", "doctor", code=STORE)
     assert refused["error"] == "StoreError"
     gone = cli.run("--endpoint-url", "http://127.0.0.1:1", "doctor", code=STORE).stderr
