@@ -36,6 +36,8 @@ def test_the_ci_seeds_break_no_invariant_and_every_fault_happens() -> None:
     assert totals.unsettled == 0, report
     assert sum(totals.ops.values()) >= 200 * len(CI_SEEDS), report
     assert set(totals.ops) == set(checker.KINDS), report
+    # The shell agents (a process per call, claims rebuilt from what claim printed) work.
+    assert min(totals.by_shells[k] for k in (checker.CLAIM, checker.RENEW, checker.PUT)) > 0
     assert set(totals.outcomes) == {checker.OK, checker.UNKNOWN, checker.REFUSED}, report
     faults = {"503", "lost", "dropped", "cut", "stall", "slow", "clock-jump", "kill", "rot"}
     assert set(totals.faults) == faults, report

@@ -130,6 +130,8 @@ class Result:
     """The entries' states at the end."""
     puts: Counter[str] = field(default_factory=Counter)
     """Puts acknowledged, by how: single, chunked, put_many."""
+    by_shells: Counter[str] = field(default_factory=Counter)
+    """Operations the shell agents (each call from a process of its own) saw succeed."""
     stuck: list[str] = field(default_factory=list)
 
     @property
@@ -533,6 +535,8 @@ class Sim:
             self.result.outcomes[op.outcome] += 1
             if op.kind == checker.PUT and op.outcome == OK:
                 self.result.puts[op.detail] += 1
+            if op.agent.startswith("s") and op.outcome == OK:
+                self.result.by_shells[op.kind] += 1
         task = Task.open(self.god, "job")
         for name in engine(task).layout.all_shards(task.stages):
             shard = engine(task).read_shard(name)
@@ -994,6 +998,7 @@ class Totals:
     ops: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
     puts: Counter[str] = field(default_factory=Counter)
+    by_shells: Counter[str] = field(default_factory=Counter)
     states: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     violations: Counter[str] = field(default_factory=Counter)
@@ -1009,6 +1014,7 @@ class Totals:
         self.ops.update(r.ops)
         self.outcomes.update(r.outcomes)
         self.puts.update(r.puts)
+        self.by_shells.update(r.by_shells)
         self.states.update(r.states)
         self.steps += r.steps
         self.sim_seconds += r.sim_seconds
@@ -1025,6 +1031,7 @@ class Totals:
         yield f"ops: {sum(self.ops.values())} ({_counts(self.ops)})"
         yield f"outcomes: {_counts(self.outcomes)}"
         yield f"puts acknowledged: {_counts(self.puts)}"
+        yield f"shell agents' calls that succeeded: {_counts(self.by_shells)}"
         yield f"entries at the end: {_counts(self.states)}"
         yield f"scheduling steps: {self.steps}, simulated time: {self.sim_seconds:.0f} s"
         yield f"faults: {sum(self.faults.values())} ({_counts(self.faults)})"
