@@ -9,9 +9,11 @@ events, not from here.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import overload
 
@@ -114,15 +116,22 @@ class Agent:
             raise InvalidInput(f"limit must be a whole number of at least 1, not {limit!r}")
         engine = self._engine
         engine.check_stage(stage)  # refuses an unknown stage, without a request
-        shards = engine.layout.shards_of(stage)
+        shards = engine.layout.stage_shards(stage)
         only = stage if engine.layout.single else None
         claims: list[Claim] = []
         start, exploring = self._home_of(stage, shards)
-        ahead, passed = shards[start:] + shards[:start], list[str]()
+        ahead = itertools.chain(range(start, len(shards)), range(start))
+        passed: deque[str] = deque()
         now = engine.store.now() if exploring else None
-        while ahead or passed:
-            looking = bool(ahead)
-            shard = ahead.pop(0) if ahead else passed.pop(0)
+        while True:
+            number = next(ahead, None)
+            looking = number is not None
+            if number is not None:
+                shard = shards[number]
+            elif passed:
+                shard = passed.popleft()
+            else:
+                break
             current = engine.claim_base(shard)
             if (
                 looking
@@ -146,7 +155,7 @@ class Agent:
                 break
         return claims
 
-    def _home_of(self, stage: str, shards: list[str]) -> tuple[int, bool]:
+    def _home_of(self, stage: str, shards: tuple[str, ...]) -> tuple[int, bool]:
         """Where a claim by stage of a split stage starts: this agent's home partition, the
         last one it claimed from (at first a random one); and whether it is still looking
         for a home of its own (none yet, or it just lost a race for the last one), when a
@@ -154,22 +163,25 @@ class Agent:
         if len(shards) == 1:
             return 0, False
         home = self._homes.get(stage)
-        if home is None or home[0] not in shards:
+        number = None if home is None else self._engine.layout.partition_number(stage, home[0])
+        if home is None or number is None:
             return self._random_index(len(shards)), True
-        return shards.index(home[0]), not home[1]
+        return number, not home[1]
 
     def _random_index(self, n: int) -> int:
         """A random whole number in [0, n), from the runtime's randomness."""
         return int(self._engine.store.runtime.random() * n) % n
 
-    def _settle_home(self, stage: str, shards: list[str], shard: str, lost: bool) -> None:
+    def _settle_home(self, stage: str, shards: tuple[str, ...], shard: str, lost: bool) -> None:
         """Stay where claims were found, unless a race for it was lost on the way: another
-        agent works there too, so the next claim starts at a random other partition, and
-        looks for one nobody works in. Agents of one stage so spread out until each has a
-        partition of its own."""
+        agent works there too, so the next claim starts at a random other partition (any
+        but ``shard``), and looks for one nobody works in. Agents of one stage so spread
+        out until each has a partition of its own."""
         if lost:
-            others = [s for s in shards if s != shard]
-            self._homes[stage] = (others[self._random_index(len(others))], False)
+            other = self._random_index(len(shards) - 1)
+            if other >= (self._engine.layout.partition_number(stage, shard) or 0):
+                other += 1  # the partitions after ``shard`` move up by one
+            self._homes[stage] = (shards[other], False)
         else:
             self._homes[stage] = (shard, True)
 

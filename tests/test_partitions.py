@@ -59,6 +59,20 @@ def test_a_split_stage_has_one_numbered_shard_per_partition() -> None:
     assert TaskLayout("t", {"c": 10}).shards_of("c")[-1] == "c~9"
 
 
+def test_a_partition_is_found_by_its_name_and_nothing_else_is() -> None:
+    layout = TaskLayout("t", {"collect": 12})
+    names = layout.stage_shards("collect")
+    assert [layout.partition_number("collect", n) for n in names] == list(range(12))
+    assert TaskLayout("u", {"collect": 12}).stage_shards("collect") is names  # made once
+    for other in ("collect~12", "collect~7", "collect~-1", "collect", "write~01", "collect~0x"):
+        assert layout.partition_number("collect", other) is None
+    assert layout.partition_number("write", "write") == 0
+    assert layout.partition_number("write", "collect~01") is None
+    single = TaskLayout("t", single=True)
+    assert single.partition_number("collect", "_task") == 0
+    assert single.partition_number("collect", "collect") is None
+
+
 def test_the_task_layout_has_one_shard_for_every_stage() -> None:
     layout = TaskLayout("t", single=True)
     assert layout.shards_of("collect") == layout.shards_of("write") == ["_task"]

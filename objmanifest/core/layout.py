@@ -42,6 +42,7 @@ shard: callers ask ``shard_of``/``shards_of`` and pass shard names around (``cla
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -157,6 +158,16 @@ def partition_of(file_id: str, count: int) -> int:
     return xxhash.xxh3_64_intdigest(file_id.encode("utf-8", "surrogatepass")) % count
 
 
+def _partition_name(stage: str, n: int, count: int) -> str:
+    return f"{stage}{PARTITION}{n:0{len(str(count - 1))}d}"
+
+
+@functools.lru_cache(maxsize=64)
+def _partition_names(stage: str, count: int) -> tuple[str, ...]:
+    """The names of ``stage``'s ``count`` partitions, made once per process."""
+    return tuple(_partition_name(stage, n, count) for n in range(count))
+
+
 @dataclass(frozen=True)
 class TaskLayout:
     """The keys of one task, relative to the store's prefix, and which shard holds what.
@@ -170,11 +181,6 @@ class TaskLayout:
     partitions: Mapping[str, int] = field(default_factory=dict)
     single: bool = False
     spread: bool = False
-    _shards: dict[str, tuple[str, ...]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-    """Each stage's shard names once made: a claim by stage of a split stage asks for them
-    every time."""
 
     def __post_init__(self) -> None:
         check_name("task id", self.task_id)
@@ -213,17 +219,29 @@ class TaskLayout:
 
     def shards_of(self, stage: str) -> list[str]:
         """Every shard that holds entries of ``stage`` (in partition order)."""
+        return list(self.stage_shards(stage))
+
+    def stage_shards(self, stage: str) -> tuple[str, ...]:
+        """``shards_of`` as a tuple every layout of the same partitions shares (no copy: a
+        claim by stage asks for it every time, and a process may hold thousands of tasks of
+        thousands of partitions)."""
         if self.single:
-            return [TASK_SHARD]
+            return (TASK_SHARD,)
         count = self.partitions.get(stage, 1)
         if count == 1:
-            return [stage]
-        names = self._shards.get(stage)
-        if names is None:
-            names = self._shards[stage] = tuple(
-                self._partition(stage, n, count) for n in range(count)
-            )
-        return list(names)
+            return (stage,)
+        return _partition_names(stage, count)
+
+    def partition_number(self, stage: str, shard: str) -> int | None:
+        """Which of ``stage``'s ``stage_shards`` ``shard`` is (its place in them), without
+        searching them; None if it is none of them."""
+        if self.single:
+            return 0 if shard == TASK_SHARD else None
+        if self.partitions.get(stage, 1) == 1:
+            return 0 if shard == stage else None
+        if not self.is_shard(shard, (stage,)):
+            return None
+        return int(shard.rpartition(PARTITION)[2])
 
     def is_shard(self, shard: str, stages: tuple[str, ...]) -> bool:
         """Whether ``shard`` is the name of a shard of a task of ``stages`` (without
@@ -248,7 +266,7 @@ class TaskLayout:
 
     @staticmethod
     def _partition(stage: str, n: int, count: int) -> str:
-        return f"{stage}{PARTITION}{n:0{len(str(count - 1))}d}"
+        return _partition_name(stage, n, count)
 
     def stage_of_shard(self, shard: str) -> str | None:
         """The stage whose entries ``shard`` holds; None for the task's one shard."""
