@@ -57,6 +57,28 @@ def test_every_call_the_reference_presents_has_its_coroutine_twin(sync: type, tw
     assert hidden == []
 
 
+@pytest.mark.parametrize(("sync", "twin"), [(om.Task, AsyncTask), (om.Agent, AsyncAgent)])
+def test_every_coroutine_twin_takes_the_arguments_of_its_call(sync: type, twin: type) -> None:
+    """The same names, kinds and defaults as the call it runs (or a ``**options`` passed on
+    to it), but ``stop``: a coroutine is stopped by cancelling it."""
+    differ = []
+    for name in presented(sync.__name__):
+        if isinstance(inspect.getattr_static(sync, name), property):
+            continue
+        wanted = inspect.signature(getattr(sync, name)).parameters
+        taken = inspect.signature(getattr(twin, name)).parameters
+        passed_on = any(p.kind is p.VAR_KEYWORD for p in taken.values())
+        for arg, param in wanted.items():
+            got = taken.get(arg)
+            if got is None and passed_on and param.kind is not param.POSITIONAL_ONLY:
+                continue
+            if arg != "stop" and (
+                got is None or (got.kind, got.default) != (param.kind, param.default)
+            ):
+                differ.append(f"{name}({arg})")
+    assert differ == []
+
+
 pytestmark = pytest.mark.behaviour
 
 T = TypeVar("T")
@@ -156,6 +178,25 @@ def test_declare_claim_put_consume_round_trip(store: om.ObjectStore, tmp_path: P
             assert (await task.index()).stage_of("draft") == "write"
             await AsyncTask.delete_by_id(store, "job")
             assert await AsyncTask.list(store) == []
+
+    run(main())
+
+
+def test_consume_waits_for_an_entry_put_while_it_waits(store: om.ObjectStore) -> None:
+    async def main() -> None:
+        async with make(store) as task:
+            await task.declare("a", stage="collect")
+            with pytest.raises(om.NotReady):
+                await task.agent("c").consume("a", wait=0)
+            waiting = asyncio.ensure_future(task.agent("c").consume("a", wait=BOUND))
+            await asyncio.sleep(0.3)  # the wait has looked and found it pending
+            assert not waiting.done()
+            producer = task.agent("p")
+            claim = await producer.claim("a")
+            assert claim is not None
+            await producer.put(claim, b"made while waited for")
+            assert await waiting == b"made while waited for"
+            assert (await task.entry("a")).consumed_by == ("c",)
 
     run(main())
 

@@ -161,6 +161,7 @@ class AsyncAgent:
         concurrency: int | None = None,
         progress: Progress | None = None,
         parents: bool = False,
+        wait: float | None = None,
     ) -> bytes: ...
     @overload
     async def consume(
@@ -172,6 +173,7 @@ class AsyncAgent:
         concurrency: int | None = None,
         progress: Progress | None = None,
         parents: bool = False,
+        wait: float | None = None,
     ) -> Entry: ...
 
     async def consume(
@@ -183,9 +185,12 @@ class AsyncAgent:
         concurrency: int | None = None,
         progress: Progress | None = None,
         parents: bool = False,
+        wait: float | None = None,
     ) -> bytes | Entry:
-        """``Agent.consume``. Cancelled, it stops before the data is put in place and
-        marked (nothing at ``dest`` changes), or, if the mark was sent, waits for it."""
+        """``Agent.consume`` (``wait``: look again until the entry is ready, for up to that
+        many seconds). Cancelled, it stops before the data is put in place and marked
+        (nothing at ``dest`` changes; a wait stops at its next look), or, if the mark was
+        sent, waits for it."""
         stop = threading.Event()
 
         def call() -> bytes | Entry:
@@ -196,6 +201,7 @@ class AsyncAgent:
                     concurrency=concurrency,
                     progress=progress,
                     stop=stop,
+                    wait=wait,
                 )
             return self.agent.consume(
                 file_id,
@@ -205,6 +211,7 @@ class AsyncAgent:
                 progress=progress,
                 parents=parents,
                 stop=stop,
+                wait=wait,
             )
 
         return await self._pool.run(
