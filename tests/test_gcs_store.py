@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from objmanifest.core.pacing import SendRate
 from objmanifest.errors import AccessDenied, InvalidInput, ReadBrokeOff, StoreError
 from objmanifest.local.fakegcs import LocalGCS, start_fakegcs
 from objmanifest.local.servers import free_port
@@ -406,6 +408,30 @@ def test_throttling_and_unavailability_are_retried(
     assert on_double.get("hot") == Blob(b"v2", again, {})
     double.plan("GET", "/o/", "status", status=status, times=1)
     assert on_double.head("hot").etag == again
+
+
+def test_a_client_throttled_on_a_write_paces_its_writes_and_not_on_a_read(
+    double: GCSDouble, on_double: GCSStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes = on_double.gcs.writes = SendRate(decrease=0.01)  # its least: one every 10 s
+    turns: list[float] = []
+
+    def turn(now: float) -> float:
+        turns.append(SendRate.turn(writes, now))
+        return 0.0  # recorded, not waited
+
+    monkeypatch.setattr(writes, "turn", turn)
+    etag = on_double.put("paced", b"v1")
+    double.plan("GET", "/o/", "status", status=429, times=1)
+    assert on_double.head("paced").etag == etag
+    assert turns == [0.0] and writes.rate(time.monotonic()) is None  # a read paces no write
+    double.plan("POST", "uploadType=multipart", "status", status=429, times=1)
+    etag = on_double.put("paced", b"v2", mode=PutMode.update(etag))
+    assert writes.rate(time.monotonic()) == pytest.approx(0.1, abs=0.01)
+    on_double.put("paced", b"v3", mode=PutMode.update(etag))
+    on_double.delete("paced")
+    assert turns[:2] == [0.0, 0.0]  # sent at once until the 429
+    assert turns[2] > 5 and turns[3] > turns[2] + 5  # then each write its turn, 10 s apart
 
 
 def test_a_read_that_breaks_off_is_read_broke_off(double: GCSDouble, on_double: GCSStore) -> None:

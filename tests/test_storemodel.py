@@ -141,6 +141,42 @@ def test_a_prefix_over_its_rate_is_throttled_retried_and_never_served_beyond_it(
     assert done["ok"] + done["gave up"] == 100
 
 
+def test_gcs_clients_pace_their_writes_once_throttled_and_are_throttled_far_less(
+    bucket: str,
+) -> None:
+    """Twenty clients writing as fast as they can into a bucket that takes twenty writes a
+    second: paced as ``GCSStore`` paces them (``SendRate``), every write lands and a small
+    share is throttled; sent again by the backoff alone, many more are."""
+    tight = dataclasses.replace(
+        PROFILES["gcs"], limits=(Limit("bucket", writes=20),), cas_per_object=None
+    )
+    unpaced = dataclasses.replace(tight, retry=dataclasses.replace(tight.retry, paced=False))
+
+    def throttled(profile: Profile) -> tuple[int, int]:
+        sched = Scheduler()
+        model = StoreModel(profile, sched, f"{bucket}-{profile.retry.paced}")
+        landed = Counter[str]()
+
+        def client(i: int) -> None:
+            store = ModelStore(model, sched.runtime(f"c{i}"), f"c{i}")
+            for n in range(20):
+                store.put(f"k/{i}-{n}", b"x", mode=CREATE)
+                landed["ok"] += 1
+
+        for i in range(20):
+            sched.spawn(lambda i=i: client(i), f"c{i}")
+        sched.run(600.0)
+        sched.shutdown()
+        memory._BUCKETS.pop(model.bucket, None)
+        assert sched.errors == []
+        assert model.max_scope_requests_per_s <= 20
+        return landed["ok"], model.counts.throttled
+
+    (paced_landed, paced), (unpaced_landed, backoff_only) = throttled(tight), throttled(unpaced)
+    assert paced_landed == unpaced_landed == 400
+    assert 0 < paced < backoff_only / 2
+
+
 def test_a_capacity_run_replays_exactly_for_its_seed_and_breaks_no_invariant() -> None:
     plan = capacity.Plan("s3-standard", agents=8, partitions=4, seconds=3.0, warmup=1.0, seed=3)
     first, again = capacity.run(plan), capacity.run(plan)

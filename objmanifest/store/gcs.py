@@ -226,7 +226,9 @@ class GCSStore(PrefixedStore):
         and a 404 means the bucket is missing (asked, where the answer does not say it),
         unless ``absent_ok`` (a delete: a missing object is what it wants, and asking about
         the bucket would need a permission agents do not have); ``resent``, a body refused
-        for its digest is ``BodyDamaged``."""
+        for its digest is ``BodyDamaged``. A write waits its turn (``GCSClient.pace_write``)."""
+        if write:
+            self.gcs.pace_write()
         try:
             return send()
         except (api_exceptions.BadRequest, api_exceptions.PreconditionFailed) as e:

@@ -31,6 +31,8 @@ from google.auth.transport.requests import AuthorizedSession
 from google.cloud import storage
 from google.cloud.storage.exceptions import InvalidResponse
 
+from ..core.pacing import SendRate
+from ..core.runtime import DEFAULT, Runtime
 from ..errors import InvalidInput, StoreError
 from .base import StoreClock
 from .urls import without_credentials
@@ -98,8 +100,20 @@ def _read_may_retry(exc: Exception) -> bool:
     return _server_said_retry(exc)
 
 
+BACKOFF_INITIAL, BACKOFF_MAXIMUM, BACKOFF_MULTIPLIER, RETRY_DEADLINE = 0.5, 16.0, 2.0, 120.0
+"""A request the server said to send again is sent after a pause drawn uniformly up to
+``BACKOFF_INITIAL`` s, doubling to at most ``BACKOFF_MAXIMUM``, for ``RETRY_DEADLINE`` s
+(``google.api_core``'s truncated exponential backoff; the capacity model retries so too)."""
+
+
 def _backoff(predicate: Callable[[Exception], bool]) -> Retry:
-    return Retry(predicate=predicate, initial=0.5, maximum=16.0, multiplier=2.0, timeout=120.0)
+    return Retry(
+        predicate=predicate,
+        initial=BACKOFF_INITIAL,
+        maximum=BACKOFF_MAXIMUM,
+        multiplier=BACKOFF_MULTIPLIER,
+        timeout=RETRY_DEADLINE,
+    )
 
 
 WRITE_RETRY = _backoff(_server_said_retry)
@@ -152,8 +166,20 @@ class GCSClient:
     """The JSON API's base URL, such as https://storage.googleapis.com."""
     emulator: bool
     """True when the endpoint is not Google's (asked anonymously)."""
+    runtime: Runtime = field(default=DEFAULT, repr=False)
+    """The clock and sleep of the pace of its writes."""
+    writes: SendRate = field(default_factory=SendRate, repr=False)
+    """The pace of this client's writes, slowed by GCS's 429s (a bucket's write rate, an
+    object's one update a second): the agents of one bucket so settle near what it serves,
+    each write waiting its turn rather than a retry's growing backoff."""
     _clocks: weakref.WeakSet[StoreClock] = field(default_factory=weakref.WeakSet, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def pace_write(self) -> None:
+        """Wait until this client may send a write (at once until GCS throttles one)."""
+        wait = self.writes.turn(self.runtime.monotonic())
+        if wait > 0:
+            self.runtime.sleep(wait)
 
     def attach(self, clock: StoreClock) -> None:
         """Feed ``clock`` the ``Date`` of every answer that comes through this client (all
@@ -162,6 +188,8 @@ class GCSClient:
             self._clocks.add(clock)
 
     def observe(self, response: requests.Response, *_: Any, **__: Any) -> None:
+        if response.status_code == 429 and response.request.method != "GET":
+            self.writes.throttled(self.runtime.monotonic())  # the SDK's retry sends it again
         date = response.headers.get("Date")
         if not date:
             return

@@ -19,9 +19,11 @@ requests of many agents overlap as they do on the wire. What the model enforces:
   prefix starting at the published rates: S3's gradual scaling up is not assumed; S3
   Express, GCS, Azure: per bucket or account, Azure also per blob): a request beyond the
   scope's rate over the last second is throttled (503 SlowDown, GCS 429) and not served.
-* **The client's retries**: a throttled request is sent again as botocore's standard mode
-  does (five attempts, a jittered backoff of up to 1, 2, 4, 8 s, a retry quota), so a
-  throttle costs time and requests; a 409 or 412 goes to the commit loop as a lost race.
+* **The client's retries**: a throttled request is sent again as the library's client for
+  that store does (``ClientRetry``: botocore's standard mode for S3, five attempts, a
+  jittered backoff of up to 1, 2, 4, 8 s, a retry quota; ``google.api_core``'s for GCS, a
+  backoff from 0.5 s doubling to 16 s for up to 120 s), so a throttle costs time and
+  requests; a 409 or 412 goes to the commit loop as a lost race.
 * **Faults**, so the checker has something to judge: a write applied whose answer is lost
   (``OutcomeUnknown``), a read refused (503).
 
@@ -39,9 +41,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import BinaryIO, Literal
 
+from objmanifest.core.pacing import SendRate
 from objmanifest.core.runtime import Runtime
 from objmanifest.errors import StoreError
-from objmanifest.store import memory
+from objmanifest.store import gcs_client, memory
 from objmanifest.store.base import (
     CREATE,
     OVERWRITE,
@@ -114,6 +117,39 @@ EXPRESS_PRICES = Prices(
 
 
 @dataclass(frozen=True)
+class ClientRetry:
+    """How a profile's client sends a throttled request again: a pause drawn uniformly up
+    to ``initial * multiplier ** (n - 1)`` s after the n-th try (at most ``maximum``), for
+    at most ``attempts`` tries or ``deadline`` s, and botocore's retry ``quota`` or none."""
+
+    initial: float
+    maximum: float
+    multiplier: float = 2.0
+    attempts: int | None = None
+    deadline: float | None = None
+    quota: bool = False
+    paced: bool = False
+    """Writes paced by the library's ``SendRate`` once the store throttles one."""
+
+    def pause(self, attempt: int, rng: random.Random) -> float:
+        return rng.random() * min(self.maximum, self.initial * self.multiplier ** (attempt - 1))
+
+
+BOTOCORE_STANDARD = ClientRetry(1.0, 20.0, attempts=5, quota=True)
+"""botocore's standard retry mode, as ``S3Store``'s client is configured (every profile
+but GCS's)."""
+GCS_CLIENT = ClientRetry(
+    gcs_client.BACKOFF_INITIAL,
+    gcs_client.BACKOFF_MAXIMUM,
+    gcs_client.BACKOFF_MULTIPLIER,
+    deadline=gcs_client.RETRY_DEADLINE,
+    paced=True,
+)
+"""``GCSStore``'s retry (``google.api_core``): no attempt limit, no quota, a deadline; its
+writes paced after a throttle (``core.pacing.SendRate``)."""
+
+
+@dataclass(frozen=True)
 class Profile:
     """One store as the model serves it (see the module's docstring)."""
 
@@ -131,6 +167,7 @@ class Profile:
     throttle: Literal[503, 429]
     limits: tuple[Limit, ...] = ()
     prices: Prices = S3_PRICES
+    retry: ClientRetry = BOTOCORE_STANDARD
     sources: tuple[str, ...] = ()
 
     def latency(self, kind: Kind) -> Latency:
@@ -197,6 +234,7 @@ PROFILES: dict[str, Profile] = {
         busy=429,
         throttle=429,
         limits=(Limit("bucket", reads=5000, writes=1000),),
+        retry=GCS_CLIENT,
         sources=(CDOUGLAS, GCS_QUOTAS, GCS_RATES),
     ),
     "azure": Profile(
@@ -415,10 +453,8 @@ class StoreModel:
 
 # -- one agent's client -------------------------------------------------------------------
 
-MAX_ATTEMPTS = 5
-"""botocore's standard retry mode, as ``S3Store``'s client is configured."""
-MAX_BACKOFF = 20.0
 QUOTA, RETRY_COST, NO_RETRY_REFILL = 500, 5, 1
+"""botocore's retry quota (``ClientRetry.quota``)."""
 
 
 class ModelStore:
@@ -433,6 +469,7 @@ class ModelStore:
         self.prefix = self.inner.prefix
         self._rng = random.Random(seed)
         self._quota = QUOTA
+        self._writes = SendRate() if model.profile.retry.paced else None
 
     def _clock(self) -> datetime:
         return self.model.store_clock()
@@ -461,7 +498,7 @@ class ModelStore:
     # -- the request ------------------------------------------------------------------------
 
     def _request(self, op: str, key: str, mode: PutMode | None = None, size: int = 0) -> bool:
-        """Send one request and wait for its answer, retrying throttles as botocore does;
+        """Send one request and wait for its answer, retrying throttles as its client does;
         returns whether its answer is to be lost (a write: apply it, then raise)."""
         model, sched, rng = self.model, self.model.sched, self._rng
         if sched.stopping:
@@ -469,10 +506,17 @@ class ModelStore:
         full = self.inner.full_key(key)
         what = model.classify(full)
         counts = model.counts
-        attempt = 1
+        retry = model.profile.retry
+        paced = self._writes if op not in READS else None
+        wait = 0.0 if paced is None else paced.turn(sched.now)
+        if wait > 0:
+            sched.sleep(wait)
+        attempt, first = 1, sched.now
         while True:
             outcome, latency = model.arrive(op, full, mode, rng)
             counts = model.counts
+            if paced is not None and outcome in ("throttled", "busy"):
+                paced.throttled(sched.now)
             counts.requests[f"{what} {op} {outcome}"] += 1
             if outcome == "throttled":
                 counts.throttled += 1
@@ -499,14 +543,19 @@ class ModelStore:
                 raise PreconditionFailed(f"{self.describe(key)}: {status} (model)", str(status))
             if outcome == "busy":
                 counts.busy += 1
-            if attempt >= MAX_ATTEMPTS or self._quota < RETRY_COST:
+            spent = (retry.attempts is not None and attempt >= retry.attempts) or (
+                retry.quota and self._quota < RETRY_COST
+            )
+            pause = 0.0 if spent else retry.pause(attempt, rng)
+            if spent or (retry.deadline is not None and sched.now + pause - first > retry.deadline):
                 raise StoreError(
                     f"could not {op} {self.describe(key)}: {model.profile.throttle} "
                     f"throttled after {attempt} attempts (model)"
                 )
-            self._quota -= RETRY_COST
+            if retry.quota:
+                self._quota -= RETRY_COST
             counts.retries += 1
-            sched.sleep(rng.random() * min(MAX_BACKOFF, 2.0 ** (attempt - 1)))
+            sched.sleep(pause)
             attempt += 1
         faults = model.faults
         if op in READS:
@@ -602,6 +651,7 @@ class ModelStore:
 __all__ = [
     "PROFILES",
     "PROFILE_NAMES",
+    "ClientRetry",
     "Counts",
     "Faults",
     "Latency",
