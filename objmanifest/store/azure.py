@@ -39,7 +39,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, BinaryIO
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import AzureError, HttpResponseError, ServiceResponseError
@@ -86,13 +86,13 @@ from .azure_uploads import (
 )
 from .base import (
     CREATE,
-    OVERWRITE,
     Blob,
     Head,
     Listed,
     PartBody,
     PartsListed,
     PrefixedStore,
+    Put,
     PutMode,
     StoreClock,
     Version,
@@ -304,36 +304,29 @@ class AzureStore(PrefixedStore):
                 "(the markers of open multipart uploads)"
             )
 
-    def put(
-        self,
-        key: str,
-        body: bytes | BinaryIO,
-        *,
-        mode: PutMode = OVERWRITE,
-        metadata: dict[str, str] | None = None,
-        content_type: str = "application/octet-stream",
-    ) -> str:
+    def write(self, put: Put) -> str:
         """Write an object in one Put Blob and return its ETag; the body carries its
         ``Content-MD5`` (a file object is read whole first), so a damaged one is refused
         and sent again (``send_whole``)."""
+        key = put.key
         self._refuse_reserved(key, "write")
-        data = read_all(body)
+        data = read_all(put.body)
         options: dict[str, Any] = {
             "length": len(data),
-            "overwrite": mode.kind != "create",
-            "metadata": metadata_out(metadata, self.describe(key)),
-            "content_settings": ContentSettings(content_type=content_type),
+            "overwrite": put.mode.kind != "create",
+            "metadata": metadata_out(put.metadata, self.describe(key)),
+            "content_settings": ContentSettings(content_type=put.content_type),
             "transactional_content_md5": hashlib.md5(data, usedforsecurity=False).digest(),
             "raw_response_hook": self._observe,
         }
-        options.update(conditions(mode))
+        options.update(conditions(put.mode))
         blob = self._blob(key)
         answered = send_whole(
             lambda: self._call(
                 "write",
                 key,
                 lambda: blob.upload_blob(data, **options),
-                conditional=mode.kind != "overwrite",
+                conditional=put.conditional,
                 write=True,
                 resent=self._cut_short,
             ),

@@ -344,7 +344,48 @@ def list_keys(store: ObjectStore, prefix: str) -> Iterator[str]:
     return (row.key for row in store.list(prefix))
 
 
-class PrefixedStore:
+@dataclass(frozen=True)
+class Put:
+    """One ``put``'s arguments, as a store's ``write`` takes them."""
+
+    key: str
+    body: bytes | BinaryIO
+    mode: PutMode
+    metadata: dict[str, str] | None
+    content_type: str
+
+    @property
+    def conditional(self) -> bool:
+        """Whether the write holds a condition (``create`` or ``update``) it may lose."""
+        return self.mode.kind != "overwrite"
+
+    def data(self) -> bytes:
+        """The body whole (``read_whole``), for a store that sends it in one request."""
+        return read_whole(self.body)
+
+
+class Writes:
+    """``ObjectStore.put`` for every store: it gathers the arguments into one ``Put`` and
+    hands it to the store's ``write``, so their defaults and order are said once."""
+
+    def put(
+        self,
+        key: str,
+        body: bytes | BinaryIO,
+        *,
+        mode: PutMode = OVERWRITE,
+        metadata: dict[str, str] | None = None,
+        content_type: str = "application/octet-stream",
+    ) -> str:
+        """Write an object and return its ETag, under ``mode``'s condition."""
+        return self.write(Put(key, body, mode, metadata, content_type))
+
+    def write(self, put: Put) -> str:
+        """Write ``put.body`` at ``put.key`` under ``put.mode``; its ETag."""
+        raise NotImplementedError(f"{type(self).__name__} does not write")
+
+
+class PrefixedStore(Writes):
     """What every backend shares: a bucket (a container, a directory) and a prefix in it.
 
     Keys given to a store are relative to its prefix; this is the one place that turns

@@ -24,13 +24,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import BinaryIO, Literal
+from typing import Literal
 
 from ..core.runtime import Runtime
 from ..errors import InvalidInput, ReadBrokeOff, StoreError
 from .base import (
     CREATE,
-    OVERWRITE,
     Blob,
     ByteStream,
     Head,
@@ -38,9 +37,11 @@ from .base import (
     ObjectStore,
     PartBody,
     PartsListed,
+    Put,
     PutMode,
     Version,
     Versioned,
+    Writes,
     list_keys,
     read_whole,
     send_whole,
@@ -209,7 +210,7 @@ def _read_all(stream: ByteStream) -> bytes:
         stream.close()
 
 
-class FaultyStore:
+class FaultyStore(Writes):
     """``inner`` with ``faults``: every call goes through the hooks and the planned faults,
     then to ``inner`` (or not: ``fail``)."""
 
@@ -284,16 +285,9 @@ class FaultyStore:
             return CutStream(_read_all(stream), self.describe(key))
         return stream
 
-    def put(
-        self,
-        key: str,
-        body: bytes | BinaryIO,
-        *,
-        mode: PutMode = OVERWRITE,
-        metadata: dict[str, str] | None = None,
-        content_type: str = "application/octet-stream",
-    ) -> str:
-        data = read_whole(body)
+    def write(self, put: Put) -> str:
+        data = put.data()
+        key = put.key
 
         def send() -> str:
             effect = self._enter("put", key)
@@ -302,7 +296,7 @@ class FaultyStore:
                 # stored, and the store layer sends the body again.
                 raise BodyDamaged(f"{self.describe(key)}: BadDigest (injected)")
             etag = self.inner.put(
-                key, data, mode=mode, metadata=metadata, content_type=content_type
+                key, data, mode=put.mode, metadata=put.metadata, content_type=put.content_type
             )
             if effect == "lose":
                 raise self._answer_lost("put", key)

@@ -49,14 +49,25 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime
 from functools import lru_cache
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 from urllib.parse import quote
 
 from ..core import checksum
 from ..core.runtime import DEFAULT, Runtime
 from ..errors import InvalidInput, StoreError
 from . import file_io, file_paths, urls
-from .base import CREATE, OVERWRITE, Blob, Head, Listed, PartBody, PartsListed, PutMode, StoreClock
+from .base import (
+    CREATE,
+    Blob,
+    Head,
+    Listed,
+    PartBody,
+    PartsListed,
+    Put,
+    PutMode,
+    StoreClock,
+    Writes,
+)
 from .errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 from .file_io import FileStream, Header, Locks, failure
 from .file_root import Directory, check_root_path, kind
@@ -90,7 +101,7 @@ def _names(key: str) -> tuple[bytes, ...]:
     return tuple(file_paths.object_names(key))
 
 
-class FileStore:
+class FileStore(Writes):
     """One directory as an object store. Keys are relative to the directory."""
 
     scheme = "file"
@@ -237,22 +248,14 @@ class FileStore:
         at = header.body_at
         return FileStream(fd, at + start, at + min(end, size), self.describe(key))
 
-    def put(
-        self,
-        key: str,
-        body: bytes | BinaryIO,
-        *,
-        mode: PutMode = OVERWRITE,
-        metadata: dict[str, str] | None = None,
-        content_type: str = "application/octet-stream",
-    ) -> str:
+    def write(self, put: Put) -> str:
         """Write an object and return its ETag (its body's xxh3-128 checksum)."""
-        path = self.object_path(key)
+        path = self.object_path(put.key)
 
         def write(fd: int) -> str:
-            return file_io.write_object(fd, body, metadata)
+            return file_io.write_object(fd, put.body, put.metadata)
 
-        return f'"{self.place(key, path, write, mode)}"'
+        return f'"{self.place(put.key, path, write, put.mode)}"'
 
     def place(self, key: str, path: bytes, write: Callable[[int], str], mode: PutMode) -> str:
         """Write a new version to a temporary file with ``write`` (which returns its bare

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import google.auth.exceptions
@@ -51,7 +51,6 @@ from ..core.runtime import Runtime
 from ..errors import AccessDenied, InvalidInput, StoreError
 from .base import (
     CREATE,
-    OVERWRITE,
     Blob,
     Head,
     Listed,
@@ -59,10 +58,10 @@ from .base import (
     PartBody,
     PartsListed,
     PrefixedStore,
+    Put,
     PutMode,
     StoreClock,
     Version,
-    read_whole,
     send_whole,
 )
 from .errors import BodyDamaged, NoSuchObject, OutcomeUnknown, PreconditionFailed
@@ -358,20 +357,11 @@ class GCSStore(PrefixedStore):
             raise self.fail(status_error(status, "media download"), "read", key)
         return GCSStream(response, self.describe(key))
 
-    def put(
-        self,
-        key: str,
-        body: bytes | BinaryIO,
-        *,
-        mode: PutMode = OVERWRITE,
-        metadata: dict[str, str] | None = None,
-        content_type: str = "application/octet-stream",
-    ) -> str:
+    def write(self, put: Put) -> str:
         """Write an object with one multipart upload and return its generation."""
-        self._writable(key)
-        data = read_whole(body)
-        match = self.precondition(key, mode)
-        blob = self.write_whole(key, data, match, metadata, content_type, "write")
+        self._writable(put.key)
+        match = self.precondition(put.key, put.mode)
+        blob = self.write_whole(put.key, put.data(), match, put.metadata, put.content_type)
         return str(blob.generation)
 
     def precondition(self, key: str, mode: PutMode) -> int | None:

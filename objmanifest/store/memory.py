@@ -30,14 +30,12 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import BinaryIO
 
 from ..core import checksum
 from ..core.runtime import Runtime
 from ..errors import StoreError
 from .base import (
     CREATE,
-    OVERWRITE,
     Blob,
     ByteStream,
     Head,
@@ -45,6 +43,7 @@ from .base import (
     PartBody,
     PartsListed,
     PrefixedStore,
+    Put,
     PutMode,
     Version,
     read_whole,
@@ -228,21 +227,13 @@ class MemoryBackend(PrefixedStore):
             data = found.body[start:end]
         return io.BytesIO(data)
 
-    def put(
-        self,
-        key: str,
-        body: bytes | BinaryIO,
-        *,
-        mode: PutMode = OVERWRITE,
-        metadata: dict[str, str] | None = None,
-        content_type: str = "application/octet-stream",
-    ) -> str:
-        data = read_whole(body)
-        full = self.full_key(key)
+    def write(self, put: Put) -> str:
+        data = put.data()
+        full = self.full_key(put.key)
         with self._data.lock:
-            self._check(full, key, mode)
+            self._check(full, put.key, put.mode)
             etag = _quoted_md5(data)
-            self._data.store(full, _Object(data, etag, dict(metadata or {})), self.clock)
+            self._data.store(full, _Object(data, etag, dict(put.metadata or {})), self.clock)
         return etag
 
     def _check(self, full: str, key: str, mode: PutMode) -> None:

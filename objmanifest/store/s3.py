@@ -17,7 +17,7 @@ import io
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from functools import partial
-from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import botocore.exceptions
 
@@ -26,13 +26,13 @@ from ..core.runtime import Runtime
 from ..errors import InvalidInput, ReadBrokeOff, StoreError
 from .base import (
     CREATE,
-    OVERWRITE,
     Blob,
     Head,
     Listed,
     PartBody,
     PartsListed,
     PrefixedStore,
+    Put,
     PutMode,
     StoreClock,
     Version,
@@ -225,15 +225,7 @@ class S3Store(PrefixedStore):
             metadata=response.get("Metadata", {}),
         )
 
-    def put(
-        self,
-        key: str,
-        body: bytes | BinaryIO,
-        *,
-        mode: PutMode = OVERWRITE,
-        metadata: dict[str, str] | None = None,
-        content_type: str = "application/octet-stream",
-    ) -> str:
+    def write(self, put: Put) -> str:
         """Write an object and return its ETag.
 
         With ``PutMode.update`` a missing object is a lost race too: AWS answers 404 there
@@ -241,11 +233,12 @@ class S3Store(PrefixedStore):
         carries its ``Content-MD5``: a store that verifies it refuses the body if it was
         damaged on its way, and it is sent again (``send_whole``).
         """
+        key, body, mode = put.key, put.body, put.mode
         kwargs: dict[str, Any] = {
             "Bucket": self.bucket,
             "Key": self.full_key(key),
             "Body": body,
-            "ContentType": content_type,
+            "ContentType": put.content_type,
         }
         if isinstance(body, (bytes, bytearray, memoryview)):
             kwargs["ContentMD5"] = checksum.content_md5(body)
@@ -253,14 +246,14 @@ class S3Store(PrefixedStore):
             kwargs["IfMatch"] = mode.etag
         elif mode.kind == "create":
             kwargs["IfNoneMatch"] = "*"
-        if metadata:
-            kwargs["Metadata"] = metadata
+        if put.metadata:
+            kwargs["Metadata"] = put.metadata
         response = send_whole(
             lambda: self._call(
                 "write",
                 key,
                 lambda: self.client.put_object(**kwargs),
-                conditional=mode.kind != "overwrite",
+                conditional=put.conditional,
                 write=True,
                 resent=True,
                 gone_is_race=mode.kind == "update",
