@@ -39,6 +39,7 @@ from objmanifest.store import (
     ObjectStore,
     PutMode,
     completed_from,
+    get_if_any,
 )
 from objmanifest.store.errors import (
     NoSuchObject,
@@ -195,6 +196,16 @@ def test_get_if_none_match_sends_nothing_while_unchanged(store: ObjectStore) -> 
     v2 = store.put("watched", b"v2", metadata={"n": "2"})
     assert store.get("watched", if_none_match=v1) == Blob(b"v2", v2, {"n": "2"})
     assert store.get("watched", if_none_match=v2) is None
+
+
+def test_get_if_any_answers_none_for_a_missing_object_and_the_blob_otherwise(
+    store: ObjectStore,
+) -> None:
+    etag = store.put("present", b"here", metadata={"n": "1"})
+    assert get_if_any(store, "present") == Blob(b"here", etag, {"n": "1"})
+    assert get_if_any(store, "absent") is None
+    store.delete("present")
+    assert get_if_any(store, "present") is None
 
 
 # -- races between threads ---------------------------------------------------------------------

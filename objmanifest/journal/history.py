@@ -31,8 +31,7 @@ from ..core.model import (
     RetentionMarker,
 )
 from ..errors import CorruptShard, NotFound
-from ..store import ObjectStore
-from ..store.errors import NoSuchObject
+from ..store import ObjectStore, get_if_any
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +259,12 @@ def decode_marker(key: str, body: bytes, where: str) -> RetentionMarker:
         raise e.at(where, MARKER_REPAIR) from None
 
 
+def read_marker(store: ObjectStore, key: str) -> RetentionMarker | None:
+    """The retention marker at ``key``; None where there is none (nothing was dropped yet)."""
+    blob = get_if_any(store, key)
+    return None if blob is None else decode_marker(key, blob.body, store.describe(key))
+
+
 def covered(marker: RetentionMarker | None, journal_id: str, last: int) -> bool:
     """Whether ``marker`` says the records up to ``last`` of ``journal_id`` were dropped, or
     that the block ending at ``last`` was lost to damage (a reader skips it: ``repair``
@@ -317,11 +322,9 @@ class History:
                 continue
             if covered(marker, ref.journal_id, ref.last):
                 continue
-            try:
-                blob = self.store.get(row.key)
-            except NoSuchObject:  # trimmed since the listing
+            blob = get_if_any(self.store, row.key)
+            if blob is None:  # trimmed since the listing
                 continue
-            assert blob is not None
             try:
                 block = self.decode_block(row.key, blob.body, ref)
             except CorruptShard as e:
@@ -332,12 +335,7 @@ class History:
             yield from block.records
 
     def _marker(self, key: str) -> RetentionMarker | None:
-        try:
-            blob = self.store.get(key)
-        except NoSuchObject:  # nothing was dropped yet
-            return None
-        assert blob is not None
-        return decode_marker(key, blob.body, self.store.describe(key))
+        return read_marker(self.store, key)
 
     def dropped(self, object_key: str) -> list[Dropped]:
         """What journal retention dropped of ``object_key``'s records (nothing: [])."""

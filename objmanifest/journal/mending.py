@@ -25,9 +25,9 @@ from ..cas.loop import Documents
 from ..core.layout import BlockRef, TaskLayout
 from ..core.model import JournalBlock, JournalRecord, LostRange, RetentionMarker
 from ..errors import CorruptShard, NotFound, UnsupportedSchema
-from ..store import CREATE, ObjectStore
+from ..store import CREATE, ObjectStore, get_if_any
 from ..store.errors import NoSuchObject, PreconditionFailed
-from .history import covered, decode_block, decode_marker
+from .history import covered, decode_block, decode_marker, read_marker
 from .retention import MarkerCodec
 
 STARTS = ("migrate", "repair")
@@ -68,16 +68,6 @@ class RecordLost:
         return doc.model_copy(update={"lost": (*doc.lost, new)}), None
 
 
-def _marker(store: ObjectStore, layout: TaskLayout, object_key: str) -> RetentionMarker | None:
-    key = layout.journal_retention(object_key)
-    try:
-        blob = store.get(key)
-    except NoSuchObject:
-        return None
-    assert blob is not None
-    return decode_marker(key, blob.body, store.describe(key))
-
-
 def find(
     store: ObjectStore,
     layout: TaskLayout,
@@ -89,7 +79,7 @@ def find(
     now, if it can be read). A corrupt retention marker counts for nothing here (repair
     writes it again first, ``mend_marker``): every range it covered is then a gap."""
     try:
-        marker = _marker(store, layout, object_key)
+        marker = read_marker(store, layout.journal_retention(object_key))
     except CorruptShard:
         marker = None
     refs: list[BlockRef] = []
@@ -105,11 +95,9 @@ def find(
     known: dict[str, list[tuple[int, int, str | None]]] = {}
     for ref in refs:
         key = layout.journal_block(object_key, ref.journal_id, ref.first, ref.last)
-        try:
-            blob = store.get(key)
-        except NoSuchObject:
+        blob = get_if_any(store, key)
+        if blob is None:
             continue  # deleted since the listing (a trim): nothing to mend
-        assert blob is not None
         try:
             block = decode_block(store, key, blob.body, ref)
         except (CorruptShard, UnsupportedSchema) as e:
@@ -236,11 +224,9 @@ def damaged_marker(
     """The retention marker of ``object_key`` if it does not decode: (its key, the
     problem, its bytes, its ETag)."""
     key = layout.journal_retention(object_key)
-    try:
-        blob = store.get(key)
-    except NoSuchObject:
+    blob = get_if_any(store, key)
+    if blob is None:
         return None
-    assert blob is not None
     try:
         decode_marker(key, blob.body, store.describe(key))
     except CorruptShard as e:

@@ -24,8 +24,7 @@ from ..core.commit_events import Change
 from ..core.layout import BlockRef, TaskLayout
 from ..core.model import DroppedRange, JournalBlock, JournalRecord, RetentionMarker
 from ..errors import NotFound, ObjManifestError
-from ..store import ObjectStore
-from ..store.errors import NoSuchObject
+from ..store import ObjectStore, get_if_any
 from .history import (
     MARKER_REPAIR,
     MARKER_SCHEMA,
@@ -187,11 +186,9 @@ class Trimmer:
                 block_key = self.layout.journal_block(key, journal_id, ref.first, ref.last)
                 if not by_count and cutoff is None:
                     break
-                try:
-                    blob = self.store.get(block_key)
-                except NoSuchObject:
+                blob = get_if_any(self.store, block_key)
+                if blob is None:
                     break  # another trim is at it
-                assert blob is not None
                 block = decode_block(self.store, block_key, blob.body, ref)
                 by_age = cutoff is not None and all(r.at < cutoff for r in block.records)
                 if not (by_count or by_age):

@@ -27,7 +27,7 @@ from ..core.commands import Archive
 from ..core.layout import TaskLayout
 from ..core.model import ArchiveObject, Entry, Shard
 from ..errors import CorruptShard, NotFound, StoreError
-from ..store import CREATE, ObjectStore
+from ..store import CREATE, ObjectStore, get_if_any
 from ..store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 
 ARCHIVE_SCHEMA = 1
@@ -141,11 +141,10 @@ class Archives:
                 return True
             except (PreconditionFailed, OutcomeUnknown):
                 pass
-            try:
-                blob = self.store.get(key)
-            except NoSuchObject:
+            blob = get_if_any(self.store, key)
+            if blob is None:
                 continue
-            return blob is not None and blob.body == body
+            return blob.body == body
         return False
 
     def unreferenced(self, shard: Shard) -> list[str]:

@@ -28,7 +28,7 @@ from ..data.chunked import Scope, adoptable, sweep_plan
 from ..data.chunked.state import read_state
 from ..data.transfer import META_DIGEST
 from ..errors import ObjManifestError
-from ..store import PROBE_PREFIX, ObjectStore
+from ..store import PROBE_PREFIX, ObjectStore, get_if_any
 from ..store.errors import NoSuchObject
 from .archive import Archives
 
@@ -287,10 +287,7 @@ class Collector:
         probe has nothing left to do with it but delete it. Earlier bodies may be a probe
         running now, and are reported."""
         for row in list(self.store.list(PROBE_PREFIX)):
-            try:
-                blob = self.store.get(row.key)
-            except NoSuchObject:
-                continue
+            blob = get_if_any(self.store, row.key)
             if blob is None:
                 continue
             if not blob.body.startswith(b"current:"):

@@ -38,6 +38,7 @@ from .base import (
     Version,
     Versioned,
     completed_from,
+    get_if_any,
     list_keys,
     versions_of,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "access_policy",
     "completed_from",
     "connect",
+    "get_if_any",
     "list_keys",
     "make_client",
     "parse_url",

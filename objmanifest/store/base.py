@@ -41,7 +41,7 @@ from typing import BinaryIO, ClassVar, Literal, Protocol, TypeVar, cast, runtime
 from ..core import checksum
 from ..core.runtime import DEFAULT, Runtime
 from ..errors import StoreError
-from .errors import BodyDamaged
+from .errors import BodyDamaged, NoSuchObject
 
 
 @dataclass(frozen=True)
@@ -337,6 +337,17 @@ def completed_from(head: Head, upload_id: str, etags: Sequence[str]) -> bool | N
     if implied is None:
         return None
     return checksum.bare_etag(head.etag) == implied
+
+
+def get_if_any(store: ObjectStore, key: str) -> Blob | None:
+    """The object at ``key``, or None where there is none: for a caller to whom a missing
+    object is an ordinary answer (it says what the absence means)."""
+    try:
+        blob = store.get(key)
+    except NoSuchObject:
+        return None
+    assert blob is not None  # asked without ``if_none_match``: the body always comes
+    return blob
 
 
 def list_keys(store: ObjectStore, prefix: str) -> Iterator[str]:

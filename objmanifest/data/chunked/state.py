@@ -23,8 +23,7 @@ from ...core.commit_events import Change
 from ...core.layout import TaskLayout
 from ...core.model import SCHEMA_VERSION, Claim, Journaled
 from ...errors import CorruptShard, LeaseLost, ObjManifestError
-from ...store import ObjectStore
-from ...store.errors import NoSuchObject
+from ...store import ObjectStore, get_if_any
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +109,9 @@ def read_state(store: ObjectStore, layout: TaskLayout, key: str) -> UploadState 
         log.warning("%s is not an upload state of task %s", store.describe(key), layout.task_id)
         return None
     codec = UploadCodec(layout.task_id, parsed.stage, parsed.file_id)
-    try:
-        blob = store.get(key)
-    except NoSuchObject:
+    blob = get_if_any(store, key)
+    if blob is None:
         return None
-    assert blob is not None
     try:
         return codec.decode(key, blob.body)
     except ObjManifestError as e:
