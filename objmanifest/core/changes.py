@@ -532,6 +532,18 @@ def archive(
 # -- gc: the data of consumed entries past their retention ----------------------------------
 
 
+def data_expired(entry: Entry, before: datetime) -> bool:
+    """Whether gc may remove ``entry``'s data: consumed, its data still there, and last
+    changed at or before ``before``."""
+    return (
+        entry.state is State.consumed
+        and entry.key is not None
+        and entry.data_removed_at is None
+        and entry.updated_at is not None
+        and entry.updated_at <= before
+    )
+
+
 def drop_data(
     shard: Shard, wanted: dict[str, str], before: datetime, now: datetime
 ) -> tuple[Shard | None, list[Entry]]:
@@ -541,14 +553,7 @@ def drop_data(
     changed: dict[str, Entry] = {}
     for file_id, key in wanted.items():
         entry = shard.entries.get(file_id)
-        if (
-            entry is None
-            or entry.state is not State.consumed
-            or entry.key != key
-            or entry.data_removed_at is not None
-            or entry.updated_at is None
-            or entry.updated_at > before
-        ):
+        if entry is None or entry.key != key or not data_expired(entry, before):
             continue
         changed[file_id] = entry.model_copy(update={"data_removed_at": now})
     if not changed:

@@ -13,13 +13,14 @@ shape, and data of entries that are not in the live shards, are left alone and r
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
 from ..cas.codecs import ShardCodec
 from ..cas.loop import Documents
+from ..core.changes import data_expired
 from ..core.commands import DropArchivedData, DropData
 from ..core.layout import TaskLayout
 from ..core.model import Entry
@@ -229,15 +230,7 @@ class Collector:
     def _consumed(self, report: GcReport, dry_run: bool, seconds: float) -> None:
         before = self.now() - timedelta(seconds=seconds)
         for shard in self.layout.all_shards(self.stages):
-            wanted = {
-                e.file_id: e.key
-                for e in self.entries(shard).values()
-                if e.state is State.consumed
-                and e.key is not None
-                and e.data_removed_at is None
-                and e.updated_at is not None
-                and e.updated_at <= before
-            }
+            wanted = _expired_keys(self.entries(shard).values(), before)
             if not wanted:
                 continue
             if dry_run:
@@ -248,24 +241,14 @@ class Collector:
                 )
                 marked = [(e.file_id, e.key) for e in entries if e.key is not None]
             for file_id, key in marked:
-                head = self._head(key)
-                if head is not None and self._remove(report, key, dry_run):
-                    report.removed.append(GcItem("consumed_data", key, head[0], file_id))
+                self._remove_data(report, file_id, key, dry_run)
         self._consumed_archived(report, dry_run, before)
 
     def _consumed_archived(self, report: GcReport, dry_run: bool, before: datetime) -> None:
         """The same for archived consumed entries: marked in their shard's ``archived`` map
         (their archive object is written once), then their data removed."""
         for shard in self.layout.all_shards(self.stages):
-            keys = {
-                e.file_id: e.key
-                for e in self.archived(shard).values()
-                if e.state is State.consumed
-                and e.key is not None
-                and e.data_removed_at is None
-                and e.updated_at is not None
-                and e.updated_at <= before
-            }
+            keys = _expired_keys(self.archived(shard).values(), before)
             if not keys:
                 continue
             marked = list(keys)
@@ -274,11 +257,12 @@ class Collector:
                     self.layout.shard(shard), self.codec(shard), DropArchivedData(tuple(keys))
                 )
             for file_id in marked:
-                key = keys[file_id]
-                assert key is not None
-                head = self._head(key)
-                if head is not None and self._remove(report, key, dry_run):
-                    report.removed.append(GcItem("consumed_data", key, head[0], file_id))
+                self._remove_data(report, file_id, keys[file_id], dry_run)
+
+    def _remove_data(self, report: GcReport, file_id: str, key: str, dry_run: bool) -> None:
+        head = self._head(key)
+        if head is not None and self._remove(report, key, dry_run):
+            report.removed.append(GcItem("consumed_data", key, head[0], file_id))
 
     # -- probe objects -----------------------------------------------------------------------
 
@@ -295,3 +279,8 @@ class Collector:
                 continue
             if self._remove(report, row.key, dry_run):
                 report.removed.append(GcItem("probe", row.key, len(blob.body)))
+
+
+def _expired_keys(entries: Iterable[Entry], before: datetime) -> dict[str, str]:
+    """File id -> data key of the entries whose data gc may remove (``data_expired``)."""
+    return {e.file_id: e.key for e in entries if e.key is not None and data_expired(e, before)}
