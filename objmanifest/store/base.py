@@ -432,6 +432,26 @@ class PrefixedStore(Writes):
         """The full address of ``key``, for messages."""
         return f"{self.scheme}://{self.bucket}/{self.full_key(key)}"
 
+    def range_header(self, key: str, byte_range: tuple[int, int]) -> str | None:
+        """The ``Range`` header that asks for ``[start, end)`` of ``key``; None for an empty
+        range, which a header cannot say (AWS answers ``bytes=5-4`` with the whole object,
+        SeaweedFS with 416): it is checked with a HEAD instead, and refused where it starts
+        past the end of an object with bytes. A range that is not one is refused."""
+        start, end = byte_range
+        if start < 0 or end < start:
+            raise StoreError(
+                f"could not read {self.describe(key)}: range {start}-{end} is not a range"
+            )
+        if start == end:
+            size = cast(ObjectStore, self).head(key).size
+            if start >= size > 0:
+                raise StoreError(
+                    f"could not read {self.describe(key)}: range {start}-{end} is outside "
+                    f"its {size} bytes"
+                )
+            return None
+        return f"bytes={start}-{end - 1}"
+
     def list_keys(self, prefix: str) -> Iterator[str]:
         """Every object key under ``prefix`` (a backend implements ``list``)."""
         return list_keys(cast(ObjectStore, self), prefix)

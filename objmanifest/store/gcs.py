@@ -314,24 +314,14 @@ class GCSStore(PrefixedStore):
 
     def open(self, key: str, byte_range: tuple[int, int] | None = None) -> GCSStream:
         """The object's bytes, or ``[start, end)`` of them (an ``end`` past the object's
-        end is its end), streamed from one media download. An empty range is checked with
-        the object's metadata (a ``Range`` header cannot say it)."""
+        end is its end), streamed from one media download (``range_header`` checks an empty
+        one)."""
         headers: dict[str, str] = {}
         if byte_range is not None:
-            start, end = byte_range
-            if start < 0 or end < start:
-                raise StoreError(
-                    f"could not read {self.describe(key)}: range {start}-{end} is not a range"
-                )
-            if start == end:
-                size = self.head(key).size
-                if start >= size > 0:
-                    raise StoreError(
-                        f"could not read {self.describe(key)}: range {start}-{end} is outside "
-                        f"its {size} bytes"
-                    )
+            header = self.range_header(key, byte_range)
+            if header is None:
                 return GCSStream(None, self.describe(key))
-            headers["Range"] = f"bytes={start}-{end - 1}"
+            headers["Range"] = header
         url = (
             f"{self.gcs.endpoint}/download/storage/v1/b/{quote(self.bucket, safe='')}/o/"
             f"{quote(self.full_key(key), safe='')}?alt=media"

@@ -189,27 +189,13 @@ class S3Store(PrefixedStore):
 
     def open(self, key: str, byte_range: tuple[int, int] | None = None) -> S3Stream:
         """The object's bytes, or ``[start, end)`` of them (an ``end`` past the object's
-        end is its end).
-
-        An empty range cannot be said in a ``Range`` header (AWS answers ``bytes=5-4`` with
-        the whole object, SeaweedFS with 416), so it is checked with a HEAD instead.
-        """
+        end is its end; ``range_header`` checks an empty one)."""
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.full_key(key)}
         if byte_range is not None:
-            start, end = byte_range
-            if start < 0 or end < start:
-                raise StoreError(
-                    f"could not read {self.describe(key)}: range {start}-{end} is not a range"
-                )
-            if start == end:
-                size = self.head(key).size
-                if start >= size > 0:
-                    raise StoreError(
-                        f"could not read {self.describe(key)}: range {start}-{end} is outside "
-                        f"its {size} bytes"
-                    )
+            header = self.range_header(key, byte_range)
+            if header is None:
                 return S3Stream(io.BytesIO(b""), self.describe(key))
-            kwargs["Range"] = f"bytes={start}-{end - 1}"
+            kwargs["Range"] = header
         response = self._call("read", key, lambda: self.client.get_object(**kwargs))
         return S3Stream(response["Body"], self.describe(key))
 
