@@ -27,6 +27,7 @@ from urllib3.util.retry import Retry
 
 from ..core.runtime import Runtime
 from ..errors import InvalidInput
+from .urls import endpoint_parts, plain_http
 
 CONNECTION_STRING = "AZURE_STORAGE_CONNECTION_STRING"
 ACCOUNT_URL = "AZURE_STORAGE_ACCOUNT_URL"
@@ -180,20 +181,15 @@ def check_account_url(url: str, where: str) -> str:
     """An account URL is ``http(s)://HOST[:PORT][/ACCOUNT]``: no user info, no query (a
     SAS token there would show in shell histories and process lists)."""
     shown = redact(url)
-    authority = url.partition("://")[2].partition("/")[0]
-    try:
-        parsed = urlparse(url)
-        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError:
-        parsed = None
-    if "@" in authority or (parsed is not None and (parsed.query or parsed.fragment)):
+    user_info, parsed = endpoint_parts(url)
+    if user_info or (parsed is not None and (parsed.query or parsed.fragment)):
         raise InvalidInput(
             f"invalid Azure account URL {shown!r} ({where}): it carries credentials (user "
             "info or a query such as a SAS token); an account URL is "
             "https://ACCOUNT.blob.core.windows.net only. Put a SAS token or an account key in "
             f"{CONNECTION_STRING}, or sign in with azure-identity (az login, a managed identity)"
         )
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+    if not plain_http(parsed, path=True):
         raise InvalidInput(
             f"invalid Azure account URL {shown!r} ({where}): use "
             "https://ACCOUNT.blob.core.windows.net (or http://127.0.0.1:10000/devstoreaccount1 "

@@ -17,7 +17,6 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlparse
 
 import google.auth
 import google.auth.exceptions
@@ -35,7 +34,7 @@ from ..core.pacing import SendRate
 from ..core.runtime import DEFAULT, Runtime
 from ..errors import InvalidInput, StoreError
 from .base import StoreClock
-from .urls import without_credentials
+from .urls import endpoint_parts, plain_http, without_credentials
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 GOOGLE_ENDPOINT = "https://storage.googleapis.com"
@@ -129,26 +128,14 @@ def check_endpoint(endpoint_url: str, where: str = "--endpoint-url") -> str:
     ``STORAGE_EMULATOR_HOST``); anything else is refused without showing credentials."""
     url = endpoint_url if "://" in endpoint_url else f"http://{endpoint_url}"
     shown = without_credentials(url)
-    authority = url.partition("://")[2].partition("/")[0]
-    if "@" in authority:
+    user_info, parsed = endpoint_parts(url)
+    if user_info:
         raise InvalidInput(
             f"invalid GCS endpoint URL {shown!r} ({where}): it carries user info (before '@'); "
             "an endpoint is http(s)://HOST[:PORT] only, and GCS credentials come from "
             "application default credentials (GOOGLE_APPLICATION_CREDENTIALS), never a URL"
         )
-    try:
-        parsed = urlparse(url)
-        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError:
-        parsed = None
-    if (
-        parsed is None
-        or parsed.scheme not in ("http", "https")
-        or not parsed.hostname
-        or parsed.path.strip("/")
-        or parsed.query
-        or parsed.fragment
-    ):
+    if not plain_http(parsed, path=False):
         raise InvalidInput(
             f"invalid GCS endpoint URL {shown!r} ({where}): use http(s)://HOST[:PORT], such as "
             "http://127.0.0.1:4443 for fake-gcs-server"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 import boto3
 from botocore.awsrequest import AWSRequest
@@ -14,7 +13,7 @@ from botocore.config import Config
 from botocore.utils import determine_content_length
 
 from ..errors import InvalidInput
-from .urls import without_credentials
+from .urls import endpoint_parts, plain_http, without_credentials
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -104,25 +103,14 @@ def check_endpoint(endpoint_url: str) -> str:
     one that carries credentials (user info, a query) is refused without showing them."""
     shown = without_credentials(endpoint_url)
     where = "from --endpoint-url, AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL"
-    authority = endpoint_url.partition("://")[2].partition("/")[0]
-    if "@" in authority:
+    user_info, parsed = endpoint_parts(endpoint_url)
+    if user_info:
         raise InvalidInput(
             f"invalid S3 endpoint URL {shown!r} ({where}): it carries user info (before '@'); an "
             "endpoint is http(s)://HOST[:PORT] only; credentials go in AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY (or an AWS profile: AWS_PROFILE), never in a URL"
         )
-    try:
-        parsed = urlparse(endpoint_url)
-        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError:
-        parsed = None
-    if (
-        parsed is None
-        or parsed.scheme not in ("http", "https")
-        or not parsed.hostname
-        or parsed.query
-        or parsed.fragment
-    ):
+    if not plain_http(parsed, path=True):
         raise InvalidInput(
             f"invalid S3 endpoint URL {shown!r} ({where}): use http(s)://HOST[:PORT], such "
             "as http://127.0.0.1:9000"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from urllib.parse import unquote, urlparse
+from urllib.parse import ParseResult, unquote, urlparse
 
 from ..errors import InvalidInput
 
@@ -73,6 +73,32 @@ class StoreURL:
             return f"file://{self.bucket}"
         tail = f"/{self.prefix}" if self.prefix else ""
         return f"{self.scheme}://{self.bucket}{tail}"
+
+
+def endpoint_parts(url: str) -> tuple[bool, ParseResult | None]:
+    """Whether ``url`` carries user info (before '@' in its authority), and its parts
+    (None where it does not parse: a port that is not a number), for a backend to judge
+    its endpoint by."""
+    authority = url.partition("://")[2].partition("/")[0]
+    try:
+        parsed = urlparse(url)
+        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        parsed = None
+    return "@" in authority, parsed
+
+
+def plain_http(parsed: ParseResult | None, *, path: bool) -> bool:
+    """Whether ``parsed`` is ``http(s)://HOST[:PORT]``, with a path where ``path`` allows
+    one, and without a query or a fragment."""
+    return not (
+        parsed is None
+        or parsed.scheme not in ("http", "https")
+        or not parsed.hostname
+        or (not path and parsed.path.strip("/"))
+        or parsed.query
+        or parsed.fragment
+    )
 
 
 def without_credentials(url: str) -> str:
