@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Literal, TypeVar
 
 from ..core.runtime import Runtime
 from ..errors import InvalidInput, ReadBrokeOff, StoreError
@@ -48,6 +48,8 @@ from .base import (
     versions_of,
 )
 from .errors import BodyDamaged, NoSuchObject, OutcomeUnknown
+
+T = TypeVar("T")
 
 UNKNOWN_WHEN_LOST = frozenset({"put", "complete_upload"})
 """The writes whose lost answer is ``OutcomeUnknown``, as ``S3Store`` says it (the calls
@@ -264,17 +266,38 @@ class FaultyStore(Writes):
             read()
         return self._answer_lost(op, key)
 
+    def _read(self, op: str, key: str, read: Callable[[], T]) -> T:
+        """A read of ``inner`` under the faults planned for ``op``."""
+        if self._enter(op, key) == "lose":
+            raise self._read_lost(op, key, read)
+        return read()
+
+    def _applied(self, op: str, key: str, call: Callable[[Effect | None], T]) -> T:
+        """A call of ``inner`` (given the planned effect) that applies even when its answer
+        is lost."""
+        effect = self._enter(op, key)
+        answer = call(effect)
+        if effect == "lose":
+            raise self._answer_lost(op, key)
+        return answer
+
+    def _listed(self, op: str, prefix: str, rows: Callable[[], Iterator[T]]) -> Iterator[T]:
+        """A listing of ``inner``, read through to its end even when its answer is lost."""
+        effect = self._enter(op, prefix)
+        listed = rows()
+        if effect == "lose":
+            for _ in listed:
+                pass
+            raise self._answer_lost(op, prefix)
+        yield from listed
+
     # -- objects --------------------------------------------------------------------------
 
     def get(self, key: str, if_none_match: str | None = None) -> Blob | None:
-        if self._enter("get", key) == "lose":
-            raise self._read_lost("get", key, lambda: self.inner.get(key, if_none_match))
-        return self.inner.get(key, if_none_match)
+        return self._read("get", key, lambda: self.inner.get(key, if_none_match))
 
     def head(self, key: str) -> Head:
-        if self._enter("head", key) == "lose":
-            raise self._read_lost("head", key, lambda: self.inner.head(key))
-        return self.inner.head(key)
+        return self._read("head", key, lambda: self.inner.head(key))
 
     def open(self, key: str, byte_range: tuple[int, int] | None = None) -> ByteStream:
         effect = self._enter("open", key)
@@ -289,83 +312,53 @@ class FaultyStore(Writes):
         data = put.data()
         key = put.key
 
-        def send() -> str:
-            effect = self._enter("put", key)
+        def send(effect: Effect | None) -> str:
             if effect in DAMAGES and arrived(data, effect) != data:
                 # What a store does when the body's MD5 is not its Content-MD5: nothing is
                 # stored, and the store layer sends the body again.
                 raise BodyDamaged(f"{self.describe(key)}: BadDigest (injected)")
-            etag = self.inner.put(
+            return self.inner.put(
                 key, data, mode=put.mode, metadata=put.metadata, content_type=put.content_type
             )
-            if effect == "lose":
-                raise self._answer_lost("put", key)
-            return etag
 
-        return send_whole(send, self.runtime, self.describe(key))
+        return send_whole(lambda: self._applied("put", key, send), self.runtime, self.describe(key))
 
     def delete(self, key: str) -> None:
-        effect = self._enter("delete", key)
-        self.inner.delete(key)
-        if effect == "lose":
-            raise self._answer_lost("delete", key)
+        self._applied("delete", key, lambda _: self.inner.delete(key))
 
     def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
-        effect = self._enter("list", prefix)
-        rows = self.inner.list(prefix, delimiter)
-        if effect == "lose":
-            for _ in rows:
-                pass
-            raise self._answer_lost("list", prefix)
-        yield from rows
+        return self._listed("list", prefix, lambda: self.inner.list(prefix, delimiter))
 
     # -- multipart uploads ----------------------------------------------------------------
 
     def create_upload(self, key: str) -> str:
-        effect = self._enter("create_upload", key)
-        upload_id = self.inner.create_upload(key)
-        if effect == "lose":
-            raise self._answer_lost("create_upload", key)
-        return upload_id
+        return self._applied("create_upload", key, lambda _: self.inner.create_upload(key))
 
     def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
         sent = read_whole(body)
-        effect = self._enter("upload_part", key)
-        etag = self.inner.upload_part(key, upload_id, number, arrived(sent, effect))
-        if effect == "lose":
-            raise self._answer_lost("upload_part", key)
-        return etag
+        return self._applied(
+            "upload_part",
+            key,
+            lambda effect: self.inner.upload_part(key, upload_id, number, arrived(sent, effect)),
+        )
 
     def list_parts(self, key: str, upload_id: str) -> PartsListed:
-        effect = self._enter("list_parts", key)
-        parts = self.inner.list_parts(key, upload_id)
-        if effect == "lose":
-            raise self._answer_lost("list_parts", key)
-        return parts
+        return self._applied("list_parts", key, lambda _: self.inner.list_parts(key, upload_id))
 
     def complete_upload(
         self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
     ) -> None:
-        effect = self._enter("complete_upload", key)
-        self.inner.complete_upload(key, upload_id, etags, mode)
-        if effect == "lose":
-            raise self._answer_lost("complete_upload", key)
+        self._applied(
+            "complete_upload",
+            key,
+            lambda _: self.inner.complete_upload(key, upload_id, etags, mode),
+        )
 
     def abort_upload(self, key: str, upload_id: str) -> bool:
-        effect = self._enter("abort_upload", key)
-        aborted = self.inner.abort_upload(key, upload_id)
-        if effect == "lose":
-            raise self._answer_lost("abort_upload", key)
-        return aborted
+        return self._applied("abort_upload", key, lambda _: self.inner.abort_upload(key, upload_id))
 
     def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
-        effect = self._enter("list_uploads", prefix)
-        uploads = self.inner.list_uploads(prefix)
-        if effect == "lose":
-            for _ in uploads:
-                pass
-            raise self._answer_lost("list_uploads", prefix)
-        yield from uploads
+        return self._listed("list_uploads", prefix, lambda: self.inner.list_uploads(prefix))
 
     # -- versions (``Versioned``): a store that keeps none answers None -------------------
 
