@@ -235,6 +235,8 @@ FACE_TOOLS: dict[tuple[str, str | None], str] = {
     ("objmanifest.store.probe", "Check"): "doctor",
     ("objmanifest.store.probe", "ProbeReport"): "doctor",
     ("objmanifest.store.probe", "probe_store"): "doctor",
+    ("objmanifest.core.plain", "jsonable"): "the faces' JSON shapes convert records to plain "
+    "data as the library's reports do, one conversion for both",
 }
 """What faces take from inside the library besides the public API, each with its reason:
 the library's own rules for what a user types (one rule, one message, before a request),

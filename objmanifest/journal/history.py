@@ -30,6 +30,7 @@ from ..core.model import (
     LostRange,
     RetentionMarker,
 )
+from ..core.plain import fields_json
 from ..errors import CorruptShard, NotFound
 from ..store import ObjectStore, get_if_any
 
@@ -114,19 +115,7 @@ class LineageNode:
     ready_at: datetime | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "file_id": self.file_id,
-            "stage": self.stage,
-            "state": self.state,
-            "producer": self.producer,
-            "epoch": self.epoch,
-            "checksum": self.checksum,
-            "size": self.size,
-            "depends_on": list(self.depends_on),
-            "declared_at": _iso(self.declared_at),
-            "updated_at": _iso(self.updated_at),
-            "ready_at": _iso(self.ready_at),
-        }
+        return fields_json(self)
 
 
 @dataclass(frozen=True)
@@ -140,11 +129,7 @@ class Lineage:
     edges: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "root": self.root,
-            "nodes": {k: n.to_dict() for k, n in self.nodes.items()},
-            "edges": [list(e) for e in self.edges],
-        }
+        return fields_json(self)
 
 
 @dataclass(frozen=True)

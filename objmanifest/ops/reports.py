@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from ..core.plain import fields_json
+
 Damage = Literal["deleted", "corrupt", "newer"]
 
 
@@ -51,15 +53,7 @@ class RestoredEntry:
     """Fields that could not be restored (left at their defaults)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "file_id": self.file_id,
-            "state": self.state,
-            "epoch": self.epoch,
-            "seen_state": self.seen_state,
-            "seen_epoch": self.seen_epoch,
-            "rule": self.rule,
-            "lost": list(self.lost),
-        }
+        return fields_json(self)
 
 
 @dataclass(frozen=True)
@@ -74,12 +68,7 @@ class KeptVersion:
     object_version: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version_id": self.version_id,
-            "at": self.at.isoformat() if self.at is not None else None,
-            "etag": self.etag,
-            "object_version": self.object_version,
-        }
+        return fields_json(self)
 
 
 @dataclass(frozen=True)
@@ -112,22 +101,7 @@ class ObjectRepair:
     (none kept, none sound, one older than the journal ...)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "kind": self.kind,
-            "damage": self.damage,
-            "problem": self.problem,
-            "action": self.action,
-            "moved_to": self.moved_to,
-            "records": self.records,
-            "journal_complete": self.journal_complete,
-            "entries": [e.to_dict() for e in self.entries],
-            "indexed": list(self.indexed),
-            "not_restored": list(self.not_restored),
-            "source": self.source,
-            "version": self.version.to_dict() if self.version is not None else None,
-            "versions_note": self.versions_note,
-        }
+        return fields_json(self)
 
 
 @dataclass(frozen=True)
@@ -146,9 +120,4 @@ class RepairReport:
         return not self.objects and not self.added
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "dry_run": self.dry_run,
-            "objects": [o.to_dict() for o in self.objects],
-            "added": list(self.added),
-        }
+        return fields_json(self)

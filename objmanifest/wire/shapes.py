@@ -6,35 +6,15 @@ rows of entries and notes, and its errors). Keys and formats are documented in
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import datetime
-from enum import Enum
 from typing import Any
-
-from pydantic import BaseModel
 
 import objmanifest as om
 
 from ..core.model import EntryNote
+from ..core.plain import jsonable as jsonable
 from ..local.errors import Stopped
 from .exits import classify, expected
-
-
-def jsonable(value: Any) -> Any:
-    """Plain JSON data, with datetimes as ISO 8601 strings and enums as their values."""
-    if isinstance(value, BaseModel):
-        return jsonable(value.model_dump())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return jsonable(dataclasses.asdict(value))
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    return value
 
 
 def entry_json(entry: om.Entry) -> dict[str, Any]:
