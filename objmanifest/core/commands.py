@@ -33,6 +33,18 @@ from .model import Claim, Declaration, Entry, Shard, Stored
 
 
 @dataclass(frozen=True)
+class ByHolder:
+    """A command the holder of ``claim`` sends: the holder is its actor (and a command's
+    own fields follow the claim)."""
+
+    claim: Claim
+
+    @property
+    def actor(self) -> str:
+        return self.claim.agent
+
+
+@dataclass(frozen=True)
 class Declare:
     """Add declarations to a shard."""
 
@@ -83,32 +95,22 @@ class ClaimAny:
 
 
 @dataclass(frozen=True)
-class Renew:
+class Renew(ByHolder):
     """The holder moves its lease forward."""
 
     name: ClassVar[str] = "renew"
-    claim: Claim
     rules: Rules
-
-    @property
-    def actor(self) -> str:
-        return self.claim.agent
 
     def apply(self, shard: Shard, now: datetime) -> tuple[Shard, Claim]:
         return renew(shard, self.claim, now, self.rules)
 
 
 @dataclass(frozen=True)
-class Finish:
+class Finish(ByHolder):
     """The holder's data is stored: the entry becomes ready."""
 
     name: ClassVar[str] = "finish"
-    claim: Claim
     stored: Stored
-
-    @property
-    def actor(self) -> str:
-        return self.claim.agent
 
     def apply(self, shard: Shard, now: datetime) -> tuple[Shard | None, Entry]:
         s = self.stored
@@ -141,17 +143,12 @@ class FinishMany:
 
 
 @dataclass(frozen=True)
-class Fail:
+class Fail(ByHolder):
     """The holder gives the entry up."""
 
     name: ClassVar[str] = "fail"
-    claim: Claim
     reason: str
     rules: Rules
-
-    @property
-    def actor(self) -> str:
-        return self.claim.agent
 
     def apply(self, shard: Shard, now: datetime) -> tuple[Shard, Entry]:
         return fail(shard, self.claim, self.reason, now, self.rules)

@@ -18,6 +18,7 @@ import shard_index
 
 from ..errors import HasDependents, WrongState
 from .changes import _entry, _held, _update
+from .commands import ByHolder
 from .model import Claim, Entry, Shard
 from .states import State, Verb, verb_state
 
@@ -102,15 +103,10 @@ def dependents_error(file_id: str, dependents: list[str]) -> HasDependents:
 
 
 @dataclass(frozen=True)
-class Release:
+class Release(ByHolder):
     """The holder gives its claim back; no retry is spent."""
 
     name: ClassVar[str] = "release"
-    claim: Claim
-
-    @property
-    def actor(self) -> str:
-        return self.claim.agent
 
     def apply(self, shard: Shard, now: datetime) -> tuple[Shard, Entry]:
         return release(shard, self.claim, now)

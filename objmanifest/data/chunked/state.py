@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import ClassVar, Literal
 
 from ...cas.codecs import UPLOAD_REPAIR, VersionedCodec
+from ...core.commands import ByHolder
 from ...core.commit_events import Change
 from ...core.layout import TaskLayout
 from ...core.model import SCHEMA_VERSION, Claim, Journaled
@@ -228,19 +229,14 @@ def reject(doc: UploadState, now: datetime, key: str) -> tuple[UploadState | Non
 
 
 @dataclass(frozen=True)
-class Begin:
+class Begin(ByHolder):
     """A holder starts a new upload in place of whatever was recorded."""
 
     name: ClassVar[str] = "upload.begin"
-    claim: Claim
     key: str
     upload_id: str
     part_size: int
     size: int | None
-
-    @property
-    def actor(self) -> str:
-        return self.claim.agent
 
     def apply(
         self, doc: UploadState, now: datetime
@@ -249,50 +245,35 @@ class Begin:
 
 
 @dataclass(frozen=True)
-class TakeOver:
+class TakeOver(ByHolder):
     """A new holder takes the recorded upload over, to adopt its parts."""
 
     name: ClassVar[str] = "upload.take_over"
-    claim: Claim
-
-    @property
-    def actor(self) -> str:
-        return self.claim.agent
 
     def apply(self, doc: UploadState, now: datetime) -> tuple[UploadState | None, UploadState]:
         return take_over(doc, now, self.claim)
 
 
 @dataclass(frozen=True)
-class Record:
+class Record(ByHolder):
     """A batch of finished parts is recorded."""
 
     name: ClassVar[str] = "upload.record"
-    claim: Claim
     upload_id: str
     parts: Sequence[Part]
-
-    @property
-    def actor(self) -> str:
-        return self.claim.agent
 
     def apply(self, doc: UploadState, now: datetime) -> tuple[UploadState, UploadState]:
         return record(doc, now, self.claim, self.upload_id, self.parts)
 
 
 @dataclass(frozen=True)
-class Seal:
+class Seal(ByHolder):
     """The final part list, just before completion."""
 
     name: ClassVar[str] = "upload.seal"
-    claim: Claim
     upload_id: str
     parts: Sequence[Part]
     whole: str | None = None
-
-    @property
-    def actor(self) -> str:
-        return self.claim.agent
 
     def apply(self, doc: UploadState, now: datetime) -> tuple[UploadState | None, UploadState]:
         return seal(doc, now, self.claim, self.upload_id, self.parts, self.whole)
