@@ -22,10 +22,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from .errors import LocalServerError
+from .running import Running
 from .servers import free_port
 
 AZURITE_VERSION = "3.37.0"
@@ -65,14 +68,14 @@ def azurite_binary() -> str:
 
 
 @dataclass(eq=False)
-class LocalAzurite:
+class LocalAzurite(Running):
     """A running Azurite blob service; stop it with ``stop()`` or as a context manager."""
 
     account_url: str
     pid: int
     log_path: str
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    _dir: str | None = field(default=None, repr=False)
+    _stopper: Callable[[], None] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     backend = "azurite"
@@ -95,35 +98,18 @@ class LocalAzurite:
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def stop(self) -> None:
-        """Kill the emulator (it ignores SIGTERM) and remove its directory; safe to call
-        more than once and from ``atexit``."""
-        with self._lock:
-            proc, self._proc = self._proc, None
-        if proc is not None:
-            _kill(proc)
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-        with contextlib.suppress(Exception):
-            atexit.unregister(self.stop)
-
-    def __enter__(self) -> LocalAzurite:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
+        return super().running and self._proc is not None and self._proc.poll() is None
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the emulator's process group (only while its leader is unreaped, so the
-    group id is still its own)."""
+def _kill(proc: subprocess.Popen[bytes], directory: str) -> None:
+    """SIGKILL the emulator's process group (it ignores SIGTERM; only while its leader is
+    unreaped, so the group id is still its own), and remove its directory."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _answers(url: str) -> bool:
@@ -175,7 +161,11 @@ def _start_once(binary: str, host: str, timeout: float) -> tuple[LocalAzurite | 
             start_new_session=True,
         )
     local = LocalAzurite(
-        f"http://{host}:{port}/{ACCOUNT}", proc.pid, str(log_path), proc, directory
+        f"http://{host}:{port}/{ACCOUNT}",
+        proc.pid,
+        str(log_path),
+        proc,
+        partial(_kill, proc, directory),
     )
     atexit.register(local.stop)
     deadline = time.monotonic() + timeout

