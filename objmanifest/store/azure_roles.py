@@ -25,7 +25,14 @@ from typing import Any
 from ..errors import InvalidInput
 from . import PROBE_PREFIX
 from .azure_uploads import UPLOADS
-from .permissions import AGENT_REMOVES, AGENT_WRITES, MANIFEST_OBJECTS, ROLES, Role
+from .permissions import (
+    AGENT_REMOVES,
+    AGENT_WRITES,
+    MANIFEST_OBJECTS,
+    ROLES,
+    Role,
+    needed_in_role,
+)
 
 BLOBS = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs"
 READ = f"{BLOBS}/read"
@@ -186,8 +193,4 @@ def policy(container: str, prefix: str, role: Role = "agent") -> dict[str, Any]:
 def needed(op: str, address: str) -> str:
     """What a call of ``op`` on ``address`` (``az://container/key``) needs, in words, as
     ``doctor`` reports a refused call."""
-    wanted = sorted(DATA_ACTIONS.get(op, frozenset({f"(the data actions of {op})"})))
-    return (
-        f"{' and '.join(wanted)} on {address}, in a role assigned with objmanifest's "
-        "condition (`objmanifest iam-policy --url az://...` prints both)"
-    )
+    return needed_in_role(DATA_ACTIONS, op, address, "data actions", "assigned")

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidInput
-from .permissions import ROLES, Role
+from .permissions import ROLES, Role, needed_in_role
 
 AGENT_PERMISSIONS: dict[str, str] = {
     "storage.objects.get": (
@@ -165,8 +165,4 @@ def policy(bucket: str, prefix: str, role: Role = "agent") -> dict[str, Any]:
 def needed(op: str, address: str) -> str:
     """What a call of ``op`` on ``address`` (``gs://bucket/key``) needs, in words, as
     ``doctor`` reports a refused call."""
-    wanted = sorted(STORE_PERMISSIONS.get(op, frozenset({f"(the permissions of {op})"})))
-    return (
-        f"{' and '.join(wanted)} on {address}, in a role bound with objmanifest's condition "
-        "(`objmanifest iam-policy --url gs://...` prints both)"
-    )
+    return needed_in_role(STORE_PERMISSIONS, op, address, "permissions", "bound")

@@ -226,6 +226,20 @@ def actions(document: Mapping[str, Any]) -> frozenset[str]:
     )
 
 
+def needed_in_role(
+    granted: Mapping[str, frozenset[str]], op: str, address: str, what: str, given: str
+) -> str:
+    """What a call of ``op`` on ``address`` needs where a role with objmanifest's condition
+    grants it (Azure, GCS), in words: the ``granted`` names of ``op`` (its ``what`` where
+    none is known), and how the role is ``given``, as ``doctor`` reports a refused call."""
+    wanted = sorted(granted.get(op, frozenset({f"(the {what} of {op})"})))
+    scheme = address.partition("://")[0]
+    return (
+        f"{' and '.join(wanted)} on {address}, in a role {given} with objmanifest's condition "
+        f"(`objmanifest iam-policy --url {scheme}://...` prints both)"
+    )
+
+
 def needed(op: str, address: str) -> str:
     """What a call of ``op`` on ``address`` (``s3://bucket/key``) needs, in words: the
     actions and the resource, as ``doctor`` reports a refused call."""
