@@ -23,23 +23,29 @@ from objmanifest.store.azure_uploads import marker
 STORE = Path(__file__).resolve().parent.parent / "objmanifest" / "store"
 AZURE_PY = STORE / "azure.py"
 BLOCKS_PY = STORE / "azure_blocks.py"
+BASE_PY = STORE / "base.py"
 
 
 def sdk_calls() -> dict[str, set[str]]:
     """AzureStore method -> the SDK calls it makes, through its own helpers and the
-    multipart calls it hands to ``BlockUploads`` (``self.blocks.X``, ``self.store.X``);
-    ``put`` is ``Writes.put``, which hands its arguments to the store's ``write``."""
-    classes = {"AzureStore": AZURE_PY, "BlockUploads": BLOCKS_PY}
+    multipart calls it hands to ``BlockUploads`` (``self.uploads.X``, through the methods
+    it inherits from ``HandsOnUploads``; ``self.store.X``); ``put`` is ``Writes.put``, which
+    hands its arguments to the store's ``write``."""
+    classes = [
+        ("AzureStore", "HandsOnUploads", BASE_PY),
+        ("AzureStore", "AzureStore", AZURE_PY),
+        ("BlockUploads", "BlockUploads", BLOCKS_PY),
+    ]
     methods: dict[tuple[str, str], ast.FunctionDef] = {}
-    for owner, path in classes.items():
+    for owner, defined_in, path in classes:
         tree = ast.parse(path.read_text())
-        cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner)
+        cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == defined_in)
         for node in cls.body:
             if isinstance(node, ast.FunctionDef):
                 name = "put" if (owner, node.name) == ("AzureStore", "write") else node.name
                 methods[owner, name] = node
     known = set(azure_roles.CLIENT_ACTIONS)
-    other = {"AzureStore": ("blocks", "BlockUploads"), "BlockUploads": ("store", "AzureStore")}
+    other = {"AzureStore": ("uploads", "BlockUploads"), "BlockUploads": ("store", "AzureStore")}
     direct: dict[tuple[str, str], set[str]] = {}
     helpers: dict[tuple[str, str], set[tuple[str, str]]] = {}
     for (owner, name), fn in methods.items():

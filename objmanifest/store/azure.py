@@ -37,7 +37,7 @@ import contextlib
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -85,15 +85,12 @@ from .azure_uploads import (
     hidden,
 )
 from .base import (
-    CREATE,
     Blob,
+    HandsOnUploads,
     Head,
     Listed,
-    PartBody,
-    PartsListed,
     PrefixedStore,
     Put,
-    PutMode,
     StoreClock,
     Version,
     send_whole,
@@ -110,7 +107,7 @@ _BLOB_CLIENTS = 1024
 """Blob clients kept for reuse (one per key: the shards a process commits to, mostly)."""
 
 
-class AzureStore(PrefixedStore):
+class AzureStore(HandsOnUploads, PrefixedStore):
     """One container (its ``bucket``) and prefix of an Azure storage account. Keys are
     relative to the prefix."""
 
@@ -136,7 +133,7 @@ class AzureStore(PrefixedStore):
         self.list_page_size: int | None = None
         """Rows per listing request (None: Azure's 5000); tests make it small."""
         self._client = service.get_container_client(container)
-        self.blocks = BlockUploads(self)
+        self.uploads = BlockUploads(self)
         self._blobs: dict[str, BlobClient] = {}
         self._lock = threading.Lock()
 
@@ -437,26 +434,6 @@ class AzureStore(PrefixedStore):
         return Blob(body, str(properties.etag), metadata_in(properties.metadata))
 
     # -- multipart uploads: staged blocks and a block-list commit (azure_blocks) -----------
-
-    def create_upload(self, key: str) -> str:
-        return self.blocks.create_upload(key)
-
-    def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
-        return self.blocks.upload_part(key, upload_id, number, body)
-
-    def list_parts(self, key: str, upload_id: str) -> PartsListed:
-        return self.blocks.list_parts(key, upload_id)
-
-    def complete_upload(
-        self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
-    ) -> None:
-        self.blocks.complete_upload(key, upload_id, etags, mode)
-
-    def abort_upload(self, key: str, upload_id: str) -> bool:
-        return self.blocks.abort_upload(key, upload_id)
-
-    def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
-        return self.blocks.list_uploads(prefix)
 
     # -- time -----------------------------------------------------------------------------
 

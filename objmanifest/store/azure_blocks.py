@@ -85,7 +85,7 @@ class BlockUploads:
     def __init__(self, store: BlobStore) -> None:
         self.store = store
 
-    def create_upload(self, key: str) -> str:
+    def create(self, key: str) -> str:
         self.store._refuse_reserved(key, "upload")
         upload_id = new_upload_id(self.store.runtime.new_id())
         blob = self.store._blob(marker(key, upload_id))
@@ -159,7 +159,7 @@ class BlockUploads:
             return {}
         return parts_of(upload_id, ((str(b.id), int(b.size)) for b in uncommitted))
 
-    def complete_upload(
+    def complete(
         self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
     ) -> None:
         """Commit exactly the named blocks, in order, under ``mode``'s condition; then the
@@ -212,11 +212,11 @@ class BlockUploads:
     def _forget(self, key: str, upload_id: str) -> None:
         """Remove a completed upload's marker; one left behind is listed until aborted."""
         try:
-            self.abort_upload(key, upload_id)
+            self.abort(key, upload_id)
         except (StoreError, NoSuchObject) as e:
             log.warning("could not remove the marker of the completed upload of %s: %s", key, e)
 
-    def abort_upload(self, key: str, upload_id: str) -> bool:
+    def abort(self, key: str, upload_id: str) -> bool:
         """Forget the upload (its marker goes); False if it was already gone. Its staged
         blocks stay until the blob's next commit or seven days have passed."""
         if not is_upload_id(upload_id):
@@ -233,7 +233,7 @@ class BlockUploads:
             return False
         return True
 
-    def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
+    def list(self, prefix: str) -> Iterator[tuple[str, str]]:
         """(key, upload id) of every open upload under ``prefix``: its markers."""
         base = len(self.store.full_key(""))
         options: dict[str, Any] = {

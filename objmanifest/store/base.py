@@ -396,6 +396,45 @@ class Writes:
         raise NotImplementedError(f"{type(self).__name__} does not write")
 
 
+class Uploads(Protocol):
+    """A backend's multipart uploads, kept by a part of its own (Azure's staged blocks,
+    GCS's part objects, a directory's part files)."""
+
+    def create(self, key: str) -> str: ...
+    def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str: ...
+    def list_parts(self, key: str, upload_id: str) -> PartsListed: ...
+    def complete(self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode) -> None: ...
+    def abort(self, key: str, upload_id: str) -> bool: ...
+    def list(self, prefix: str) -> Iterator[tuple[str, str]]: ...
+
+
+class HandsOnUploads:
+    """The multipart calls of ``ObjectStore`` for a store that hands them to its
+    ``uploads``."""
+
+    uploads: Uploads
+
+    def create_upload(self, key: str) -> str:
+        return self.uploads.create(key)
+
+    def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
+        return self.uploads.upload_part(key, upload_id, number, body)
+
+    def list_parts(self, key: str, upload_id: str) -> PartsListed:
+        return self.uploads.list_parts(key, upload_id)
+
+    def complete_upload(
+        self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
+    ) -> None:
+        self.uploads.complete(key, upload_id, etags, mode)
+
+    def abort_upload(self, key: str, upload_id: str) -> bool:
+        return self.uploads.abort(key, upload_id)
+
+    def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
+        return self.uploads.list(prefix)
+
+
 class PrefixedStore(Writes):
     """What every backend shares: a bucket (a container, a directory) and a prefix in it.
 

@@ -57,12 +57,10 @@ from ..core.runtime import DEFAULT, Runtime
 from ..errors import InvalidInput, StoreError
 from . import file_io, file_paths, urls
 from .base import (
-    CREATE,
     Blob,
+    HandsOnUploads,
     Head,
     Listed,
-    PartBody,
-    PartsListed,
     Put,
     PutMode,
     StoreClock,
@@ -101,7 +99,7 @@ def _names(key: str) -> tuple[bytes, ...]:
     return tuple(file_paths.object_names(key))
 
 
-class FileStore(Writes):
+class FileStore(HandsOnUploads, Writes):
     """One directory as an object store. Keys are relative to the directory."""
 
     scheme = "file"
@@ -409,26 +407,6 @@ class FileStore(Writes):
         return (row.key for row in self.list(prefix))
 
     # -- multipart uploads -----------------------------------------------------------------
-
-    def create_upload(self, key: str) -> str:
-        return self.uploads.create(key)
-
-    def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
-        return self.uploads.upload_part(key, upload_id, number, body)
-
-    def list_parts(self, key: str, upload_id: str) -> PartsListed:
-        return self.uploads.list_parts(key, upload_id)
-
-    def complete_upload(
-        self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
-    ) -> None:
-        self.uploads.complete(key, upload_id, etags, mode)
-
-    def abort_upload(self, key: str, upload_id: str) -> bool:
-        return self.uploads.abort(key, upload_id)
-
-    def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
-        return self.uploads.list(prefix)
 
     def temporary(self) -> bytes:
         """A new path for a temporary file or directory (outside the key space)."""

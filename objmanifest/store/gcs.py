@@ -35,7 +35,7 @@ object, so 429 on a hot object is normal), 401/403 and missing credentials a ``S
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
@@ -50,13 +50,11 @@ from ..core import checksum
 from ..core.runtime import Runtime
 from ..errors import AccessDenied, InvalidInput, StoreError
 from .base import (
-    CREATE,
     Blob,
+    HandsOnUploads,
     Head,
     Listed,
     ObjectStore,
-    PartBody,
-    PartsListed,
     PrefixedStore,
     Put,
     PutMode,
@@ -97,7 +95,7 @@ READS = 10
 metadata and its bytes (after a short jittered pause that doubles each time)."""
 
 
-class GCSStore(PrefixedStore):
+class GCSStore(HandsOnUploads, PrefixedStore):
     """One bucket and prefix of Google Cloud Storage. Keys passed in are relative to the
     prefix; the store's own upload parts live under ``PARTS`` beside them, unlisted."""
 
@@ -531,23 +529,6 @@ class GCSStore(PrefixedStore):
     def create_upload(self, key: str) -> str:
         self._writable(key)
         return self.uploads.create(key)
-
-    def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
-        return self.uploads.upload_part(key, upload_id, number, body)
-
-    def list_parts(self, key: str, upload_id: str) -> PartsListed:
-        return self.uploads.list_parts(key, upload_id)
-
-    def complete_upload(
-        self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode = CREATE
-    ) -> None:
-        self.uploads.complete(key, upload_id, etags, mode)
-
-    def abort_upload(self, key: str, upload_id: str) -> bool:
-        return self.uploads.abort(key, upload_id)
-
-    def list_uploads(self, prefix: str) -> Iterator[tuple[str, str]]:
-        return self.uploads.list(prefix)
 
     # -- time -----------------------------------------------------------------------------
 
