@@ -203,37 +203,45 @@ class TaskMetrics(Collector):
         yield from self._gauges(task_id, status)
 
     def _gauges(self, task_id: str, status: TaskStatus) -> Iterator[Metric]:
-        entries = GaugeMetricFamily(
-            f"{PREFIX}entries",
+        yield _gauge(
+            "entries",
             "entries per stage and state (read from the shards, cached)",
-            labels=["task", "stage", "state"],
+            ["task", "stage", "state"],
+            (
+                ([task_id, stage, state], n)
+                for stage, counts in status.stages.items()
+                for state, n in counts.items()
+            ),
         )
-        for stage, counts in status.stages.items():
-            for state, n in counts.items():
-                entries.add_metric([task_id, stage, state], n)
-        yield entries
-        attention = GaugeMetricFamily(
-            f"{PREFIX}attention_entries",
+        noted: dict[tuple[str, str], int] = {}
+        for kind in NOTES:
+            noted.update(((stage, kind), 0) for stage in status.stages)
+            for note in getattr(status, kind):
+                noted[note.stage, kind] = noted.get((note.stage, kind), 0) + 1
+        yield _gauge(
+            "attention_entries",
             "entries a status report names, per stage and kind (late: past the stage's "
             "deadline; overdue: an expired lease)",
-            labels=["task", "stage", "kind"],
+            ["task", "stage", "kind"],
+            (([task_id, stage, kind], n) for (stage, kind), n in noted.items()),
         )
-        for kind in NOTES:
-            per_stage = dict.fromkeys(status.stages, 0)
-            for note in getattr(status, kind):
-                per_stage[note.stage] = per_stage.get(note.stage, 0) + 1
-            for stage, n in per_stage.items():
-                attention.add_metric([task_id, stage, kind], n)
-        yield attention
-        lost = GaugeMetricFamily(
-            f"{PREFIX}lost_races_per_commit",
+        yield _gauge(
+            "lost_races_per_commit",
             "races lost per landed commit lately, per stage, by any agent (from the journal "
             "records its shards carry); a stage above 0.3 needs more partitions",
-            labels=["task", "stage"],
+            ["task", "stage"],
+            (([task_id, stage], rate) for stage, rate in status.contention.items()),
         )
-        for stage, rate in status.contention.items():
-            lost.add_metric([task_id, stage], rate)
-        yield lost
+
+
+def _gauge(
+    name: str, doc: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
+) -> GaugeMetricFamily:
+    """A gauge family of ``samples`` (label values, value)."""
+    family = GaugeMetricFamily(f"{PREFIX}{name}", doc, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
 
 
 class Combined(Collector):
