@@ -455,8 +455,8 @@ def test_repair_puts_back_a_shard_and_an_index_nested_thousands_deep(
         (shard, "rebuilt"),
         (index, "rebuilt"),
     }
+    # What a stored block held is back (a partition's own shard may have had none stored).
     assert cli.json("status")["totals"]["pending"] >= BLOCK - 1
-    assert cli.json("show", ids[0])["state"] == "pending"
 
 
 @MOTO_ONLY

@@ -9,12 +9,14 @@ nothing, and the task works on."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 
 import pytest
 
 import objmanifest as om
 from objmanifest.cas.blocks import BLOCK
+from objmanifest.store.memory import MemoryStore
 from tests.support.internals import engine
 from tests.support.rawstore import delete as raw_delete
 from tests.support.rawstore import get as raw_get
@@ -365,3 +367,29 @@ def test_a_corrupt_archive_object_is_named_and_rebuilt_from_the_journal(
     freed = again.gc(consumed_older_than=0)
     assert [i.key for i in freed.removed] == [before.key]
     assert again.repair().objects == ()
+
+
+@pytest.mark.parametrize("stages", [["a"], ["a", "b"]], ids=["one-stage", "two-stages"])
+def test_a_one_shard_task_whose_shard_and_index_are_both_lost(stages: list[str]) -> None:
+    """On a task of one shard the index alone says each entry's stage, and the index is
+    rebuilt from the shard: with both lost, a task of one stage gets every entry the
+    journal's blocks kept back; with more stages the entries are reported lost, to be
+    declared again, never to be found by repairing again."""
+    store = MemoryStore(f"repair-one-shard-{uuid.uuid4().hex}", "p")
+    om.Task.create(store, "job", stages=stages, layout="task")
+    ids = [f"f{n:02d}" for n in range(2 * BLOCK)]
+    for n, file_id in enumerate(ids):
+        om.Task.open(store, "job").declare(file_id, stages[n % len(stages)])
+    task = om.Task.open(store, "job")
+    for key in (engine(task).shard_key(stages[0], ids[0]), engine(task).layout.index):
+        raw_put(store, key, b'{"x":' * 50_000)
+    report = task.repair()
+    assert {o.action for o in report.objects} == {"rebuilt"}
+    totals = om.Task.open(store, "job").status().totals
+    if len(stages) == 1:
+        assert totals["pending"] >= 2 * BLOCK - 2  # what the stored blocks held
+        return
+    assert totals["pending"] == 0
+    lost = [e for o in report.objects for e in o.entries if e.state == "lost"]
+    assert len(lost) >= 2 * BLOCK - 2
+    assert all("declare it again" in e.rule and "repair again" not in e.rule for e in lost)

@@ -353,12 +353,14 @@ class Repairer:
         for fid in sorted(seen):
             s = seen[fid]
             stage = own_stage or (index.stage_of(fid) if index is not None else None)
+            if stage is None and len(self.stages) == 1:
+                stage = self.stages[0]  # one stage: whose it is needs no index
             if stage is None:
-                # The task's one shard holds every stage; only the index says whose.
+                # The task's one shard holds every stage; only the index says whose, and the
+                # index is rebuilt from the shards: nothing left names this entry's stage.
                 why = (
                     "not restored: the task keeps every stage in one shard, and the index, "
-                    "which names each entry's stage, is damaged too; repair again once the "
-                    "index is repaired, or declare it again"
+                    "which names each entry's stage, is damaged too; declare it again"
                 )
                 restored.append(RestoredEntry(fid, "lost", 0, s.state, s.epoch, why, ("all",)))
                 continue
