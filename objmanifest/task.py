@@ -480,9 +480,10 @@ class Task:
 
     def archive(self, older_than: float = 86400.0, actor: str = "") -> ArchiveReport:
         """Move every terminal entry (consumed, dead) last updated ``older_than`` seconds
-        ago or more (the store's clock) out of the live shards into write-once archive
-        objects, one commit per shard. Safe while agents work; ``entry``, ``history``,
-        ``lineage``, ``status``, dependency checks and declarations still find them."""
+        ago or more (the store's clock; 0 takes every one) out of the live shards into
+        write-once archive objects, one commit per shard. Safe while agents work;
+        ``entry``, ``history``, ``lineage``, ``status``, dependency checks and declarations
+        still find them."""
         return operations.archive(self._engine, older_than, actor)
 
     # -- every task (last: the name ``list`` hides the builtin in the class body) -----

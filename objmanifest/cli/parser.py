@@ -378,7 +378,8 @@ def _history(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         type=age,
         default=86400.0,
         metavar="SECONDS",
-        help="archive entries last updated this long ago or more (default 86400, one day)",
+        help="archive entries last updated this long ago or more (default 86400, one day; "
+        "0 archives every terminal entry)",
     )
 
 

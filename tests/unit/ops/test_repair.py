@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import timedelta
 
 import pytest
 
 import objmanifest as om
 from objmanifest.cas.codecs import ShardCodec
 from objmanifest.core import checksum
+from objmanifest.ops.archive import due
 from objmanifest.ops.replay import RECORDS_AT_RISK, RebuildShard, replay
 from objmanifest.store import CREATE
 from objmanifest.store.errors import PreconditionFailed
@@ -140,3 +142,24 @@ def test_a_chunked_entry_keeps_its_whole_checksum_through_the_journal_and_a_repa
     assert [o.action for o in report.objects] == ["rebuilt"]
     restored = task.entry("big")
     assert (restored.state, restored.whole_checksum) == (om.State.consumed, made.whole_checksum)
+
+
+def test_archive_older_than_0_takes_an_entry_stamped_after_this_process_s_now() -> None:
+    """A new process knows the store's clock to a ``Date`` header's second: an entry another
+    process finished a moment ago may be stamped after its ``now``. ``older_than=0`` takes
+    every terminal entry all the same; any other age keeps to the clock."""
+    store = fresh_store()
+    task = new_task(store)
+    task.declare("a", "collect")
+    agent = task.agent("p")
+    claim = agent.claim("a")
+    assert claim is not None
+    agent.put(claim, b"x")
+    task.agent("c").consume("a")
+    shard = engine(task).read_shard(engine(task).layout.shard_of("collect", "a"))
+    stamped = shard.entries["a"].updated_at
+    assert stamped is not None
+    before = stamped - timedelta(seconds=0.5)
+    assert set(due(shard, before, 0)) == {"a"}
+    assert due(shard, before, 1) == {}
+    assert set(due(shard, stamped + timedelta(seconds=1), 1)) == {"a"}
