@@ -413,7 +413,8 @@ def test_throttling_and_unavailability_are_retried(
 def test_a_client_throttled_on_a_write_paces_its_writes_and_not_on_a_read(
     double: GCSDouble, on_double: GCSStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    writes = on_double.gcs.writes = SendRate(decrease=0.01)  # its least: one every 10 s
+    # Its least, one every 10 s, and a recovery too slow to move it while the test runs.
+    writes = on_double.gcs.writes = SendRate(decrease=0.01, recovery=1e-9)
     turns: list[float] = []
 
     def turn(now: float) -> float:
