@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from ..cas.codecs import ShardCodec
@@ -32,6 +32,9 @@ from ..errors import ObjManifestError
 from ..store import PROBE_PREFIX, ObjectStore, get_if_any
 from ..store.errors import NoSuchObject
 from .archive import Archives
+
+ALWAYS = datetime.max.replace(tzinfo=timezone.utc)
+"""Later than any change: what ``--consumed-older-than 0`` compares with."""
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +231,10 @@ class Collector:
     # -- consumed data past its retention ---------------------------------------------------
 
     def _consumed(self, report: GcReport, dry_run: bool, seconds: float) -> None:
-        before = self.now() - timedelta(seconds=seconds)
+        # 0 frees every consumed entry's data: a process that has just started knows the
+        # store's clock to a Date header's second, so data another process consumed a moment
+        # ago could look newer than its now.
+        before = self.now() - timedelta(seconds=seconds) if seconds > 0 else ALWAYS
         for shard in self.layout.all_shards(self.stages):
             wanted = _expired_keys(self.entries(shard).values(), before)
             if not wanted:

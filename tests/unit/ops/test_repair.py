@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -163,3 +163,20 @@ def test_archive_older_than_0_takes_an_entry_stamped_after_this_process_s_now() 
     assert set(due(shard, before, 0)) == {"a"}
     assert due(shard, before, 1) == {}
     assert set(due(shard, stamped + timedelta(seconds=1), 1)) == {"a"}
+
+
+def test_gc_consumed_older_than_0_frees_data_stamped_after_this_process_s_now() -> None:
+    """As for archive: data another process consumed a moment ago may be stamped after a new
+    process's ``now``; ``consumed_older_than=0`` frees it all the same."""
+    clock = [datetime(2030, 1, 1, 12, 0, 0, tzinfo=timezone.utc)]
+    store = om.MemoryStore("unit", uuid.uuid4().hex, clock=lambda: clock[0])
+    task = new_task(store)
+    task.declare("a", "collect")
+    agent = task.agent("p")
+    claim = agent.claim("a")
+    assert claim is not None
+    agent.put(claim, b"x")
+    task.agent("c").consume("a")
+    clock[0] -= timedelta(seconds=0.5)
+    assert task.gc(consumed_older_than=1).bytes_freed == 0
+    assert task.gc(consumed_older_than=0).bytes_freed == 1
