@@ -425,7 +425,7 @@ class Documents:
         commit_id: str,
         doc: T,
         now: datetime,
-        lost: int = 0,
+        lost: int,
     ) -> tuple[list[_Tried], T | None]:
         """Every member's command applied in order, each on the version the one before
         made, stamped with ``commit_id`` and carrying its journal record (a refused member,
@@ -486,7 +486,7 @@ class Documents:
         after: T,
         at: datetime,
         transitions: tuple[Change, ...],
-        lost: int = 0,
+        lost: int,
     ) -> T:
         """``after`` carrying its own journal record, without the records whose block is
         known to be stored."""

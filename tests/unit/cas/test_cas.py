@@ -1285,3 +1285,12 @@ def test_backoff_stays_between_zero_and_its_cap() -> None:
         for rand in (0.0, 0.1, 0.5, 0.999):
             assert 0.0 <= policy.backoff(attempt, rand) <= cap
             assert policy.backoff(attempt, rand) == pytest.approx(rand * cap, rel=1e-12)
+
+
+def test_peek_is_the_cached_version_without_a_request(rig: Rig) -> None:
+    assert rig.docs.peek(KEY) is None
+    rig.docs.commit(KEY, CODEC, Add("x"))
+    rig.forget_calls()
+    assert rig.docs.peek(KEY) == rig.peek()
+    assert rig.docs.peek("other") is None
+    assert rig.calls == {}

@@ -173,3 +173,29 @@ def test_members_sharing_a_write_remember_its_commit_id_once() -> None:
     index = index_codec.stamp(index_codec.stamp(index, "g"), "g")
     assert index.meta.commits == ("g",)
     assert index_codec.stamp(index, "h").meta.commits == ("g", "h")
+
+
+def test_a_group_that_lost_a_race_says_so_in_its_first_members_record_only() -> None:
+    store = om.MemoryStore(f"group-{uuid.uuid4().hex[:8]}", "p", runtime=INLINE)
+    task = om.Task.create(store, "job", stages=["a"])
+    rival = om.Task.open(store, "job")
+    task.declare_many([(f"f{i}", "a") for i in range(5)])
+    key = engine(task).shard_key("a")
+    raced: list[str] = []
+
+    def race(op: str, at: str) -> None:  # the group's first write loses to the rival's
+        name = threading.current_thread().name
+        if op == "put" and at == key and name.startswith("g") and not raced:
+            raced.append(name)
+            rival.agent("r").claim("f4")
+
+    held = Held(store, task)
+    store.faults.hooks.append(race)
+    held.hold(lambda: task.agent("a0").claim("f0"))
+    for n in range(1, 4):
+        held.queue(f"g{n}", lambda n=n: task.agent(f"g{n}").claim(f"f{n}"))
+    got = held.go()
+    assert raced and all(isinstance(got[f"g{n}"], om.Claim) for n in range(1, 4))
+    records = engine(task).journal.records(key, engine(task).codec("a"))
+    group = [r for r in records if r.actor.startswith("g")]
+    assert [r.lost_races for r in group] == [1, None, None]

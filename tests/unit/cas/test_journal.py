@@ -703,3 +703,33 @@ def test_write_due_sends_again_a_block_whose_write_here_failed() -> None:
     writer.write_due("k", "j", records_to(40), 40)  # made whole earlier, but not stored
     assert stored_blocks(s) == ["b/k/j/1-32"] and s.faults.calls["put"] == 2
     assert writer.unstored("k", "j", records_to(40)) == records_to(40, first=33)
+
+
+def test_a_commit_that_lost_two_races_says_two() -> None:
+    s, task = fresh()
+    other = om.Task.open(s, "job")
+    task.declare_many([("x", "a"), ("y", "a"), ("z", "a")])
+    ann, bob = task.agent("ann"), other.agent("bob")
+    claim = ann.claim("x")
+    assert claim is not None
+    rivals = ["y", "z"]
+    key = engine(task).shard_key("a")
+
+    def race(op: str, at: str) -> None:  # bob claims before each of ann's first two writes
+        if op == "put" and at.endswith(key) and rivals and not race.busy:  # type: ignore[attr-defined]
+            race.busy = True  # type: ignore[attr-defined]
+            try:
+                bob.claim(rivals.pop(0))
+            finally:
+                race.busy = False  # type: ignore[attr-defined]
+
+    race.busy = False  # type: ignore[attr-defined]
+    s.faults.hooks.append(race)
+    ann.renew(claim)
+    s.faults.hooks.remove(race)
+    records = check_complete(task, key, engine(task).codec("a"))
+    assert [(r.command, r.actor, r.lost_races) for r in records][-3:] == [
+        ("claim", "bob", None),
+        ("claim", "bob", None),
+        ("renew", "ann", 2),
+    ]

@@ -1016,3 +1016,12 @@ def test_a_model_replaced_is_the_copy_model_copy_makes_extra_fields_kept() -> No
     shard_before = shard(entry("a"))
     renamed = shard_before.replaced(entries={}, version=7)
     assert (renamed.entries, renamed.version, shard_before.entries.keys()) == ({}, 7, {"a"})
+
+
+def test_an_entry_not_ready_is_refused_with_the_state_it_is_in() -> None:
+    with pytest.raises(NotReady) as writing:
+        changes.check_consumable(held(), "c")
+    assert writing.value.state == "writing"
+    with pytest.raises(NotReady) as pending:
+        changes.check_consumable(entry(), "c")
+    assert pending.value.state == "pending"
