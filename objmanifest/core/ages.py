@@ -6,6 +6,7 @@ with the same words."""
 from __future__ import annotations
 
 import math
+from datetime import datetime, timedelta, timezone
 
 from ..errors import InvalidInput
 
@@ -42,3 +43,14 @@ def check_age(name: str, value: object) -> float:
 
 
 __all__ = ["AGE_RULE", "MAX_AGE_DAYS", "MAX_AGE_SECONDS", "age_problem", "check_age"]
+
+
+LATEST = datetime.max.replace(tzinfo=timezone.utc)
+
+
+def older_than_cutoff(now: datetime, seconds: float) -> datetime:
+    """What a change must be stamped at or before to be ``seconds`` old at ``now``; for 0,
+    any change at all. (A process that has just started knows the store's clock to the
+    second of a ``Date`` header, so a change another process made a moment ago may be
+    stamped after its ``now``: "older than 0" still means it.)"""
+    return now - timedelta(seconds=seconds) if seconds > 0 else LATEST

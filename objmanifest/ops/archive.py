@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from pydantic import ValidationError
 
 from ..cas.codecs import load_json, schema_problems
+from ..core.ages import older_than_cutoff
 from ..core.changes import TERMINAL
 from ..core.commands import Archive
 from ..core.layout import TaskLayout
@@ -43,16 +44,13 @@ Commit = Callable[[str, Archive], list[str]]
 
 
 def due(shard: Shard, now: datetime, older_than: float) -> dict[str, Entry]:
-    """The shard's terminal entries last updated at least ``older_than`` seconds ago; every
-    one for 0. (A process that has just started knows the store's clock to the second of a
-    ``Date`` header, so an entry another process finished a moment ago may look newer than
-    its ``now``: "older than 0" still means it.)"""
-    cutoff = now - timedelta(seconds=older_than)
+    """The shard's terminal entries last updated at least ``older_than`` seconds ago (every
+    one for 0: ``older_than_cutoff``)."""
+    cutoff = older_than_cutoff(now, older_than)
     return {
         fid: e
         for fid, e in shard.entries.items()
-        if e.state in TERMINAL
-        and (older_than <= 0 or (e.updated_at or e.declared_at or now) <= cutoff)
+        if e.state in TERMINAL and (e.updated_at or e.declared_at or now) <= cutoff
     }
 
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Literal
 
 from ..cas.codecs import ShardCodec
 from ..cas.loop import Documents
+from ..core.ages import older_than_cutoff
 from ..core.changes import data_expired
 from ..core.commands import DropArchivedData, DropData
 from ..core.layout import TaskLayout
@@ -32,9 +33,6 @@ from ..errors import ObjManifestError
 from ..store import PROBE_PREFIX, ObjectStore, get_if_any
 from ..store.errors import NoSuchObject
 from .archive import Archives
-
-ALWAYS = datetime.max.replace(tzinfo=timezone.utc)
-"""Later than any change: what ``--consumed-older-than 0`` compares with."""
 
 log = logging.getLogger(__name__)
 
@@ -231,10 +229,7 @@ class Collector:
     # -- consumed data past its retention ---------------------------------------------------
 
     def _consumed(self, report: GcReport, dry_run: bool, seconds: float) -> None:
-        # 0 frees every consumed entry's data: a process that has just started knows the
-        # store's clock to a Date header's second, so data another process consumed a moment
-        # ago could look newer than its now.
-        before = self.now() - timedelta(seconds=seconds) if seconds > 0 else ALWAYS
+        before = older_than_cutoff(self.now(), seconds)  # 0: every consumed entry's data
         for shard in self.layout.all_shards(self.stages):
             wanted = _expired_keys(self.entries(shard).values(), before)
             if not wanted:

@@ -144,18 +144,23 @@ def test_a_chunked_entry_keeps_its_whole_checksum_through_the_journal_and_a_repa
     assert (restored.state, restored.whole_checksum) == (om.State.consumed, made.whole_checksum)
 
 
+def produce_and_consume(task: om.Task, file_id: str) -> None:
+    """``file_id`` declared in ``collect``, produced and consumed: a terminal entry."""
+    task.declare(file_id, "collect")
+    agent = task.agent("p")
+    claim = agent.claim(file_id)
+    assert claim is not None
+    agent.put(claim, b"x")
+    task.agent("c").consume(file_id)
+
+
 def test_archive_older_than_0_takes_an_entry_stamped_after_this_process_s_now() -> None:
     """A new process knows the store's clock to a ``Date`` header's second: an entry another
     process finished a moment ago may be stamped after its ``now``. ``older_than=0`` takes
     every terminal entry all the same; any other age keeps to the clock."""
     store = fresh_store()
     task = new_task(store)
-    task.declare("a", "collect")
-    agent = task.agent("p")
-    claim = agent.claim("a")
-    assert claim is not None
-    agent.put(claim, b"x")
-    task.agent("c").consume("a")
+    produce_and_consume(task, "a")
     shard = engine(task).read_shard(engine(task).layout.shard_of("collect", "a"))
     stamped = shard.entries["a"].updated_at
     assert stamped is not None
@@ -171,12 +176,7 @@ def test_gc_consumed_older_than_0_frees_data_stamped_after_this_process_s_now() 
     clock = [datetime(2030, 1, 1, 12, 0, 0, tzinfo=timezone.utc)]
     store = om.MemoryStore("unit", uuid.uuid4().hex, clock=lambda: clock[0])
     task = new_task(store)
-    task.declare("a", "collect")
-    agent = task.agent("p")
-    claim = agent.claim("a")
-    assert claim is not None
-    agent.put(claim, b"x")
-    task.agent("c").consume("a")
+    produce_and_consume(task, "a")
     clock[0] -= timedelta(seconds=0.5)
     assert task.gc(consumed_older_than=1).bytes_freed == 0
     assert task.gc(consumed_older_than=0).bytes_freed == 1
