@@ -18,12 +18,12 @@ from ..core.model import (
 from ..data.sources import Source
 from ..data.transfer import Progress
 from ..errors import Interrupted, ObjManifestError
-from .pool import Pool
+from .pool import Pool, Twin, in_pool
 
 log = logging.getLogger("objmanifest.aio")
 
 
-class AsyncAgent:
+class AsyncAgent(Twin[Agent]):
     """An ``Agent`` whose calls are coroutines, run in its task's pool (``task.agent``).
 
     ``progress`` callbacks are called in the pool's threads.
@@ -35,6 +35,10 @@ class AsyncAgent:
 
     def __repr__(self) -> str:
         return f"Async{self.agent!r}"
+
+    @property
+    def _sync(self) -> Agent:
+        return self.agent
 
     @property
     def name(self) -> str:
@@ -80,15 +84,13 @@ class AsyncAgent:
 
     # -- holding -----------------------------------------------------------------------
 
-    async def resume(self, file_id: str, epoch: int) -> Claim:
-        return await self._pool.run(lambda: self.agent.resume(file_id, epoch))
+    resume = in_pool(Agent.resume)
 
     async def resume_many(self, held: Iterable[tuple[str, int]]) -> list[Claim]:
         pairs = list(held)
         return await self._pool.run(lambda: self.agent.resume_many(pairs))
 
-    async def renew(self, claim: Claim) -> Claim:
-        return await self._pool.run(lambda: self.agent.renew(claim))
+    renew = in_pool(Agent.renew)
 
     async def put(
         self,
@@ -143,11 +145,8 @@ class AsyncAgent:
             lambda outcome: _report("put_many", outcome),
         )
 
-    async def fail(self, claim: Claim, reason: str) -> Entry:
-        return await self._pool.run(lambda: self.agent.fail(claim, reason))
-
-    async def release(self, claim: Claim) -> Entry:
-        return await self._pool.run(lambda: self.agent.release(claim))
+    fail = in_pool(Agent.fail)
+    release = in_pool(Agent.release)
 
     # -- consuming ---------------------------------------------------------------------
 
