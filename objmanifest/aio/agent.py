@@ -7,8 +7,8 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterable
-from typing import overload
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar, overload
 
 from ..agent import Agent
 from ..core.model import (
@@ -18,9 +18,11 @@ from ..core.model import (
 from ..data.sources import Source
 from ..data.transfer import Progress
 from ..errors import Interrupted, ObjManifestError
-from .pool import Pool, Twin, in_pool
+from .pool import Pool, Twin, forwarded, in_pool
 
 log = logging.getLogger("objmanifest.aio")
+
+T = TypeVar("T")
 
 
 class AsyncAgent(Twin[Agent]):
@@ -40,13 +42,8 @@ class AsyncAgent(Twin[Agent]):
     def _sync(self) -> Agent:
         return self.agent
 
-    @property
-    def name(self) -> str:
-        return self.agent.name
-
-    @property
-    def role(self) -> str:
-        return self.agent.role
+    name = forwarded(Agent, lambda agent: agent.name)
+    role = forwarded(Agent, lambda agent: agent.role)
 
     # -- claiming ----------------------------------------------------------------------
 
@@ -104,9 +101,8 @@ class AsyncAgent(Twin[Agent]):
     ) -> Entry:
         """``Agent.put``. Cancelled, it stops before the ready commit (the entry stays
         writing under the claim), or, if the commit was sent, waits for its outcome."""
-        stop = threading.Event()
-        return await self._pool.run(
-            lambda: self.agent.put(
+        return await self._stoppable(
+            lambda stop: self.agent.put(
                 claim,
                 data,
                 part_size=part_size,
@@ -115,7 +111,6 @@ class AsyncAgent(Twin[Agent]):
                 progress=progress,
                 stop=stop,
             ),
-            stop,
             lambda outcome: _report(f"put of {claim.file_id!r}", outcome),
         )
 
@@ -130,10 +125,9 @@ class AsyncAgent(Twin[Agent]):
     ) -> list[Entry | Exception]:
         """``Agent.put_many``. Cancelled, it stops before the ready commits (every entry
         stays writing under its claim), or, if they were sent, waits for their outcome."""
-        stop = threading.Event()
         batch = list(claims) if not isinstance(claims, Claim) else claims
-        return await self._pool.run(
-            lambda: self.agent.put_many(
+        return await self._stoppable(
+            lambda stop: self.agent.put_many(
                 batch,
                 datas,
                 part_size=part_size,
@@ -141,7 +135,6 @@ class AsyncAgent(Twin[Agent]):
                 threshold=threshold,
                 stop=stop,
             ),
-            stop,
             lambda outcome: _report("put_many", outcome),
         )
 
@@ -190,19 +183,8 @@ class AsyncAgent(Twin[Agent]):
         many seconds). Cancelled, it stops before the data is put in place and marked
         (nothing at ``dest`` changes; a wait stops at its next look), or, if the mark was
         sent, waits for it."""
-        stop = threading.Event()
-
-        def call() -> bytes | Entry:
-            if dest is None:
-                return self.agent.consume(
-                    file_id,
-                    part_size=part_size,
-                    concurrency=concurrency,
-                    progress=progress,
-                    stop=stop,
-                    wait=wait,
-                )
-            return self.agent.consume(
+        return await self._stoppable(
+            lambda stop: self.agent.consume(
                 file_id,
                 dest,
                 part_size=part_size,
@@ -211,11 +193,19 @@ class AsyncAgent(Twin[Agent]):
                 parents=parents,
                 stop=stop,
                 wait=wait,
-            )
-
-        return await self._pool.run(
-            call, stop, lambda outcome: _report(f"consume of {file_id!r}", outcome)
+            ),
+            lambda outcome: _report(f"consume of {file_id!r}", outcome),
         )
+
+    async def _stoppable(
+        self,
+        call: Callable[[threading.Event], T],
+        cancelled: Callable[[T | BaseException], Awaitable[None]],
+    ) -> T:
+        """``call(stop)`` in the pool: cancelled, ``stop`` is set, so the call stops at its
+        next checkpoint, and ``cancelled`` is told what it ended with."""
+        stop = threading.Event()
+        return await self._pool.run(lambda: call(stop), stop, cancelled)
 
 
 async def _report(what: str, outcome: object) -> None:

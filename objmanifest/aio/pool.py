@@ -11,13 +11,14 @@ import functools
 import threading
 import types
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 from ..errors import InvalidInput
 from ..store import ObjectStore
 
 T = TypeVar("T")
 S = TypeVar("S")
+V = TypeVar("V")
 P = ParamSpec("P")
 
 
@@ -133,3 +134,26 @@ async def outcome_of(waiting: asyncio.Future[T]) -> T | BaseException:
         return asyncio.CancelledError()
     error = waiting.exception()
     return error if error is not None else waiting.result()
+
+
+class Forwarded(property, Generic[S, V]):
+    """A read-only property of a twin that reads its sync object's (``forwarded``)."""
+
+    @overload
+    def __get__(self, twin: None, owner: type | None = None, /) -> Forwarded[S, V]: ...
+    @overload
+    def __get__(self, twin: Twin[S], owner: type | None = None, /) -> V: ...
+    def __get__(self, twin: Twin[S] | None, owner: type | None = None, /) -> Forwarded[S, V] | V:
+        return super().__get__(twin, owner)
+
+    def __set__(self, twin: Twin[S], value: NoReturn, /) -> None:
+        super().__set__(twin, value)
+
+
+def forwarded(sync: type[S], read: Callable[[S], V]) -> Forwarded[S, V]:
+    """The property of a twin that is ``read`` of its sync object (of class ``sync``)."""
+
+    def get(twin: Twin[S]) -> V:
+        return read(twin._sync)
+
+    return Forwarded(get)

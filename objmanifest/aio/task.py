@@ -12,17 +12,15 @@ from ..core.model import (
     Claim,
     Entry,
     Shard,
-    TaskHeader,
 )
 from ..core.pacing import Pace
 from ..core.states import State
 from ..core.waiting import WaitPlan
-from ..data.transfer import TransferConfig
 from ..ops.deletion import Deleted
 from ..store import ObjectStore
 from ..task import Task
 from .agent import AsyncAgent
-from .pool import Pool, Twin, in_pool, run_once
+from .pool import Pool, Twin, forwarded, in_pool, run_once
 
 
 class AsyncTask(Twin[Task]):
@@ -128,33 +126,13 @@ class AsyncTask(Twin[Task]):
 
     # -- settings (no I/O) -------------------------------------------------------------
 
-    @property
-    def store(self) -> ObjectStore:
-        return self.task.store
-
-    @property
-    def header(self) -> TaskHeader:
-        return self.task.header
-
-    @property
-    def task_id(self) -> str:
-        return self.task.task_id
-
-    @property
-    def stages(self) -> tuple[str, ...]:
-        return self.task.stages
-
-    @property
-    def lease_seconds(self) -> float:
-        return self.task.lease_seconds
-
-    @property
-    def max_retries(self) -> int:
-        return self.task.max_retries
-
-    @property
-    def transfer(self) -> TransferConfig:
-        return self.task.transfer
+    store = forwarded(Task, lambda task: task.store)
+    header = forwarded(Task, lambda task: task.header)
+    task_id = forwarded(Task, lambda task: task.task_id)
+    stages = forwarded(Task, lambda task: task.stages)
+    lease_seconds = forwarded(Task, lambda task: task.lease_seconds)
+    max_retries = forwarded(Task, lambda task: task.max_retries)
+    transfer = forwarded(Task, lambda task: task.transfer)
 
     def agent(self, name: str, role: str | None = None) -> AsyncAgent:
         """An agent of this task; ``role`` (for consumers) defaults to the name."""
