@@ -197,6 +197,7 @@ PUBLIC_TYPES = {
     "Shard": "Task.shard, Task.shards",
     "TaskHeader": "Task.header",
     "EntryNote": "TaskStatus.blocked, .overdue, .dead ...",
+    "IndexNote": "TaskStatus.unfinished, .unindexed",
     "DamageNote": "TaskStatus.damaged",
     "Deleted": "Task.delete",
     "WaitPlan": "Task.wait_plan",
