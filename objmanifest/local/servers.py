@@ -420,22 +420,15 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace: float = _STOP_GRACE
             proc.wait(timeout=10)
 
 
+@dataclass(eq=False)
 class _WeedProcess:
     """Owns one ``weed server`` subprocess and the files it leaves behind."""
 
-    def __init__(
-        self,
-        proc: subprocess.Popen[bytes],
-        log: IO[bytes],
-        ports: dict[str, int],
-        data_dir: str,
-        remove_dir: bool,
-    ) -> None:
-        self.proc = proc
-        self.log = log
-        self.ports = ports
-        self.data_dir = data_dir
-        self.remove_dir = remove_dir
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    ports: dict[str, int]
+    data_dir: str
+    remove_dir: bool
 
     def stop(self) -> None:
         # A throwaway data dir is deleted next: nothing there is worth a graceful stop.
