@@ -42,7 +42,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from .errors import LocalServerError, ServerExitedEarly
-from .running import Running
+from .running import Running, start_server
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -499,15 +499,7 @@ def _start_weed_once(
     log = log_path.open("ab")
     log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
     log.flush()
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=data_dir,
-        env=_weed_env(),
-        start_new_session=True,  # own process group: stop() signals weed and all it spawned
-    )
+    proc = start_server(cmd, log, data_dir, _weed_env())
     owner = _WeedProcess(proc, log, ports, data_dir, remove_dir)
     local = LocalS3(
         backend="seaweedfs",
