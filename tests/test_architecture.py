@@ -197,6 +197,7 @@ PUBLIC_TYPES = {
     "Shard": "Task.shard, Task.shards",
     "TaskHeader": "Task.header",
     "EntryNote": "TaskStatus.blocked, .overdue, .dead ...",
+    "IndexNote": "TaskStatus.unfinished, .unindexed",
     "DamageNote": "TaskStatus.damaged",
     "Deleted": "Task.delete",
     "WaitPlan": "Task.wait_plan",
@@ -633,9 +634,12 @@ def calls_on_the_loop(fn: ast.AsyncFunctionDef) -> list[ast.Call]:
 
 def blocking_calls(source: str) -> tuple[list[str], int]:
     """Calls of the sync API made on the loop by the coroutines of ``source``, and how many
-    calls they hand to the pool (``….run(...)`` / ``….settle(...)``)."""
+    calls they hand to the pool (``….run(...)`` / ``….settle(...)``, or a method made by
+    ``in_pool(...)``, whose coroutine runs it in the pool)."""
     bad, pooled = [], 0
     for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, ast.Call) and dotted(fn.func) == ["in_pool"]:
+            pooled += 1
         if not isinstance(fn, ast.AsyncFunctionDef):
             continue
         for call in calls_on_the_loop(fn):
@@ -652,9 +656,10 @@ def test_the_checker_sees_a_sync_call_made_on_the_loop() -> None:
         "async def status(self):\n    return self.task.status()\n"
         "async def claim(self):\n    return await self._pool.run(lambda: self.agent.claim())\n"
         "async def put(self, claim):\n    return Agent.put(self.agent, claim)\n"
+        "class AsyncAgent:\n    renew = in_pool(Agent.renew)\n"
     )
     bad, pooled = blocking_calls(planted)
-    assert [b.split(" in ")[1] for b in bad] == ["status", "put"] and pooled == 1
+    assert [b.split(" in ")[1] for b in bad] == ["status", "put"] and pooled == 2
 
 
 def test_aio_coroutines_reach_the_sync_api_only_through_the_pool() -> None:

@@ -7,8 +7,8 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterable
-from typing import overload
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar, overload
 
 from ..agent import Agent
 from ..core.model import (
@@ -18,12 +18,14 @@ from ..core.model import (
 from ..data.sources import Source
 from ..data.transfer import Progress
 from ..errors import Interrupted, ObjManifestError
-from .pool import Pool
+from .pool import Pool, Twin, forwarded, in_pool
 
 log = logging.getLogger("objmanifest.aio")
 
+T = TypeVar("T")
 
-class AsyncAgent:
+
+class AsyncAgent(Twin[Agent]):
     """An ``Agent`` whose calls are coroutines, run in its task's pool (``task.agent``).
 
     ``progress`` callbacks are called in the pool's threads.
@@ -37,12 +39,11 @@ class AsyncAgent:
         return f"Async{self.agent!r}"
 
     @property
-    def name(self) -> str:
-        return self.agent.name
+    def _sync(self) -> Agent:
+        return self.agent
 
-    @property
-    def role(self) -> str:
-        return self.agent.role
+    name = forwarded(Agent, lambda agent: agent.name)
+    role = forwarded(Agent, lambda agent: agent.role)
 
     # -- claiming ----------------------------------------------------------------------
 
@@ -80,15 +81,13 @@ class AsyncAgent:
 
     # -- holding -----------------------------------------------------------------------
 
-    async def resume(self, file_id: str, epoch: int) -> Claim:
-        return await self._pool.run(lambda: self.agent.resume(file_id, epoch))
+    resume = in_pool(Agent.resume)
 
     async def resume_many(self, held: Iterable[tuple[str, int]]) -> list[Claim]:
         pairs = list(held)
         return await self._pool.run(lambda: self.agent.resume_many(pairs))
 
-    async def renew(self, claim: Claim) -> Claim:
-        return await self._pool.run(lambda: self.agent.renew(claim))
+    renew = in_pool(Agent.renew)
 
     async def put(
         self,
@@ -102,9 +101,8 @@ class AsyncAgent:
     ) -> Entry:
         """``Agent.put``. Cancelled, it stops before the ready commit (the entry stays
         writing under the claim), or, if the commit was sent, waits for its outcome."""
-        stop = threading.Event()
-        return await self._pool.run(
-            lambda: self.agent.put(
+        return await self._stoppable(
+            lambda stop: self.agent.put(
                 claim,
                 data,
                 part_size=part_size,
@@ -113,7 +111,6 @@ class AsyncAgent:
                 progress=progress,
                 stop=stop,
             ),
-            stop,
             lambda outcome: _report(f"put of {claim.file_id!r}", outcome),
         )
 
@@ -128,10 +125,9 @@ class AsyncAgent:
     ) -> list[Entry | Exception]:
         """``Agent.put_many``. Cancelled, it stops before the ready commits (every entry
         stays writing under its claim), or, if they were sent, waits for their outcome."""
-        stop = threading.Event()
         batch = list(claims) if not isinstance(claims, Claim) else claims
-        return await self._pool.run(
-            lambda: self.agent.put_many(
+        return await self._stoppable(
+            lambda stop: self.agent.put_many(
                 batch,
                 datas,
                 part_size=part_size,
@@ -139,15 +135,11 @@ class AsyncAgent:
                 threshold=threshold,
                 stop=stop,
             ),
-            stop,
             lambda outcome: _report("put_many", outcome),
         )
 
-    async def fail(self, claim: Claim, reason: str) -> Entry:
-        return await self._pool.run(lambda: self.agent.fail(claim, reason))
-
-    async def release(self, claim: Claim) -> Entry:
-        return await self._pool.run(lambda: self.agent.release(claim))
+    fail = in_pool(Agent.fail)
+    release = in_pool(Agent.release)
 
     # -- consuming ---------------------------------------------------------------------
 
@@ -191,19 +183,8 @@ class AsyncAgent:
         many seconds). Cancelled, it stops before the data is put in place and marked
         (nothing at ``dest`` changes; a wait stops at its next look), or, if the mark was
         sent, waits for it."""
-        stop = threading.Event()
-
-        def call() -> bytes | Entry:
-            if dest is None:
-                return self.agent.consume(
-                    file_id,
-                    part_size=part_size,
-                    concurrency=concurrency,
-                    progress=progress,
-                    stop=stop,
-                    wait=wait,
-                )
-            return self.agent.consume(
+        return await self._stoppable(
+            lambda stop: self.agent.consume(
                 file_id,
                 dest,
                 part_size=part_size,
@@ -212,11 +193,19 @@ class AsyncAgent:
                 parents=parents,
                 stop=stop,
                 wait=wait,
-            )
-
-        return await self._pool.run(
-            call, stop, lambda outcome: _report(f"consume of {file_id!r}", outcome)
+            ),
+            lambda outcome: _report(f"consume of {file_id!r}", outcome),
         )
+
+    async def _stoppable(
+        self,
+        call: Callable[[threading.Event], T],
+        cancelled: Callable[[T | BaseException], Awaitable[None]],
+    ) -> T:
+        """``call(stop)`` in the pool: cancelled, ``stop`` is set, so the call stops at its
+        next checkpoint, and ``cancelled`` is told what it ended with."""
+        stop = threading.Event()
+        return await self._pool.run(lambda: call(stop), stop, cancelled)
 
 
 async def _report(what: str, outcome: object) -> None:

@@ -4,38 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
-import shard_index
-
 from ..core.model import (
-    ArchiveReport,
     Claim,
-    Declaration,
     Entry,
-    JournalRecord,
     Shard,
-    TaskHeader,
-    TaskStatus,
 )
 from ..core.pacing import Pace
 from ..core.states import State
 from ..core.waiting import WaitPlan
-from ..data.transfer import TransferConfig
-from ..journal.history import Dropped, Lineage, Transition
 from ..ops.deletion import Deleted
-from ..ops.gc import GcReport
-from ..ops.reports import RepairReport
 from ..store import ObjectStore
 from ..task import Task
 from .agent import AsyncAgent
-from .pool import Pool
+from .pool import Pool, Twin, forwarded, in_pool, run_once
 
 
-class AsyncTask:
+class AsyncTask(Twin[Task]):
     """A ``Task`` whose calls are coroutines. Make one with ``await AsyncTask.create`` or
     ``await AsyncTask.open``, or wrap a ``Task`` (``AsyncTask(task)``).
 
@@ -57,10 +45,27 @@ class AsyncTask:
         self._pool = Pool.of(task.store, workers, executor)
 
     @classmethod
-    def _wrap(cls, task: Task, pool: Pool) -> AsyncTask:
+    async def _opened(
+        cls,
+        store: ObjectStore,
+        workers: int | None,
+        executor: cf.Executor | None,
+        opening: Callable[[], Task],
+    ) -> AsyncTask:
+        """The task ``opening`` makes (in a new pool), wrapped with its pool."""
+        pool = Pool.of(store, workers, executor)
+        try:
+            task = await pool.run(opening)
+        except BaseException:
+            pool.close()
+            raise
         made = cls.__new__(cls)
         made.task, made._pool = task, pool
         return made
+
+    @property
+    def _sync(self) -> Task:
+        return self.task
 
     def __repr__(self) -> str:
         return f"AsyncTask({self.task_id!r} at {self.store.url})"
@@ -97,15 +102,12 @@ class AsyncTask:
         **options: Any,
     ) -> AsyncTask:
         """``Task.create`` (``options``: its keyword arguments) as a coroutine."""
-        pool = Pool.of(store, workers, executor)
-        try:
-            task = await pool.run(
-                lambda: Task.create(store, task_id, stages, lease_seconds, max_retries, **options)
-            )
-        except BaseException:
-            pool.close()
-            raise
-        return cls._wrap(task, pool)
+        return await cls._opened(
+            store,
+            workers,
+            executor,
+            lambda: Task.create(store, task_id, stages, lease_seconds, max_retries, **options),
+        )
 
     @classmethod
     async def open(
@@ -118,43 +120,19 @@ class AsyncTask:
         **options: Any,
     ) -> AsyncTask:
         """``Task.open`` (``options``: ``policy``, ``transfer``) as a coroutine."""
-        pool = Pool.of(store, workers, executor)
-        try:
-            task = await pool.run(lambda: Task.open(store, task_id, **options))
-        except BaseException:
-            pool.close()
-            raise
-        return cls._wrap(task, pool)
+        return await cls._opened(
+            store, workers, executor, lambda: Task.open(store, task_id, **options)
+        )
 
     # -- settings (no I/O) -------------------------------------------------------------
 
-    @property
-    def store(self) -> ObjectStore:
-        return self.task.store
-
-    @property
-    def header(self) -> TaskHeader:
-        return self.task.header
-
-    @property
-    def task_id(self) -> str:
-        return self.task.task_id
-
-    @property
-    def stages(self) -> tuple[str, ...]:
-        return self.task.stages
-
-    @property
-    def lease_seconds(self) -> float:
-        return self.task.lease_seconds
-
-    @property
-    def max_retries(self) -> int:
-        return self.task.max_retries
-
-    @property
-    def transfer(self) -> TransferConfig:
-        return self.task.transfer
+    store = forwarded(Task, lambda task: task.store)
+    header = forwarded(Task, lambda task: task.header)
+    task_id = forwarded(Task, lambda task: task.task_id)
+    stages = forwarded(Task, lambda task: task.stages)
+    lease_seconds = forwarded(Task, lambda task: task.lease_seconds)
+    max_retries = forwarded(Task, lambda task: task.max_retries)
+    transfer = forwarded(Task, lambda task: task.transfer)
 
     def agent(self, name: str, role: str | None = None) -> AsyncAgent:
         """An agent of this task; ``role`` (for consumers) defaults to the name."""
@@ -171,17 +149,10 @@ class AsyncTask:
 
     # -- reading -----------------------------------------------------------------------
 
-    async def entry(self, file_id: str) -> Entry:
-        return await self._pool.run(lambda: self.task.entry(file_id))
-
-    async def entries(self, stage: str | None = None) -> list[Entry]:
-        return await self._pool.run(lambda: self.task.entries(stage))
-
-    async def stage_of(self, file_id: str) -> str:
-        return await self._pool.run(lambda: self.task.stage_of(file_id))
-
-    async def shard(self, stage: str) -> Shard:
-        return await self._pool.run(lambda: self.task.shard(stage))
+    entry = in_pool(Task.entry)
+    entries = in_pool(Task.entries)
+    stage_of = in_pool(Task.stage_of)
+    shard = in_pool(Task.shard)
 
     async def shard_names(self, stage: str | None = None, file_id: str | None = None) -> list[str]:
         """``Task.shard_names`` (names only: no I/O, so it runs on the loop)."""
@@ -193,21 +164,15 @@ class AsyncTask:
         chosen = None if names is None else list(names)
         return await self._pool.run(lambda: self.task.shards(chosen, cached=cached))
 
-    async def index(self) -> shard_index.ShardIndex:
-        return await self._pool.run(self.task.index)
+    index = in_pool(Task.index)
 
     async def held(self, claim: Claim) -> Entry:
         """``Task.held``: the entry, read fresh, if ``claim`` still holds it."""
         return await self._pool.run(lambda: self.task.held(claim))
 
-    async def status(self) -> TaskStatus:
-        return await self._pool.run(self.task.status)
-
-    async def unclaimable(self, stage: str) -> str:
-        return await self._pool.run(lambda: self.task.unclaimable(stage))
-
-    async def is_current(self) -> bool:
-        return await self._pool.run(self.task.is_current)
+    status = in_pool(Task.status)
+    unclaimable = in_pool(Task.unclaimable)
+    is_current = in_pool(Task.is_current)
 
     async def wait(
         self,
@@ -245,127 +210,43 @@ class AsyncTask:
         """``Task.wait_plan`` (arguments checked: no I/O, so it runs on the loop)."""
         return self.task.wait_plan(stages, until, timeout)
 
-    async def outstanding(
-        self, stages: Iterable[str] | None = None, until: str = "ready"
-    ) -> tuple[dict[str, State], list[str]]:
-        return await self._pool.run(lambda: self.task.outstanding(stages, until))
+    outstanding = in_pool(Task.outstanding)
 
     # -- declaring ---------------------------------------------------------------------
 
-    async def declare(
-        self,
-        file_id: str,
-        stage: str,
-        depends_on: Iterable[str] = (),
-        consumers: Iterable[str] = (),
-    ) -> Entry:
-        return await self._pool.run(
-            lambda: self.task.declare(file_id, stage, depends_on, consumers)
-        )
-
-    async def declare_many(
-        self, decls: Iterable[Declaration | dict[str, Any] | tuple[Any, ...]]
-    ) -> list[Entry]:
-        return await self._pool.run(lambda: self.task.declare_many(decls))
+    declare = in_pool(Task.declare)
+    declare_many = in_pool(Task.declare_many)
 
     # -- keeping the task --------------------------------------------------------------
 
-    async def reap(self) -> list[Entry]:
-        return await self._pool.run(self.task.reap)
-
-    async def sweep_uploads(self) -> list[str]:
-        return await self._pool.run(self.task.sweep_uploads)
-
-    async def gc(self, dry_run: bool = False, consumed_older_than: float | None = None) -> GcReport:
-        return await self._pool.run(lambda: self.task.gc(dry_run, consumed_older_than))
-
-    async def repair_index(self) -> list[str]:
-        return await self._pool.run(self.task.repair_index)
-
-    async def repair(self, dry_run: bool = False) -> RepairReport:
-        return await self._pool.run(lambda: self.task.repair(dry_run))
-
-    async def archive(self, older_than: float = 86400.0, actor: str = "") -> ArchiveReport:
-        return await self._pool.run(lambda: self.task.archive(older_than, actor))
-
-    async def migrate(self) -> list[str]:
-        return await self._pool.run(self.task.migrate)
-
-    async def revive(self, file_id: str) -> Entry:
-        return await self._pool.run(lambda: self.task.revive(file_id))
-
-    async def undeclare(self, file_id: str) -> Entry | None:
-        return await self._pool.run(lambda: self.task.undeclare(file_id))
-
-    async def delete(self, force: bool = False) -> Deleted:
-        return await self._pool.run(lambda: self.task.delete(force))
+    reap = in_pool(Task.reap)
+    sweep_uploads = in_pool(Task.sweep_uploads)
+    gc = in_pool(Task.gc)
+    repair_index = in_pool(Task.repair_index)
+    repair = in_pool(Task.repair)
+    archive = in_pool(Task.archive)
+    migrate = in_pool(Task.migrate)
+    revive = in_pool(Task.revive)
+    undeclare = in_pool(Task.undeclare)
+    delete = in_pool(Task.delete)
 
     @staticmethod
     async def delete_by_id(store: ObjectStore, task_id: str, *, force: bool = False) -> Deleted:
-        pool = Pool.of(store, 1, None)
-        try:
-            return await pool.run(lambda: Task.delete_by_id(store, task_id, force=force))
-        finally:
-            pool.close()
+        return await run_once(store, lambda: Task.delete_by_id(store, task_id, force=force))
 
     # -- history -----------------------------------------------------------------------
 
-    async def history(
-        self, file_id: str, *, after: dict[str, int] | None = None
-    ) -> list[Transition]:
-        return await self._pool.run(lambda: self.task.history(file_id, after=after))
-
-    async def log(
-        self,
-        since: datetime | None = None,
-        stage: str | None = None,
-        agent: str | None = None,
-        *,
-        after: dict[str, int] | None = None,
-    ) -> list[JournalRecord]:
-        return await self._pool.run(lambda: self.task.log(since, stage, agent, after=after))
-
-    async def stage_logs(
-        self,
-        shards: Mapping[str, Shard],
-        seen: dict[str, tuple[str | None, int]],
-        since: datetime | None = None,
-        *,
-        skip_damaged: bool = False,
-    ) -> dict[str, list[JournalRecord]]:
-        return await self._pool.run(
-            lambda: self.task.stage_logs(shards, seen, since, skip_damaged=skip_damaged)
-        )
-
-    async def lineage(self, file_id: str) -> Lineage:
-        return await self._pool.run(lambda: self.task.lineage(file_id))
-
-    async def dropped(
-        self, file_id: str | None = None, *, stage: str | None = None
-    ) -> list[Dropped]:
-        return await self._pool.run(lambda: self.task.dropped(file_id, stage=stage))
-
-    async def flush_journal(self) -> None:
-        await self._pool.run(self.task.flush_journal)
-
-    async def trim_journal(
-        self,
-        keep_seconds: float | None = None,
-        keep_versions: int | None = None,
-        *,
-        dry_run: bool = False,
-    ) -> list[Dropped]:
-        return await self._pool.run(
-            lambda: self.task.trim_journal(keep_seconds, keep_versions, dry_run=dry_run)
-        )
+    history = in_pool(Task.history)
+    log = in_pool(Task.log)
+    stage_logs = in_pool(Task.stage_logs)
+    lineage = in_pool(Task.lineage)
+    dropped = in_pool(Task.dropped)
+    flush_journal = in_pool(Task.flush_journal)
+    trim_journal = in_pool(Task.trim_journal)
 
     # -- every task (last: the name ``list`` hides the builtin in the class body) -----
 
     @staticmethod
     async def list(store: ObjectStore) -> list[str]:
         """``Task.list``: the ids of the tasks under the store's prefix."""
-        pool = Pool.of(store, 1, None)
-        try:
-            return await pool.run(lambda: Task.list(store))
-        finally:
-            pool.close()
+        return await run_once(store, lambda: Task.list(store))

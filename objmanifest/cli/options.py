@@ -57,24 +57,12 @@ def add_globals(parser: argparse.ArgumentParser, suppress: bool) -> None:
         metavar="ID",
         help=f"the task to work on (default: ${ENV_TASK})",
     )
-    group.add_argument(
-        "--json",
-        action="store_true",
-        default=default(False),
-        help="write one JSON object (result or error) instead of text",
-    )
-    group.add_argument(
-        "--debug",
-        action="store_true",
-        default=default(False),
-        help="print the traceback of an error",
-    )
-    group.add_argument(
-        "--no-progress",
-        action="store_true",
-        default=default(False),
-        help="no progress bars, even on a terminal",
-    )
+    for switch, meaning in (
+        ("--json", "write one JSON object (result or error) instead of text"),
+        ("--debug", "print the traceback of an error"),
+        ("--no-progress", "no progress bars, even on a terminal"),
+    ):
+        group.add_argument(switch, action="store_true", default=default(False), help=meaning)
     group.add_argument(
         "--cas-attempts",
         type=positive_int,

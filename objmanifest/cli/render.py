@@ -18,7 +18,7 @@ from rich.tree import Tree
 import objmanifest as om
 from objmanifest.local.styles import ATTENTION_STYLES, STATE_STYLES
 
-from ..core.model import EntryNote
+from ..core.model import EntryNote, IndexNote
 
 
 def text_time(at: datetime | None) -> str:
@@ -100,12 +100,14 @@ def counts_table(status: om.TaskStatus) -> Table:
 def attention_table(status: om.TaskStatus) -> Table | None:
     """Dead, overdue and blocked entries, worst first, then file ids the index and the
     shards disagree about; None when nothing needs attention."""
-    notes: Iterable[tuple[str, EntryNote]] = [
+    notes: Iterable[tuple[str, EntryNote | IndexNote]] = [
         *(("dead", n) for n in status.dead),
         *(("overdue", n) for n in status.overdue),
         *(("blocked", n) for n in status.blocked),
         *(("late", n) for n in status.late),
         *(("backing off", n) for n in status.backing_off),
+        *(("damaged", n) for n in status.unindexed),
+        *(("unfinished", n) for n in status.unfinished),
     ]
     table = Table(box=box.SIMPLE_HEAD, title="needs attention", title_justify="left")
     for name in ("", "file id", "stage", "state", "why"):
@@ -116,21 +118,8 @@ def attention_table(status: om.TaskStatus) -> Table | None:
             Text(kind, style=style),
             Text(note.file_id, style=style),
             Text(note.stage),
-            state_text(note.state),
+            state_text(note.state) if isinstance(note, EntryNote) else Text("-"),
             Text(note.reason),
-        )
-    index_notes = [
-        *(("damaged", n) for n in status.unindexed),
-        *(("unfinished", n) for n in status.unfinished),
-    ]
-    for kind, index_note in index_notes:
-        style = ATTENTION_STYLES[kind]
-        table.add_row(
-            Text(kind, style=style),
-            Text(index_note.file_id, style=style),
-            Text(index_note.stage),
-            Text("-"),
-            Text(index_note.reason),
         )
     return table if table.row_count else None
 

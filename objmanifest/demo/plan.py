@@ -156,18 +156,19 @@ def header_line(header: dict[str, Any], pad_to: int = 0) -> bytes:
     return line + b"\n"
 
 
+def made_header(
+    kind: str, file_id: str, agent: str, epoch: int, inputs: dict[str, bytes]
+) -> dict[str, Any]:
+    """The header of a file made from ``inputs``: what it is, who made it, and the digests
+    of its inputs."""
+    digests = {fid: sha256(data) for fid, data in inputs.items()}
+    return {"kind": kind, "file_id": file_id, "agent": agent, "epoch": epoch, "inputs": digests}
+
+
 def write_batch(path: Path, file_id: str, agent: str, epoch: int, inputs: dict[str, bytes]) -> None:
     """A batch: a header naming its inputs' digests, then the inputs concatenated."""
-    digests = {fid: sha256(data) for fid, data in inputs.items()}
-    header = {
-        "kind": "batch",
-        "file_id": file_id,
-        "agent": agent,
-        "epoch": epoch,
-        "inputs": digests,
-    }
     with path.open("wb") as out:
-        out.write(header_line(header))
+        out.write(header_line(made_header("batch", file_id, agent, epoch, inputs)))
         for fid in sorted(inputs):
             out.write(inputs[fid])
 
@@ -180,18 +181,11 @@ def archive_body_size(total: int) -> int:
 def write_archive(path: Path, agent: str, epoch: int, inputs: dict[str, bytes], size: int) -> None:
     """The large artifact: a fixed-size header, then ``size`` bytes seeded by the inputs'
     digests."""
-    digests = {fid: sha256(data) for fid, data in inputs.items()}
-    header = {
-        "kind": "archive",
-        "file_id": ARCHIVE,
-        "agent": agent,
-        "epoch": epoch,
-        "inputs": digests,
-        "body_size": size,
-    }
+    header = made_header("archive", ARCHIVE, agent, epoch, inputs)
+    header["body_size"] = size
     with path.open("wb") as out:
         out.write(header_line(header, pad_to=ARCHIVE_HEADER))
-        for block in filler_blocks(filler_seed(digests), size):
+        for block in filler_blocks(filler_seed(header["inputs"]), size):
             out.write(block)
 
 

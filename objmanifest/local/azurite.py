@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 
 from .errors import LocalServerError
-from .running import Running
+from .running import Running, start_server
 from .servers import free_port
 
 AZURITE_VERSION = "3.37.0"
@@ -152,14 +152,7 @@ def _start_once(binary: str, host: str, timeout: float) -> tuple[LocalAzurite | 
         "--skipApiVersionCheck",
     ]
     with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=directory,
-            start_new_session=True,
-        )
+        proc = start_server(command, log, directory)
     local = LocalAzurite(
         f"http://{host}:{port}/{ACCOUNT}",
         proc.pid,

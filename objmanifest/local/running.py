@@ -1,15 +1,38 @@
 """``Running``: what every local server shares once started: a ``stop()`` that runs once
-(from any thread, from ``atexit``, or leaving a ``with`` block)."""
+(from any thread, from ``atexit``, or leaving a ``with`` block); and ``start_server``, how
+each is started."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import subprocess
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any, TypeVar
 
 S = TypeVar("S", bound="Running")
+
+
+def start_server(
+    command: Sequence[str],
+    log: IO[bytes],
+    cwd: str | Path,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """A local server's process: no input, its output and errors to ``log``, in ``cwd``,
+    in a session of its own (its own process group: stopping it signals the server and
+    all it spawned)."""
+    return subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+    )
 
 
 class Running:

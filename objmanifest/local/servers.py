@@ -42,7 +42,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from .errors import LocalServerError, ServerExitedEarly
-from .running import Running
+from .running import Running, start_server
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -420,22 +420,15 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace: float = _STOP_GRACE
             proc.wait(timeout=10)
 
 
+@dataclass(eq=False)
 class _WeedProcess:
     """Owns one ``weed server`` subprocess and the files it leaves behind."""
 
-    def __init__(
-        self,
-        proc: subprocess.Popen[bytes],
-        log: IO[bytes],
-        ports: dict[str, int],
-        data_dir: str,
-        remove_dir: bool,
-    ) -> None:
-        self.proc = proc
-        self.log = log
-        self.ports = ports
-        self.data_dir = data_dir
-        self.remove_dir = remove_dir
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    ports: dict[str, int]
+    data_dir: str
+    remove_dir: bool
 
     def stop(self) -> None:
         # A throwaway data dir is deleted next: nothing there is worth a graceful stop.
@@ -506,15 +499,7 @@ def _start_weed_once(
     log = log_path.open("ab")
     log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
     log.flush()
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=data_dir,
-        env=_weed_env(),
-        start_new_session=True,  # own process group: stop() signals weed and all it spawned
-    )
+    proc = start_server(cmd, log, data_dir, _weed_env())
     owner = _WeedProcess(proc, log, ports, data_dir, remove_dir)
     local = LocalS3(
         backend="seaweedfs",

@@ -238,6 +238,21 @@ def create_app(
             data={"task": task.task_id},
         )
 
+    def part_of_task(
+        request: Request, task_id: str, view: str, part: tuple[str, str], api: str
+    ) -> Response:
+        """The page of a stage or an entry of the task (``part``: its kind and name), its
+        API ``api`` under the task's."""
+        kind, name = part
+        return shell(
+            request,
+            view,
+            f"{name} · {task_id}",
+            f"/api/tasks/{pages.segment(task_id)}/{api}",
+            crumbs=[*_task_crumbs(site, task_id), (name, None)],
+            data={"task": task_id, kind: name},
+        )
+
     def root(request: Request) -> Response:
         if site.task_id is not None:
             return board_page(request, site.task_id)
@@ -249,25 +264,15 @@ def create_app(
     def stage(request: Request) -> Response:
         task_id, stage = request.path_params["task_id"], request.path_params["stage"]
         site.task(task_id).shard_names(stage)  # NotFound for a stage the task lacks
-        return shell(
-            request,
-            "entries",
-            f"{stage} · {task_id}",
-            f"/api/tasks/{pages.segment(task_id)}/stages/{pages.segment(stage)}",
-            crumbs=[*_task_crumbs(site, task_id), (stage, None)],
-            data={"task": task_id, "stage": stage},
+        return part_of_task(
+            request, task_id, "entries", ("stage", stage), f"stages/{pages.segment(stage)}"
         )
 
     def entry(request: Request) -> Response:
         task_id, file_id = request.path_params["task_id"], file_id_of(request)
         site.task(task_id)
-        return shell(
-            request,
-            "entry",
-            f"{file_id} · {task_id}",
-            f"/api/tasks/{pages.segment(task_id)}/entries/{pages.file_path(file_id)}",
-            crumbs=[*_task_crumbs(site, task_id), (file_id, None)],
-            data={"task": task_id, "file": file_id},
+        return part_of_task(
+            request, task_id, "entry", ("file", file_id), f"entries/{pages.file_path(file_id)}"
         )
 
     def api_info(request: Request) -> Response:
