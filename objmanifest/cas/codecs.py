@@ -34,6 +34,7 @@ from ..core.model import (
     Shard,
     TaskHeader,
 )
+from ..core.plain import MAX_NESTING, nesting_bound
 from ..errors import CorruptShard, DeclarationConflict, DependencyCycle, NotFound, UnsupportedSchema
 
 SHARD_REPAIR = "run `objmanifest repair` (Task.repair()), which copies it aside and rebuilds it"
@@ -51,6 +52,11 @@ UPLOAD_REPAIR = (
 )
 
 
+NESTED_TOO_DEEPLY = (
+    f"not JSON objmanifest reads: arrays or objects nest more than {MAX_NESTING} deep"
+)
+
+
 def schema_problems(e: ValidationError) -> str:
     """The first few problems of a pydantic report, without the (possibly huge) input."""
     found = [
@@ -63,14 +69,14 @@ def schema_problems(e: ValidationError) -> str:
 
 def load_json(key: str, body: bytes, supported: int) -> dict[str, Any]:
     """A JSON object with a supported ``schema_version`` (1 up to ``supported``)."""
+    if nesting_bound(body) > MAX_NESTING:  # checked first: a parser that recursed would crash
+        raise CorruptShard(key, NESTED_TOO_DEEPLY)
     try:
         data = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise CorruptShard(key, "not JSON: it is not UTF-8 text") from None
     except ValueError as e:
         raise CorruptShard(key, f"not JSON: {e}") from None
-    except RecursionError:  # arrays or objects nested thousands deep
-        raise CorruptShard(key, "not JSON objmanifest reads: it is nested too deeply") from None
     if not isinstance(data, dict):
         raise CorruptShard(key, "not a JSON object")
     version = data.get("schema_version")
@@ -463,6 +469,8 @@ class IndexCodec:
     writes: int = SCHEMA_VERSION
 
     def decode(self, key: str, body: bytes) -> shard_index.ShardIndex:
+        if nesting_bound(body) > MAX_NESTING:
+            raise CorruptShard(key, NESTED_TOO_DEEPLY)
         try:
             return shard_index.ShardIndex.from_json(body)
         except shard_index.UnsupportedIndexSchema as e:

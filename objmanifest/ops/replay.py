@@ -19,6 +19,7 @@ from ..cas.codecs import REMOVED
 from ..cas.policy import GROUP_MAX
 from ..core.layout import TaskLayout
 from ..core.model import Entry, JournalRecord, Shard
+from ..core.plain import MAX_NESTING, nesting_bound
 from ..core.states import State
 from ..data import transfer
 from ..errors import ChecksumMismatch, NotFound
@@ -68,9 +69,11 @@ class RebuildIndex:
 def salvage(body: bytes) -> tuple[list[JournalRecord], bool]:
     """The journal records a damaged object still carries, and whether they could all be
     read (then the journal is complete up to the object's own version)."""
+    if nesting_bound(body) > MAX_NESTING:
+        return [], False
     try:
         data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):  # not JSON, or nested too deep
+    except (UnicodeDecodeError, ValueError):  # not JSON
         return [], False
     raw = data.get("journal") if isinstance(data, dict) else None
     if not isinstance(raw, list):

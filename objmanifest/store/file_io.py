@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ..core import checksum
+from ..core.plain import MAX_NESTING, nesting_bound
 from ..errors import AccessDenied, ReadBrokeOff, StoreError
 from .errors import NoSuchObject
 
@@ -90,8 +91,11 @@ def parse_header(first: bytes) -> Header | int:
         raise ValueError(f"its header claims {length} bytes (at most {MAX_HEADER})")
     if len(first) < start + length:
         return int(start + length)
+    head = first[start : start + length]
+    if nesting_bound(head) > MAX_NESTING:
+        raise ValueError("its header is damaged (nested too deeply)")
     try:
-        fields = json.loads(first[start : start + length])
+        fields = json.loads(head)
         etag, metadata, upload = fields["etag"], fields["metadata"], fields.get("upload")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"its header is damaged ({type(e).__name__})") from None
