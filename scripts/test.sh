@@ -15,8 +15,9 @@
 # Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv),
 # OBJMANIFEST_TEST_BACKENDS (default memory,file,moto,seaweedfs; azurite adds Azure's
 # emulator, installed with npm into OBJMANIFEST_AZURITE_DIR, default
-# ~/.cache/objmanifest/azurite), OBJMANIFEST_TEST_ENDPOINT (any S3), OBJMANIFEST_TEST_WORKERS
-# (default 4).
+# ~/.cache/objmanifest/azurite), OBJMANIFEST_TEST_ENDPOINT (any S3),
+# OBJMANIFEST_TEST_GCS_ENDPOINT (a GCS emulator for the gcs-endpoint backend),
+# OBJMANIFEST_TEST_WORKERS (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

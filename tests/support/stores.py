@@ -22,12 +22,14 @@ from typing import Any
 import pytest
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.blob import BlobServiceClient
+from google.api_core.exceptions import Conflict
 
 import objmanifest as om
 from objmanifest.core.names import check_name
 from objmanifest.core.runtime import DEFAULT as DEFAULT_RUNTIME
 from objmanifest.local import fakegcs, servers
 from objmanifest.local.azurite import start_azurite
+from objmanifest.store.gcs_client import make_gcs_client
 
 BUCKET = os.environ.get("OBJMANIFEST_TEST_BUCKET", "objmanifest-test")
 
@@ -151,10 +153,12 @@ S3_SERVERS = ("moto", "seaweedfs", "endpoint")
 """The backends that speak the S3 API (a test of S3 itself, marked ``s3_only``, runs on
 these alone)."""
 
-STORES = ("file", "azurite", "fakegcs")
+STORES = ("file", "azurite", "fakegcs", "gcs-endpoint")
 """The backends of the other URL schemes: ``file://`` (a directory, no server), ``az://``
 on Azurite and ``gs://`` on fake-gcs-server (CI starts both; a newcomer without node runs
-memory, file, moto and SeaweedFS)."""
+memory, file, moto and SeaweedFS), or on the GCS JSON API emulator already running at
+``OBJMANIFEST_TEST_GCS_ENDPOINT`` (``gcs-endpoint``: Google's storage-testbench; not run by
+CI)."""
 
 
 VERSIONED_BUCKET = f"{BUCKET}-versions"
@@ -164,12 +168,14 @@ on a versioned bucket."""
 _versioned: set[str] = set()
 
 
-KEEPS_VERSIONS = ("memory", *S3_SERVERS, "fakegcs")
+KEEPS_VERSIONS = ("memory", *S3_SERVERS, "fakegcs", "gcs-endpoint")
 """The backends whose test stores can keep object versions (``versioned_store``): memory
-(``versioning=True``), the S3 servers (moto and SeaweedFS implement bucket versioning) and
-fake-gcs-server (object versioning in its memory backend). Azurite implements no blob
-versioning (Azure's versions are tested through ``tests/support/azure.py``'s
-``VersioningTransport``), ``file://`` keeps none."""
+(``versioning=True``), the S3 servers (moto and SeaweedFS implement bucket versioning),
+fake-gcs-server (object versioning in its memory backend) and storage-testbench (which
+keeps the generations an overwrite replaced in every bucket, but not the one a delete
+removes: docs/testing.md, "Other stores"). Azurite implements no blob versioning (Azure's
+versions are tested through ``tests/support/azure.py``'s ``VersioningTransport``),
+``file://`` keeps none."""
 
 
 def versioned_url(server: Server, prefix: str) -> str:
@@ -376,12 +382,49 @@ def start_fakegcs() -> Server:
     return Server("fakegcs", local.endpoint_url, local.env(), local, scheme="gs")
 
 
+@dataclass
+class GCSEndpoint:
+    """A GCS JSON API emulator someone else runs (storage-testbench), reached anonymously as
+    ``STORAGE_EMULATOR_HOST`` says: its buckets are made here, it is not stopped here."""
+
+    endpoint_url: str
+
+    def env(self) -> dict[str, str]:
+        return {"STORAGE_EMULATOR_HOST": self.endpoint_url}
+
+    def create_bucket(self, name: str, *, versioning: bool = False) -> None:
+        """Create ``name`` (keeping every generation, if ``versioning``); one that exists
+        is fine (xdist workers share the emulator)."""
+        client = make_gcs_client(self.endpoint_url).client
+        bucket = client.bucket(name)
+        bucket.versioning_enabled = versioning
+        with contextlib.suppress(Conflict):
+            client.create_bucket(bucket)
+
+    def stop(self) -> None:
+        pass
+
+
+def gcs_endpoint() -> Server:
+    """The emulator at ``OBJMANIFEST_TEST_GCS_ENDPOINT``, its bucket made."""
+    url = os.environ.get("OBJMANIFEST_TEST_GCS_ENDPOINT")
+    if not url:
+        raise pytest.UsageError(
+            "the gcs-endpoint backend needs OBJMANIFEST_TEST_GCS_ENDPOINT, the URL of a GCS "
+            "JSON API emulator such as storage-testbench (http://127.0.0.1:9000)"
+        )
+    local = GCSEndpoint(url)
+    local.create_bucket(BUCKET)
+    return Server("gcs-endpoint", url, local.env(), local, scheme="gs")
+
+
 STARTS: dict[str, Callable[[], Server]] = {
     "file": lambda: Server(
         "file", "", scheme="file", root=tempfile.mkdtemp(prefix="objmanifest-file-store-")
     ),
     "azurite": _azurite,
     "fakegcs": start_fakegcs,
+    "gcs-endpoint": gcs_endpoint,
 }
 """How each backend that is neither in-process nor S3 is started (``STORES``): a server of
 its own and its container or bucket made, or, for ``file``, a directory of this process's
