@@ -7,11 +7,10 @@ No layer above it sees the SDK. Azure's answers are normalised here to the seam'
   update ``If-Match`` on the blob's ETag, its version token (a stale or missing one: 412
   ``ConditionNotMet``): both ``PreconditionFailed``; a conditional read answered 304 is
   None; ``BlobNotFound`` on a read is ``NoSuchObject``, a missing container a ``StoreError``;
-* every whole object carries its ``x-ms-content-crc64`` and every block its
-  ``Content-MD5`` (a part's ETag), both of which Azure checks: a body damaged on its way is
-  refused (400 ``Crc64Mismatch`` or ``Md5Mismatch``; one cut short breaks the Shared Key
-  signature, 403, told apart from a refusal of the credentials by asking again) and sent
-  again (``send_whole``);
+* every whole object and every block carries its ``Content-MD5``, which Azure checks: a
+  body damaged on its way is refused (400 ``Md5Mismatch``; one cut short breaks the Shared
+  Key signature, 403, told apart from a refusal of the credentials by asking again) and
+  sent again (``send_whole``);
 * a PUT whose answer was lost is ``OutcomeUnknown`` (never retried: ``AzureRetry``); 503
   ``ServerBusy``, 500 ``OperationTimedOut`` and other refusals that changed nothing are
   retried with backoff, by that one policy;
@@ -35,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -62,7 +62,6 @@ from .azure_answers import (
     AzureStream,
     answer,
     conditions,
-    crc64_of,
     failure,
     metadata_in,
     metadata_out,
@@ -303,11 +302,9 @@ class AzureStore(HandsOnUploads, PrefixedStore):
             )
 
     def write(self, put: Put) -> str:
-        """Write an object in one Put Blob and return its ETag; the body carries its CRC64
-        (a file object is read whole first), so a damaged one is refused and sent again
-        (``send_whole``). CRC64 is the digest Azure checks that costs a fraction of an MD5
-        (computed natively by Microsoft's ``azure-storage-extensions``), and every commit
-        pays for it."""
+        """Write an object in one Put Blob and return its ETag; the body carries its
+        ``Content-MD5`` (a file object is read whole first), so a damaged one is refused
+        and sent again (``send_whole``)."""
         key = put.key
         self._refuse_reserved(key, "write")
         data = read_all(put.body)
@@ -316,7 +313,7 @@ class AzureStore(HandsOnUploads, PrefixedStore):
             "overwrite": put.mode.kind != "create",
             "metadata": metadata_out(put.metadata, self.describe(key)),
             "content_settings": ContentSettings(content_type=put.content_type),
-            "transactional_content_crc64": crc64_of(data),
+            "transactional_content_md5": hashlib.md5(data, usedforsecurity=False).digest(),
             "raw_response_hook": self._observe,
         }
         options.update(conditions(put.mode))
