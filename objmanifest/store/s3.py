@@ -167,41 +167,24 @@ class S3Store(PrefixedStore):
     # -- objects --------------------------------------------------------------------------
 
     def get(self, key: str, if_none_match: str | None = None) -> Blob | None:
-        condition = {"IfNoneMatch": if_none_match} if if_none_match else {}
-        return self._read(
-            "read",
-            key,
-            self.describe(key),
-            lambda code, status: status == 304 or code in ("304", "NotModified"),
-            **condition,
-        )
-
-    def _read(
-        self,
-        action: str,
-        key: str,
-        where: str,
-        no_object: Callable[[str, int], bool],
-        **request: Any,
-    ) -> Blob | None:
-        """GetObject of ``key`` (with ``request``'s extra fields), read whole; None when the
-        error code and status it answered are ``no_object`` (not modified, no such
-        version)."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.full_key(key)}
+        if if_none_match:
+            kwargs["IfNoneMatch"] = if_none_match
         try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self.full_key(key), **request)
-            body = S3Stream(response["Body"], where).read()
+            response = self.client.get_object(**kwargs)
+            body = S3Stream(response["Body"], self.describe(key)).read()
         except botocore.exceptions.ClientError as e:
             code, status = error_code(e)
-            if no_object(code, status):
+            if status == 304 or code in ("304", "NotModified"):
                 self._observe(e.response)
                 return None
-            raise self._fail(e, action, key) from e
+            raise self._fail(e, "read", key) from e
         except ReadBrokeOff as e:
-            raise StoreError(f"could not read {where}: {e}") from e
+            raise StoreError(f"could not read {self.describe(key)}: {e}") from e
         except botocore.exceptions.BotoCoreError as e:
-            raise self._fail(e, action, key) from e
+            raise self._fail(e, "read", key) from e
         self._observe(response)
-        etag = self._field(response, "ETag", action, key)
+        etag = self._field(response, "ETag", "read", key)
         return Blob(body=body, etag=etag, metadata=response.get("Metadata", {}))
 
     def open(self, key: str, byte_range: tuple[int, int] | None = None) -> S3Stream:
@@ -370,18 +353,24 @@ class S3Store(PrefixedStore):
         """One version of ``key`` (GetObject with its ``VersionId``); ``NoSuchObject`` when
         it is not there (``NoSuchVersion``; a delete marker, which AWS answers with 405)."""
         where = f"{self.describe(key)} (version {version_id})"
-        found = self._read(
-            "read a version of",
-            key,
-            where,
-            lambda code, status: (
-                code in ("NoSuchVersion", "NoSuchKey", "MethodNotAllowed") or status == 405
-            ),
-            VersionId=version_id,
-        )
-        if found is None:
-            raise NoSuchObject(where)
-        return found
+        try:
+            response = self.client.get_object(
+                Bucket=self.bucket, Key=self.full_key(key), VersionId=version_id
+            )
+            body = S3Stream(response["Body"], where).read()
+        except botocore.exceptions.ClientError as e:
+            code, status = error_code(e)
+            if code in ("NoSuchVersion", "NoSuchKey", "MethodNotAllowed") or status == 405:
+                self._observe(e.response)
+                raise NoSuchObject(where) from None
+            raise self._fail(e, "read a version of", key) from e
+        except ReadBrokeOff as e:
+            raise StoreError(f"could not read {where}: {e}") from e
+        except botocore.exceptions.BotoCoreError as e:
+            raise self._fail(e, "read a version of", key) from e
+        self._observe(response)
+        etag = self._field(response, "ETag", "read a version of", key)
+        return Blob(body=body, etag=etag, metadata=response.get("Metadata", {}))
 
     # -- multipart uploads ----------------------------------------------------------------
 
