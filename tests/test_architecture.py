@@ -62,12 +62,11 @@ a package imports only its own modules and the packages below it."""
 FUNCTION_IMPORTS = {
     ("objmanifest/demo/__init__.py", "main"),
     ("objmanifest/local/servers.py", "start_moto"),
-    ("objmanifest/cli/web.py", "load_server"),
-    ("objmanifest/cli/mcp.py", "load_server"),
 }
 """Imports inside a function that are there on purpose, none of them to dodge a cycle: the
-demo's run machinery (startup time of every other command), moto, the web server's
-framework and the MCP SDK (optional extras)."""
+demo's run machinery (startup time of every other command) and moto (an optional extra).
+The web server's framework and the MCP SDK (optional extras too) are imported by name, by
+``cli.extras.load_extra``, as ``store.connect`` imports a cloud's SDK."""
 
 BOTO_ALLOWED = {
     "objmanifest/store/s3.py",

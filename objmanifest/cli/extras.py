@@ -3,11 +3,13 @@ imported only by that command, and named, with how to install it, when missing."
 
 from __future__ import annotations
 
+import importlib
 import shlex
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 from ..wire.errors import ExtraMissing
 
@@ -26,6 +28,14 @@ def extra_needed(command: str, extra: str, modules: tuple[str, ...]) -> Iterator
             f"objmanifest {command} needs the optional extra objmanifest[{extra}] (module "
             f"{e.name!r} is missing): {install_hint(extra)}"
         ) from None
+
+
+def load_extra(module: str, extra: str, modules: tuple[str, ...]) -> ModuleType:
+    """``module``, imported only when the command named as its extra asks for it: the
+    extra is optional, and no other command should pay for importing it (``extra_needed``
+    names the extra if ``modules`` are missing)."""
+    with extra_needed(extra, extra, modules):
+        return importlib.import_module(module)
 
 
 def checkout() -> Path | None:

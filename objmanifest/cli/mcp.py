@@ -5,13 +5,11 @@ without it the command says which extra to install (exit 12)."""
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from objmanifest.mcp import tools  # the module: it imports cli's modules in turn
 
 from ..local.errors import Stopped
 from .context import Context
-from .extras import extra_needed
+from .extras import load_extra
 
 EXTRA_MODULES = (
     "mcp",
@@ -31,20 +29,12 @@ EXTRA_MODULES = (
 """Modules of the ``mcp`` extra (and of what it pulls in)."""
 
 
-def load_server() -> ModuleType:
-    """``objmanifest.mcp.server``, imported only when asked for: the ``mcp`` extra is
-    optional, and no other command should pay for importing it."""
-    with extra_needed("mcp", "mcp", EXTRA_MODULES):
-        from objmanifest.mcp import server
-    return server
-
-
 def cmd_mcp(ctx: Context) -> int:
     args = ctx.args
     if args.http is None:
         ctx.out.data_on_stdout()  # stdout carries the protocol: errors go to stderr
     root = tools.check_root(args.root)  # InvalidInput: exit 2, before any request
-    server = load_server()
+    server = load_extra("objmanifest.mcp.server", "mcp", EXTRA_MODULES)
     agent = ctx.agent()  # the task must exist: exit 8 now, not a tool error later
     session = tools.Session(ctx.task(), agent, root, args.max_hold)
     mcp = server.build(session)

@@ -4,31 +4,21 @@ command says which extra to install (exit 12)."""
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from objmanifest.web.security import check_binding
 
 from ..local.errors import Stopped
 from ..web.views import Site
 from .context import Context
-from .extras import extra_needed
+from .extras import load_extra
 
 EXTRA_MODULES = ("starlette", "uvicorn", "anyio", "h11", "click")
 """Modules of the ``web`` extra (and of what it pulls in)."""
 
 
-def load_server() -> ModuleType:
-    """``objmanifest.web.server``, imported only when asked for: the ``web`` extra is
-    optional, and no other command should pay for importing it."""
-    with extra_needed("web", "web", EXTRA_MODULES):
-        from objmanifest.web import server
-    return server
-
-
 def cmd_web(ctx: Context) -> int:
     args = ctx.args
     token = check_binding(args.host, args.token or None)  # InvalidInput: exit 2
-    server = load_server()
+    server = load_extra("objmanifest.web.server", "web", EXTRA_MODULES)
     store = ctx.store()
     task_id = ctx.opt("task") or None
     site = Site(store, task_id, interval=args.interval, policy=ctx.policy())
