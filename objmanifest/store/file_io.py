@@ -321,6 +321,53 @@ LOST = frozenset({errno.EIO, errno.ETIMEDOUT, errno.ESTALE, errno.ENOLINK, errno
 in time, a soft NFS mount giving up)."""
 
 
+PROBLEMS: dict[int, str] = {
+    code: problem
+    for codes, problem in (
+        (
+            (errno.ENOTDIR,),
+            "a part of {shown} is not a directory (a file objmanifest did not write is in the "
+            "way); remove it",
+        ),
+        (
+            (errno.EACCES, errno.EPERM),
+            "permission denied on {shown}; the user this runs as needs to read, write and "
+            "enter every directory under {root} (for example `chmod -R u+rwX {root}`, or a "
+            "group shared by every agent's user with `chmod -R g+rwXs`)",
+        ),
+        (
+            (errno.ENOSPC, errno.EDQUOT),
+            "no space left on the filesystem holding {root} ({strerror}); free space (or "
+            "raise the quota), then retry",
+        ),
+        (
+            (errno.EROFS,),
+            "{root} is on a read-only filesystem; mount it read-write (agents write the manifest)",
+        ),
+        (
+            (errno.ELOOP,),
+            "{shown} is a symbolic link, and objmanifest never follows links inside a store; "
+            "remove it",
+        ),
+        (
+            (errno.ENOLCK,),
+            "the filesystem holding {root} gives no locks (ENOLCK: on NFSv3, lockd is not "
+            "running); mount it with NFSv4, or start lockd",
+        ),
+        (
+            (errno.EMFILE, errno.ENFILE),
+            "too many open files ({strerror}); raise the limit (`ulimit -n`) or run fewer threads",
+        ),
+    )
+    for code in codes
+}
+"""What an ``errno`` means for the store, and its fix (``{shown}``: the file, ``{root}``:
+the store's directory, ``{strerror}``: the system's words)."""
+
+DENIED = frozenset({errno.EACCES, errno.EPERM})
+"""The errors that are ``AccessDenied``."""
+
+
 def failure(
     e: OSError, action: str, where: str, path: bytes, root: str, reading: bool = False
 ) -> StoreError | NoSuchObject:
@@ -330,41 +377,10 @@ def failure(
     code = e.errno
     if reading and code in (errno.ENOENT, errno.ENOTDIR):
         return NoSuchObject(where)
-    if code == errno.ENOTDIR:
-        return StoreError(
-            f"could not {action} {where}: a part of {shown} is not a directory (a file "
-            "objmanifest did not write is in the way); remove it"
-        )
-    if code in (errno.EACCES, errno.EPERM):
-        return AccessDenied(
-            f"could not {action} {where}: permission denied on {shown}; the user this runs "
-            f"as needs to read, write and enter every directory under {root} (for example "
-            f"`chmod -R u+rwX {root}`, or a group shared by every agent's user with "
-            "`chmod -R g+rwXs`)"
-        )
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return StoreError(
-            f"could not {action} {where}: no space left on the filesystem holding {root} "
-            f"({e.strerror}); free space (or raise the quota), then retry"
-        )
-    if code == errno.EROFS:
-        return StoreError(
-            f"could not {action} {where}: {root} is on a read-only filesystem; mount it "
-            "read-write (agents write the manifest)"
-        )
-    if code == errno.ELOOP:
-        return StoreError(
-            f"could not {action} {where}: {shown} is a symbolic link, and objmanifest never "
-            "follows links inside a store; remove it"
-        )
-    if code == errno.ENOLCK:
-        return StoreError(
-            f"could not {action} {where}: the filesystem holding {root} gives no locks "
-            "(ENOLCK: on NFSv3, lockd is not running); mount it with NFSv4, or start lockd"
-        )
-    if code in (errno.EMFILE, errno.ENFILE):
-        return StoreError(
-            f"could not {action} {where}: too many open files ({e.strerror}); raise the "
-            "limit (`ulimit -n`) or run fewer threads"
-        )
-    return StoreError(f"could not {action} {where} ({shown}): {e.strerror or e}")
+    problem = PROBLEMS.get(code) if code is not None else None
+    if problem is None:
+        return StoreError(f"could not {action} {where} ({shown}): {e.strerror or e}")
+    said = f"could not {action} {where}: " + problem.format(
+        shown=shown, root=root, strerror=e.strerror
+    )
+    return AccessDenied(said) if code in DENIED else StoreError(said)
