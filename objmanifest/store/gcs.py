@@ -50,6 +50,7 @@ from ..core import checksum
 from ..core.runtime import Runtime
 from ..errors import AccessDenied, InvalidInput, StoreError
 from .base import (
+    OVERWRITE,
     Blob,
     HandsOnUploads,
     Head,
@@ -348,9 +349,7 @@ class GCSStore(HandsOnUploads, PrefixedStore):
     def write(self, put: Put) -> str:
         """Write an object with one multipart upload and return its generation."""
         self._writable(put.key)
-        match = self.precondition(put.key, put.mode)
-        blob = self.write_whole(put.key, put.data(), match, put.metadata, put.content_type)
-        return str(blob.generation)
+        return str(self.write_whole(put).generation)
 
     def precondition(self, key: str, mode: PutMode) -> int | None:
         """``ifGenerationMatch`` for ``mode``: 0 to create, the generation to update, None
@@ -366,26 +365,21 @@ class GCSStore(HandsOnUploads, PrefixedStore):
             return match
         return None
 
-    def write_whole(
-        self,
-        key: str,
-        data: bytes,
-        match: int | None,
-        metadata: dict[str, str] | None,
-        content_type: str,
-        action: str = "write",
-    ) -> storage.Blob:
-        """One multipart upload of ``data`` with its CRC32C, sent again while the store
-        refuses it as damaged on its way. The CRC32C is the digest GCS checks (and
-        recommends); an MD5 beside it would check nothing more and costs a hash of the body
-        on every commit, many times the CRC32C's. GCS computes the MD5 of what it stored
-        itself (a part's ETag)."""
+    def write_whole(self, put: Put, action: str = "write") -> storage.Blob:
+        """One multipart upload of ``put`` under its mode's ``precondition``, with its
+        CRC32C, sent again while the store refuses it as damaged on its way. The CRC32C is
+        the digest GCS checks (and recommends); an MD5 beside it would check nothing more
+        and costs a hash of the body on every commit, many times the CRC32C's. GCS computes
+        the MD5 of what it stored itself (a part's ETag)."""
+        key = put.key
+        match = self.precondition(key, put.mode)
+        data = put.data()
         crc32c = crc32c_base64(data)
         blob = send_whole(
             lambda: self.call(
                 action,
                 key,
-                lambda: self._upload(key, data, match, metadata, content_type, crc32c),
+                lambda: self._upload(put, data, match, crc32c),
                 conditional=match is not None,
                 write=True,
                 resent=True,
@@ -401,24 +395,18 @@ class GCSStore(HandsOnUploads, PrefixedStore):
         return blob
 
     def _upload(
-        self,
-        key: str,
-        data: bytes,
-        match: int | None,
-        metadata: dict[str, str] | None,
-        content_type: str,
-        crc32c: str,
-        md5: str | None = None,
+        self, put: Put, data: bytes, match: int | None, crc32c: str, md5: str | None = None
     ) -> storage.Blob:
-        blob = self.blob(key)
-        if metadata:
-            blob.metadata = metadata
+        """``put``'s one upload request, of ``data`` (its body whole)."""
+        blob = self.blob(put.key)
+        if put.metadata:
+            blob.metadata = put.metadata
         if md5 is not None:
             blob.md5_hash = md5
         blob.crc32c = crc32c
         blob.upload_from_string(
             data,
-            content_type=content_type,
+            content_type=put.content_type,
             if_generation_match=match,
             checksum=None,  # the digest is in the upload's metadata already
             retry=WRITE_RETRY,
@@ -431,14 +419,14 @@ class GCSStore(HandsOnUploads, PrefixedStore):
         digest, once, and a CRC32C (the digest every write carries) that is wrong exactly
         when that MD5 is: (stored, the store's answer). ``doctor`` asks with it whether the
         store checks a digest."""
-        content_type = "application/octet-stream"
+        put = Put(key, body, OVERWRITE, None, "application/octet-stream")
         right = checksum.content_md5(body) == content_md5
         crc32c = crc32c_base64(body if right else body + b"!")
         try:
             self.call(
                 "write",
                 key,
-                lambda: self._upload(key, body, None, None, content_type, crc32c, content_md5),
+                lambda: self._upload(put, body, None, crc32c, content_md5),
                 write=True,
                 resent=True,
             )

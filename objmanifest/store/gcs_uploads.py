@@ -46,7 +46,7 @@ from google.cloud import storage
 from ..core import checksum
 from ..core.runtime import Runtime
 from ..errors import InvalidInput, StoreError
-from .base import CREATE, Head, PartBody, PartsListed, PutMode, read_whole
+from .base import CREATE, OVERWRITE, Head, PartBody, PartsListed, Put, PutMode, read_whole
 from .errors import NoSuchObject, OutcomeUnknown, PartsRejected, PreconditionFailed, UploadGone
 from .gcs_answers import md5_hex
 from .gcs_client import READ_RETRY, TIMEOUT, WRITE_RETRY, GCSClient
@@ -78,15 +78,7 @@ class ObjectsOf(Protocol):
         write: bool = False,
         resent: bool = False,
     ) -> T: ...
-    def write_whole(
-        self,
-        key: str,
-        data: bytes,
-        match: int | None,
-        metadata: dict[str, str] | None,
-        content_type: str,
-        action: str = "write",
-    ) -> storage.Blob: ...
+    def write_whole(self, put: Put, action: str = "write") -> storage.Blob: ...
     def list_names(
         self, full_prefix: str, delimiter: str | None, key: str, limit: int | None = None
     ) -> Iterator[tuple[str, bool]]: ...
@@ -183,14 +175,8 @@ class Uploads:
 
     def create(self, key: str) -> str:
         upload_id = self.store.runtime.new_id()
-        self.store.write_whole(
-            self.marker(key, upload_id),
-            b"",
-            0,
-            None,
-            "application/octet-stream",
-            "start an upload of",
-        )
+        marker = Put(self.marker(key, upload_id), b"", CREATE, None, "application/octet-stream")
+        self.store.write_whole(marker, "start an upload of")
         return upload_id
 
     def upload_part(self, key: str, upload_id: str, number: int, body: PartBody) -> str:
@@ -201,9 +187,8 @@ class Uploads:
             )
         data = read_whole(body)
         name = f"{marker}/{number:05d}"
-        blob = self.store.write_whole(
-            name, data, None, None, "application/octet-stream", f"upload part {number} of"
-        )
+        part = Put(name, data, OVERWRITE, None, "application/octet-stream")
+        blob = self.store.write_whole(part, f"upload part {number} of")
         if not self._exists(marker):
             self._remove([name])
             raise UploadGone(f"{self.store.describe(key)}: the upload no longer exists")
