@@ -193,38 +193,13 @@ def rebuilt_entry(
     if seen_state == State.consumed.value:
         if s.key is None or s.size is None:
             lost += [f for f, v in (("key", s.key), ("size", s.size)) if v is None]
-        entry = Entry(
-            **base,
-            state=State.consumed,
-            epoch=s.epoch,
-            owner=s.producer,
-            checksum=s.checksum,
-            key=s.key,
-            size=s.size,
-            part_size=s.part_size,
-            parts_key=s.parts_key,
-            whole_checksum=s.whole_checksum,
-            consumed_by=s.consumed_by,
-        )
+        entry = _holding_data(base, s, State.consumed, s.key, s.size)
         rule = "consumed is terminal: restored as the journal last saw it"
         return entry, _note(entry, s, rule, lost)
     if seen_state == State.ready.value:
         data, why = _verified(store, layout, stage, s)
         if data is not None:
-            key, size = data
-            entry = Entry(
-                **base,
-                state=State.ready,
-                epoch=s.epoch,
-                owner=s.producer,
-                checksum=s.checksum,
-                key=key,
-                size=size,
-                part_size=s.part_size,
-                parts_key=s.parts_key,
-                whole_checksum=s.whole_checksum,
-                consumed_by=s.consumed_by,
-            )
+            entry = _holding_data(base, s, State.ready, *data)
             rule = (
                 "ready, its data verifies: restored at its epoch (consumptions after "
                 "the last record may be lost)"
@@ -249,6 +224,26 @@ def rebuilt_entry(
         lost.append("its history (declared after the last journal block)")
     entry = Entry(**base, state=state, epoch=floor, error=error)
     return entry, _note(entry, s, rule, lost)
+
+
+def _holding_data(
+    base: dict[str, Any], s: Seen, state: State, key: str | None, size: int | None
+) -> Entry:
+    """A ready or consumed entry rebuilt at its epoch, with the data the journal last saw
+    (at ``key``, of ``size`` bytes) and the marks made on it."""
+    return Entry(
+        **base,
+        state=state,
+        epoch=s.epoch,
+        owner=s.producer,
+        checksum=s.checksum,
+        key=key,
+        size=size,
+        part_size=s.part_size,
+        parts_key=s.parts_key,
+        whole_checksum=s.whole_checksum,
+        consumed_by=s.consumed_by,
+    )
 
 
 def _note(entry: Entry, s: Seen, rule: str, lost: list[str]) -> RestoredEntry:
