@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_type_hints, is_typeddict
 
 import pytest
 
@@ -57,10 +57,22 @@ def test_every_call_the_reference_presents_has_its_coroutine_twin(sync: type, tw
     assert hidden == []
 
 
+def typed_options(coroutine: Callable[..., Any]) -> set[str] | None:
+    """The keys of the ``TypedDict`` a coroutine's ``**options: Unpack[...]`` takes; None
+    for ``**options`` of any name, or none."""
+    for param in inspect.signature(coroutine).parameters.values():
+        if param.kind is param.VAR_KEYWORD:
+            unpacked = get_args(get_type_hints(coroutine)[param.name])
+            if unpacked and is_typeddict(unpacked[0]):
+                return set(unpacked[0].__required_keys__ | unpacked[0].__optional_keys__)
+    return None
+
+
 @pytest.mark.parametrize(("sync", "twin"), [(om.Task, AsyncTask), (om.Agent, AsyncAgent)])
 def test_every_coroutine_twin_takes_the_arguments_of_its_call(sync: type, twin: type) -> None:
     """The same names, kinds and defaults as the call it runs (or a ``**options`` passed on
-    to it), but ``stop``: a coroutine is stopped by cancelling it."""
+    to it: when typed, exactly its keyword arguments), but ``stop``: a coroutine is stopped
+    by cancelling it."""
     differ = []
     for name in presented(sync.__name__):
         if isinstance(inspect.getattr_static(sync, name), property):
@@ -68,6 +80,10 @@ def test_every_coroutine_twin_takes_the_arguments_of_its_call(sync: type, twin: 
         wanted = inspect.signature(getattr(sync, name)).parameters
         taken = inspect.signature(getattr(twin, name)).parameters
         passed_on = any(p.kind is p.VAR_KEYWORD for p in taken.values())
+        options = typed_options(getattr(twin, name))
+        if options is not None:
+            keywords = {a for a, p in wanted.items() if p.kind is p.KEYWORD_ONLY} - {"stop"}
+            differ += [f"{name}(**{arg})" for arg in sorted(options ^ keywords)]
         for arg, param in wanted.items():
             got = taken.get(arg)
             if got is None and passed_on and param.kind is not param.POSITIONAL_ONLY:

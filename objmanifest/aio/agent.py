@@ -6,9 +6,10 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar, overload
+from typing import TypedDict, TypeVar, overload
 
 from ..agent import Agent
 from ..core.model import (
@@ -20,15 +21,46 @@ from ..data.transfer import Progress
 from ..errors import Interrupted, ObjManifestError
 from .pool import Pool, Twin, forwarded, in_pool
 
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:
+    from typing_extensions import Unpack
+
 log = logging.getLogger("objmanifest.aio")
 
 T = TypeVar("T")
 
 
+class PutManyOptions(TypedDict, total=False):
+    """The keyword arguments of ``Agent.put_many`` a coroutine passes on (not ``stop``)."""
+
+    part_size: int | None
+    concurrency: int | None
+    threshold: int | None
+
+
+class PutOptions(PutManyOptions, total=False):
+    """The keyword arguments of ``Agent.put`` a coroutine passes on (not ``stop``)."""
+
+    progress: Progress | None
+
+
+class ConsumeOptions(TypedDict, total=False):
+    """The keyword arguments of ``Agent.consume`` a coroutine passes on (not ``stop``)."""
+
+    part_size: int | None
+    concurrency: int | None
+    progress: Progress | None
+    parents: bool
+    wait: float | None
+
+
 class AsyncAgent(Twin[Agent]):
     """An ``Agent`` whose calls are coroutines, run in its task's pool (``task.agent``).
 
-    ``progress`` callbacks are called in the pool's threads.
+    Each coroutine takes the arguments of its ``Agent`` call (``put``, ``put_many`` and
+    ``consume`` their keyword arguments as typed ``**options``) but ``stop``: cancelling it
+    stops it. ``progress`` callbacks are called in the pool's threads.
     """
 
     def __init__(self, agent: Agent, pool: Pool) -> None:
@@ -89,52 +121,22 @@ class AsyncAgent(Twin[Agent]):
 
     renew = in_pool(Agent.renew)
 
-    async def put(
-        self,
-        claim: Claim,
-        data: Source,
-        *,
-        part_size: int | None = None,
-        concurrency: int | None = None,
-        threshold: int | None = None,
-        progress: Progress | None = None,
-    ) -> Entry:
+    async def put(self, claim: Claim, data: Source, **options: Unpack[PutOptions]) -> Entry:
         """``Agent.put``. Cancelled, it stops before the ready commit (the entry stays
         writing under the claim), or, if the commit was sent, waits for its outcome."""
         return await self._stoppable(
-            lambda stop: self.agent.put(
-                claim,
-                data,
-                part_size=part_size,
-                concurrency=concurrency,
-                threshold=threshold,
-                progress=progress,
-                stop=stop,
-            ),
+            lambda stop: self.agent.put(claim, data, stop=stop, **options),
             lambda outcome: _report(f"put of {claim.file_id!r}", outcome),
         )
 
     async def put_many(
-        self,
-        claims: Iterable[Claim],
-        datas: Iterable[Source],
-        *,
-        part_size: int | None = None,
-        concurrency: int | None = None,
-        threshold: int | None = None,
+        self, claims: Iterable[Claim], datas: Iterable[Source], **options: Unpack[PutManyOptions]
     ) -> list[Entry | Exception]:
         """``Agent.put_many``. Cancelled, it stops before the ready commits (every entry
         stays writing under its claim), or, if they were sent, waits for their outcome."""
         batch = list(claims) if not isinstance(claims, Claim) else claims
         return await self._stoppable(
-            lambda stop: self.agent.put_many(
-                batch,
-                datas,
-                part_size=part_size,
-                concurrency=concurrency,
-                threshold=threshold,
-                stop=stop,
-            ),
+            lambda stop: self.agent.put_many(batch, datas, stop=stop, **options),
             lambda outcome: _report("put_many", outcome),
         )
 
@@ -145,55 +147,25 @@ class AsyncAgent(Twin[Agent]):
 
     @overload
     async def consume(
-        self,
-        file_id: str,
-        dest: None = None,
-        *,
-        part_size: int | None = None,
-        concurrency: int | None = None,
-        progress: Progress | None = None,
-        parents: bool = False,
-        wait: float | None = None,
+        self, file_id: str, dest: None = None, **options: Unpack[ConsumeOptions]
     ) -> bytes: ...
     @overload
     async def consume(
-        self,
-        file_id: str,
-        dest: str | os.PathLike[str],
-        *,
-        part_size: int | None = None,
-        concurrency: int | None = None,
-        progress: Progress | None = None,
-        parents: bool = False,
-        wait: float | None = None,
+        self, file_id: str, dest: str | os.PathLike[str], **options: Unpack[ConsumeOptions]
     ) -> Entry: ...
 
     async def consume(
         self,
         file_id: str,
         dest: str | os.PathLike[str] | None = None,
-        *,
-        part_size: int | None = None,
-        concurrency: int | None = None,
-        progress: Progress | None = None,
-        parents: bool = False,
-        wait: float | None = None,
+        **options: Unpack[ConsumeOptions],
     ) -> bytes | Entry:
         """``Agent.consume`` (``wait``: look again until the entry is ready, for up to that
         many seconds). Cancelled, it stops before the data is put in place and marked
         (nothing at ``dest`` changes; a wait stops at its next look), or, if the mark was
         sent, waits for it."""
         return await self._stoppable(
-            lambda stop: self.agent.consume(
-                file_id,
-                dest,
-                part_size=part_size,
-                concurrency=concurrency,
-                progress=progress,
-                parents=parents,
-                stop=stop,
-                wait=wait,
-            ),
+            lambda stop: self.agent.consume(file_id, dest, stop=stop, **options),
             lambda outcome: _report(f"consume of {file_id!r}", outcome),
         )
 
