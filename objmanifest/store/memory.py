@@ -26,10 +26,12 @@ from __future__ import annotations
 import bisect
 import hashlib
 import io
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TypedDict
 
 from ..core import checksum
 from ..core.runtime import Runtime
@@ -50,6 +52,11 @@ from .base import (
 )
 from .errors import NoSuchObject, PartsRejected, PreconditionFailed, UploadGone
 from .faulty import Faults, FaultyStore
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:
+    from typing_extensions import Unpack
 
 MIN_PART_SIZE = 5 * 1024 * 1024
 MAX_PART_NUMBER = 10_000
@@ -380,11 +387,26 @@ class MemoryBackend(PrefixedStore):
         return self.clock()
 
 
+class MemoryOptions(TypedDict, total=False):
+    """The settings of a ``MemoryBackend`` beside its bucket and prefix, which a
+    ``MemoryStore`` passes on to its backend (the defaults are the backend's)."""
+
+    clock: Callable[[], datetime] | None
+    """Its time (default: this machine's clock, in UTC)."""
+    runtime: Runtime | None
+    connections: int
+    """How many requests may usefully run at once (default 64)."""
+    versioning: bool
+    """Whether its bucket keeps every version of its objects from now on (default False)."""
+
+
 class MemoryStore(FaultyStore):
     """An in-process store with S3's semantics (``memory://NAME/PREFIX``): every one of one
-    bucket name in one process shares the same objects. ``clock=`` sets its time,
-    ``versioning=True`` has its bucket keep every version of its objects, and ``faults``
-    plans what a network does to its calls: a ``MemoryBackend`` inside a ``FaultyStore``."""
+    bucket name in one process shares the same objects. ``faults`` plans what a network does
+    to its calls: a ``MemoryBackend`` inside a ``FaultyStore``, to which it passes
+    ``options`` (``MemoryOptions``): ``clock=`` sets its time, ``versioning=True`` has its
+    bucket keep every version of its objects, ``runtime=`` and ``connections=`` are any
+    store's."""
 
     scheme = "memory"
 
@@ -393,20 +415,10 @@ class MemoryStore(FaultyStore):
         bucket: str,
         prefix: str = "",
         *,
-        clock: Callable[[], datetime] | None = None,
-        runtime: Runtime | None = None,
-        connections: int = 64,
         faults: Faults | None = None,
-        versioning: bool = False,
+        **options: Unpack[MemoryOptions],
     ) -> None:
-        self.backend = MemoryBackend(
-            bucket,
-            prefix,
-            clock=clock,
-            runtime=runtime,
-            connections=connections,
-            versioning=versioning,
-        )
+        self.backend = MemoryBackend(bucket, prefix, **options)
         super().__init__(self.backend, faults)
 
     def __repr__(self) -> str:
