@@ -17,6 +17,8 @@
 # The pins keep it importable: cbor2 6 removed cbor2._decoder, and pyOpenSSL 25 removed
 # X509.add_extensions, which its self-signed certificate code uses.
 set -euo pipefail
+# pip_into: uv, or pip where uv cannot install.
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/venv.sh"
 
 VERSION="2026.3.0"
 REQUIREMENTS=("localstack-core[base-runtime]==${VERSION}" "cbor2<6" "pyopenssl<25" "cryptography<45" "service-identity")
@@ -64,8 +66,7 @@ install() {
     rm -rf "$VENV"
     mkdir -p "$(dirname "$VENV")"
     "$python" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${REQUIREMENTS[@]}" \
-        2> >(grep -v "^WARNING: Location" >&2)
+    pip_into "$VENV" "${REQUIREMENTS[@]}"
     echo "${REQUIREMENTS[*]}" >"$stamp"
 }
 

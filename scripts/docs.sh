@@ -17,11 +17,8 @@ site=${SITE_DIR:-.ci/.work/site}
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
-# One install at a time in this tree, as scripts/test.sh does (the editable build writes
-# objmanifest.egg-info here).
-locked() { if command -v flock >/dev/null; then flock pyproject.toml "$@"; else "$@"; fi; }
-locked "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[docs]' \
-    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+source scripts/venv.sh
+pip_into "$venv" -e '.[docs]'
 
 mkdir -p "$(dirname "$site")"
 # --strict turns every warning into a failure; the theme's notice about its successor is

@@ -26,11 +26,8 @@ venv=${VENV:-.venv}
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
-# One install at a time in this tree (CI makes venvs side by side, and the editable build
-# writes objmanifest.egg-info here): flock on pyproject.toml, where flock exists.
-locked() { if command -v flock >/dev/null; then flock pyproject.toml "$@"; else "$@"; fi; }
-locked "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]' \
-    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+source scripts/venv.sh
+pip_into "$venv" -e '.[test]'
 
 # Debian packages the tests need, installed when run as root: one apt at a time (CI makes
 # several venvs at once, each through this script).

@@ -39,6 +39,7 @@ def test_the_schedule_draws_every_fault_from_its_seed() -> None:
         Chaos(1, reset=0.6, lost=0.6)
 
 
+@pytest.mark.one_server  # the faults are the proxy's, not the server's
 def test_a_pipeline_under_chaos_breaks_no_invariant(server: Server, tmp_path: object) -> None:
     settings = Settings(
         seed=SEEDS.get(server.name, 13),

@@ -74,6 +74,7 @@ def umask(mask: int) -> Iterator[None]:
 # -- consume(dest=): what is at dest decides how it is written ------------------------------
 
 
+@pytest.mark.one_server  # the local destination, not the store, is under test
 def test_a_device_behind_a_symlink_is_written_into_never_replaced(
     task: om.Task, tmp_path: Path
 ) -> None:
@@ -87,6 +88,7 @@ def test_a_device_behind_a_symlink_is_written_into_never_replaced(
     assert [p.name for p in tmp_path.iterdir()] == ["null"]  # no temporary file left
 
 
+@pytest.mark.one_server  # the local destination, not the store, is under test
 def test_a_fifo_receives_the_verified_bytes_and_stays_a_fifo(task: om.Task, tmp_path: Path) -> None:
     data = b"through the pipe " * 1000
     produce(task, "a", data)
@@ -101,6 +103,7 @@ def test_a_fifo_receives_the_verified_bytes_and_stays_a_fifo(task: om.Task, tmp_
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
+@pytest.mark.one_server  # the local destination, not the store, is under test
 def test_a_symlink_to_a_file_is_written_through(task: om.Task, tmp_path: Path) -> None:
     produce(task, "a", b"new bytes")
     real = tmp_path / "real.txt"
@@ -112,6 +115,7 @@ def test_a_symlink_to_a_file_is_written_through(task: om.Task, tmp_path: Path) -
     assert real.read_bytes() == b"new bytes"
 
 
+@pytest.mark.one_server  # the local destination, not the store, is under test
 def test_a_directory_is_refused_before_anything_is_downloaded(
     task: om.Task, tmp_path: Path
 ) -> None:
@@ -124,6 +128,7 @@ def test_a_directory_is_refused_before_anything_is_downloaded(
     assert task.entry("a").state is om.State.ready
 
 
+@pytest.mark.one_server  # the local destination, not the store, is under test
 def test_a_new_file_gets_0666_less_the_umask_and_a_replaced_file_keeps_its_mode(
     task: om.Task, tmp_path: Path
 ) -> None:
@@ -142,6 +147,7 @@ def test_a_new_file_gets_0666_less_the_umask_and_a_replaced_file_keeps_its_mode(
         assert stat.S_IMODE(dest.stat().st_mode) == mode and dest.read_bytes() == b"bytes"
 
 
+@pytest.mark.one_server  # the local destination, not the store, is under test
 def test_missing_parent_directories_are_refused_unless_asked_for(
     task: om.Task, tmp_path: Path
 ) -> None:
@@ -156,6 +162,7 @@ def test_missing_parent_directories_are_refused_unless_asked_for(
     assert dest.read_bytes() == b"deep"
 
 
+@pytest.mark.one_server  # the local destination, not the store, is under test
 def test_writing_into_a_full_device_fails_before_the_entry_is_marked(
     task: om.Task, tmp_path: Path
 ) -> None:

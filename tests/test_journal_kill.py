@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import objmanifest as om
 from tests.support.faults import FaultProxy
 from tests.support.internals import engine
@@ -73,6 +75,7 @@ def run_worker(
     return proc.returncode, out + err
 
 
+@pytest.mark.one_server  # the kills are the proxy's, not the server's
 def test_writers_killed_at_every_point_of_the_sequence_lose_no_record(
     server: Server, store: om.ObjectStore
 ) -> None:

@@ -350,6 +350,7 @@ def test_bad_spread_and_auto_settings_are_refused_before_anything_is_written(
 # -- real processes --------------------------------------------------------------------------
 
 
+@pytest.mark.one_server  # the layout, not the server, is under test
 @pytest.mark.heavy
 def test_producer_processes_on_a_split_stage_make_each_entry_ready_exactly_once(
     server: Server,
@@ -385,6 +386,7 @@ def test_producer_processes_on_a_split_stage_make_each_entry_ready_exactly_once(
 # -- the command line ----------------------------------------------------------------------
 
 
+@pytest.mark.one_server  # the layout, not the server, is under test
 def test_init_splits_stages_and_says_so(cli: Cli) -> None:  # noqa: F811
     made = cli.json("init", "collect", "write", "--partitions", "collect=8")
     assert made["partitions"] == {"collect": 8} and made["schema_version"] == 3
@@ -396,6 +398,7 @@ def test_init_splits_stages_and_says_so(cli: Cli) -> None:  # noqa: F811
     assert cli.json("status")["stages"]["collect"]["pending"] == 1
 
 
+@pytest.mark.one_server  # the layout, not the server, is under test
 def test_init_chooses_partitions_from_the_agents_expected_and_spreads_them(cli: Cli) -> None:  # noqa: F811
     made = cli.json("init", "collect", "write", "--partitions", "collect=auto", "--agents", "40")
     assert (made["partitions"], made["spread"], made["schema_version"]) == (
@@ -428,6 +431,7 @@ def test_init_chooses_partitions_from_the_agents_expected_and_spreads_them(cli: 
         (["--layout", "stages"], "invalid choice: 'stages'"),
     ],
 )
+@pytest.mark.one_server  # the layout, not the server, is under test
 def test_init_refuses_a_bad_layout_and_writes_nothing(
     cli: Cli,  # noqa: F811
     args: list[str],

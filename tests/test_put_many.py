@@ -332,6 +332,7 @@ def test_bad_batches_are_refused_before_anything_is_written(task: om.Task) -> No
 # -- exactly once, under contention, with real processes -----------------------------------
 
 
+@pytest.mark.one_server  # the suites race writers on every store
 @pytest.mark.heavy
 def test_racing_batch_producers_make_each_entry_ready_exactly_once(
     server: Server, store: om.ObjectStore
