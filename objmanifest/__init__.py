@@ -11,7 +11,8 @@ from . import metrics
 from .agent import Agent
 from .cas.policy import CasPolicy
 from .core.commit_events import Change, CommitEvent
-from .core.model import ArchiveReport, Claim, Declaration, Entry, JournalRecord, TaskStatus
+from .core.model import ArchiveReport, Claim, Declaration, Entry, JournalRecord
+from .core.report import TaskStatus
 from .core.runtime import Runtime
 from .core.states import State
 from .data.transfer import TransferConfig

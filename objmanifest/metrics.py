@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from .core.commit_events import CommitEvent
-from .core.model import TaskStatus
+from .core.report import TaskStatus
 from .core.states import State
 from .task import Task
 

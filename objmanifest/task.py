@@ -27,8 +27,8 @@ from .core.model import (
     JournalRecord,
     Shard,
     TaskHeader,
-    TaskStatus,
 )
+from .core.report import TaskStatus
 from .core.settings import TaskSettings
 from .core.states import State
 from .core.waiting import WaitPlan

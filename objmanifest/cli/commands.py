@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 
 import objmanifest as om
 
-from ..core.model import DamageNote
+from ..core.report import DamageNote
 from ..wire.errors import NothingClaimable, UsageError
 from ..wire.polling import poll
 from ..wire.shapes import claim_json, entry_json, status_json

@@ -18,7 +18,7 @@ from rich.tree import Tree
 import objmanifest as om
 from objmanifest.local.styles import ATTENTION_STYLES, STATE_STYLES
 
-from ..core.model import EntryNote, IndexNote
+from ..core.report import EntryNote, IndexNote
 
 
 def text_time(at: datetime | None) -> str:

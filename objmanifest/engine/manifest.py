@@ -26,8 +26,9 @@ from ..cas.policy import CasPolicy
 from ..core import changes
 from ..core.commit_events import Observers
 from ..core.layout import TaskLayout
-from ..core.model import Claim, DamageNote, Entry, Shard, TaskHeader
+from ..core.model import Claim, Entry, Shard, TaskHeader
 from ..core.names import check_file_id
+from ..core.report import DamageNote
 from ..core.states import State
 from ..data.chunked import Scope
 from ..data.chunked.state import UploadCodec

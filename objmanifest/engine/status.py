@@ -12,8 +12,9 @@ import shard_index
 
 from ..core import changes, commands, contention, leases, states
 from ..core.ages import check_age
-from ..core.model import DamageNote, Entry, EntryNote, IndexNote, Shard, TaskStatus
+from ..core.model import Entry, Shard
 from ..core.pacing import Pace
+from ..core.report import DamageNote, EntryNote, IndexNote, TaskStatus
 from ..core.states import State
 from ..core.waiting import WaitPlan, some_ids
 from ..data.chunked.rebuild import needs_parts

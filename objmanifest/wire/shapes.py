@@ -11,8 +11,8 @@ from typing import Any
 
 import objmanifest as om
 
-from ..core.model import EntryNote
 from ..core.plain import jsonable as jsonable
+from ..core.report import EntryNote
 from ..local.errors import Stopped
 from .exits import classify, expected
 
