@@ -9,25 +9,21 @@ wrote (``UnsupportedSchema``), so neither is ever overwritten.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import compress
-from operator import is_not
 from typing import Any, ClassVar, Generic, TypeVar
 
-import pydantic_core
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
 import shard_index
 
-from ..core.commit_events import Change
+from ..core.commit_events import Change, change_of
 from ..core.layout import TaskLayout
 from ..core.model import (
     COMMITS_KEPT,
     HEADER_SCHEMA,
     JOURNAL_SCHEMA,
     SCHEMA_VERSION,
-    Archived,
     Entry,
     Journaled,
     JournalRecord,
@@ -36,6 +32,7 @@ from ..core.model import (
 )
 from ..core.plain import MAX_NESTING, nesting_bound
 from ..errors import CorruptShard, DeclarationConflict, DependencyCycle, NotFound, UnsupportedSchema
+from .fragments import Fragments
 
 SHARD_REPAIR = "run `objmanifest repair` (Task.repair()), which copies it aside and rebuilds it"
 INDEX_REPAIR = (
@@ -175,143 +172,6 @@ class VersionedCodec(Generic[D]):
         return doc.model_copy(update={"schema_version": schema_version})
 
 
-def _starts_with(keys: list[str], first: list[str]) -> bool:
-    """Whether ``keys`` are ``first`` and maybe more after (compared at C speed)."""
-    n = len(first)
-    return len(keys) >= n and (keys if len(keys) == n else keys[:n]) == first
-
-
-def _piece(key: str | None, item: BaseModel) -> bytes:
-    """One item's JSON as it sits in its shard: ``"key":value`` for an item of a mapping."""
-    body = item.model_dump_json(exclude_none=True).encode()
-    return body if key is None else pydantic_core.to_json(key) + b":" + body
-
-
-@dataclass(frozen=True)
-class _Run:
-    """The items of one field of the last shard encoded, their JSON joined, and each item's
-    piece once the field is being written warm (None before: it was encoded whole)."""
-
-    keys: list[str] | None
-    values: list[BaseModel]
-    pieces: list[bytes] | None
-    joined: bytes
-    warm: int = 0
-    """How many encodings in a row found most items the same objects as the one before."""
-
-
-class Fragments:
-    """The encoded JSON of each item (entry, journal record, archived id) of the last shard
-    a codec encoded, known by the identity of the item's object.
-
-    Items are frozen models, and a commit carries every item it did not change over as the
-    same object (and a mapping's keys in the same order, new ones last), so a commit encodes
-    only the items it changed: the others are found by comparing the new version's objects
-    with the last one's, at C speed, and their pieces are joined again. Pieces cost about
-    twice pydantic's one pass over the whole field to make, so they are made only once the
-    field was encoded twice in a row with most of its items unchanged; before that (a fresh
-    read, where every item is a new object, as after each lost race on a busy shard), and
-    after any other change (items removed or reordered), the field is encoded whole. Only
-    the last encoding is kept (about the size of the shard's body), each field's as one
-    immutable ``_Run``: two threads encoding at once only lose some reuse, never correctness
-    (a piece is reused only for the very object, under the very key, it was made from)."""
-
-    WARM = 2
-    """Encodings in a row with most items unchanged after which pieces are made."""
-
-    def __init__(self) -> None:
-        self._runs: dict[str, _Run] = {}
-
-    def join(
-        self,
-        name: str,
-        keys: list[str] | None,
-        values: list[BaseModel],
-        whole: Callable[[], bytes] | None = None,
-    ) -> bytes:
-        """The items of field ``name`` (a mapping's ``keys`` and ``whole``, which encodes
-        them in one pass; or None for a sequence) as JSON, joined by commas, and kept for
-        the next encoding."""
-        old = self._runs.get(name)
-        if keys is None or whole is None:
-            run = self._sequence(old, values) if old is not None else None
-            run = run or self._rebuilt(old, values)
-        else:
-            run = self._mapping(old, keys, values, whole)
-        self._runs[name] = run
-        return run.joined
-
-    def _mapping(
-        self,
-        old: _Run | None,
-        keys: list[str],
-        values: list[BaseModel],
-        whole: Callable[[], bytes],
-    ) -> _Run:
-        """A mapping's run: the old pieces and those of the items that are other objects
-        (or new, last), once warm; encoded whole otherwise."""
-        n = len(old.values) if old is not None else 0
-        changed: list[int] | None = None
-        if old is not None and old.keys is not None and _starts_with(keys, old.keys):
-            changed = list(compress(range(n), map(is_not, values, old.values)))
-        if old is None or changed is None or 2 * len(changed) > n:
-            return _Run(keys, values, None, whole())
-        warm = old.warm + 1
-        if old.pieces is None:
-            if warm < self.WARM:
-                return _Run(keys, values, None, whole(), warm)
-            pieces = [_piece(k, v) for k, v in zip(keys, values, strict=True)]
-            return _Run(keys, values, pieces, b",".join(pieces), warm)
-        if not changed and len(keys) == n:
-            return _Run(keys, values, old.pieces, old.joined, warm)
-        pieces = old.pieces.copy()
-        for i in changed:
-            pieces[i] = _piece(keys[i], values[i])
-        pieces += [_piece(k, v) for k, v in zip(keys[n:], values[n:], strict=True)]
-        return _Run(keys, values, pieces, b",".join(pieces), warm)
-
-    @staticmethod
-    def _sequence(old: _Run, values: list[BaseModel]) -> _Run | None:
-        """A sequence's run when it is the old one less some first items, more some new
-        ones (a journal: records appended, a flushed block dropped); None otherwise."""
-        n = len(old.values)
-        if old.keys is not None or old.pieces is None:
-            return None
-        first = next((i for i, v in enumerate(old.values) if values and v is values[0]), None)
-        kept = n - first if first is not None else 0
-        if first is None or len(values) < kept or any(map(is_not, values, old.values[first:])):
-            return None
-        pieces = old.pieces[first:] + [_piece(None, v) for v in values[kept:]]
-        return _Run(None, values, pieces, b",".join(pieces))
-
-    @staticmethod
-    def _rebuilt(old: _Run | None, values: list[BaseModel]) -> _Run:
-        """A sequence's run made piece by piece, taking an old piece wherever the same object
-        was (the old run holds its objects, so no other has their ids)."""
-        known: dict[int, bytes] = {}
-        if old is not None and old.pieces is not None:
-            known = {id(v): p for v, p in zip(old.values, old.pieces, strict=True)}
-        pieces = [known.get(id(v)) or _piece(None, v) for v in values]
-        return _Run(None, values, pieces, b",".join(pieces))
-
-
-_WHOLE: dict[str, TypeAdapter[Any]] = {
-    "entries": TypeAdapter(dict[str, Entry]),
-    "archived": TypeAdapter(dict[str, Archived]),
-}
-"""How a mapping field of a shard is encoded in one pass, as inside the shard."""
-
-
-_HOLES: tuple[tuple[str, bytes], ...] = (
-    ("journal", b'"journal":[]'),
-    ("entries", b'"entries":{}'),
-    ("archived", b'"archived":{}'),
-)
-"""The shard's fields that grow with it, in the order pydantic writes them (the fields
-before each are numbers and strings, so the first such text after the one before is the
-field itself: a string's quotes are escaped, so no string can hold it)."""
-
-
 @dataclass(frozen=True)
 class ShardCodec(VersionedCodec[Shard]):
     """A stage's shard; its transitions are the entries a commit changed."""
@@ -328,29 +188,9 @@ class ShardCodec(VersionedCodec[Shard]):
 
     def encode(self, doc: Shard) -> bytes:
         """Byte for byte ``model_dump_json(exclude_none=True)``, but a shard written warm
-        has only the entries, journal records and archived ids a commit changed encoded
-        (``Fragments``): the shard's small fields are encoded with its big ones left empty,
-        and those are put into the holes, from the cached pieces or whole."""
-        present = [(name, hole) for name, hole in _HOLES if getattr(doc, name) is not None]
-        empty: dict[str, Any] = {n: () if n == "journal" else {} for n, _ in present}
-        skeleton = doc.replaced(**empty).model_dump_json(exclude_none=True).encode()
-        out, pos = [], 0
-        for name, hole in present:
-            value = getattr(doc, name)
-            inside = skeleton.index(hole, pos) + len(hole) - 1  # at its closing bracket
-            out.append(skeleton[pos:inside])
-            if isinstance(value, dict):
-                adapter = _WHOLE[name]
-
-                def whole(value: Any = value, adapter: TypeAdapter[Any] = adapter) -> bytes:
-                    return adapter.dump_json(value, exclude_none=True)[1:-1]
-
-                out.append(self.fragments.join(name, list(value), list(value.values()), whole))
-            else:
-                out.append(self.fragments.join(name, None, list(value)))
-            pos = inside
-        out.append(skeleton[pos:])
-        return b"".join(out)
+        has only the entries, journal records and archived ids a commit changed encoded, and
+        its small fields not at all while they stay the same (``Fragments``)."""
+        return self.fragments.shard(doc)
 
     def check(self, key: str, doc: Shard) -> None:
         if doc.stage != self.stage or doc.task_id != self.task_id:
@@ -363,23 +203,36 @@ class ShardCodec(VersionedCodec[Shard]):
         """The entries removed (in the order ``before`` had them), then those changed or
         added (in ``after``'s order). Found at C speed when ``after`` keeps ``before``'s
         ids in order (a commit's usual change: entries replaced, new ones last), so a warm
-        commit's cost does not grow with the entries it left alone."""
+        commit's cost does not grow with the entries it left alone; the encoding of
+        ``after`` then finds the same ``Delta`` again without looking."""
         old, new = before.entries, after.entries
-        gone, candidates = _differences(old, new)
-        changed = [
-            Change(item=file_id, before=was.state.value, after=REMOVED, epoch=was.epoch)
-            for file_id, was in (old.items() if gone else ())
-            if file_id in gone
-        ]
+        delta = self.fragments.delta(old, new)
+        keys, values, moved = delta.keys, delta.values, delta.moved
+        changed: list[Change] = []
+        if moved is None:
+            gone = old.keys() - new.keys()
+            changed = [
+                Change(item=file_id, before=was.state._value_, after=REMOVED, epoch=was.epoch)
+                for file_id, was in (old.items() if gone else ())
+                if file_id in gone
+            ]
+            candidates = list(zip(keys, values, strict=True))
+        else:
+            n = len(old)
+            candidates = [(keys[i], values[i]) for i in moved]
+            candidates += zip(keys[n:], values[n:], strict=True)
         for file_id, entry in candidates:
             was = old.get(file_id)
-            if was is entry or was == entry:
+            # An equal entry that is another object: pydantic compares more than __dict__.
+            if was is not None and (
+                was is entry or (was.__dict__ == entry.__dict__ and was == entry)
+            ):
                 continue
             changed.append(
-                Change(
-                    item=file_id,
-                    before=was.state.value if was is not None else None,
-                    after=entry.state.value,
+                change_of(
+                    file_id,
+                    entry.state._value_,
+                    before=was.state._value_ if was is not None else None,
                     epoch=entry.epoch,
                     retry_count=entry.retry_count,
                     error=entry.error,
@@ -388,21 +241,6 @@ class ShardCodec(VersionedCodec[Shard]):
                 )
             )
         return changed
-
-
-def _differences(
-    old: dict[str, Entry], new: dict[str, Entry]
-) -> tuple[set[str], list[tuple[str, Entry]]]:
-    """The ids ``new`` lost, and its items that may differ from ``old``, in its order: when
-    ``new`` starts with ``old``'s ids in order, none lost, and only the items that are other
-    objects than before and the ones after; otherwise every item."""
-    n = len(old)
-    keys = list(new)
-    if not _starts_with(keys, list(old)):
-        return set(old.keys() - new.keys()), list(new.items())
-    values = list(new.values())
-    moved = [(keys[i], values[i]) for i in compress(range(n), map(is_not, values, old.values()))]
-    return set(), moved + list(zip(keys[n:], values[n:], strict=True))
 
 
 def _rebuild_fields(was: Entry | None, entry: Entry) -> dict[str, Any]:

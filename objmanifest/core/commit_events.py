@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,21 @@ class Change:
     claimed_at: datetime | None = None
     ready_at: datetime | None = None
     retry_at: datetime | None = None
+
+
+_CHANGE_DEFAULTS = {f.name: f.default for f in fields(Change) if f.default is not MISSING}
+_new_change = object.__new__
+_set = object.__setattr__
+
+
+def change_of(item: str, after: str, **changed: Any) -> Change:
+    """``Change(item=item, after=after, **changed)`` as its ``__init__`` makes it (every field,
+    in order), without the ``__init__``: a frozen dataclass sets each of its twenty fields
+    through ``object.__setattr__``, which was most of a commit's transitions. Only for
+    names of ``Change``'s fields, which its callers spell out."""
+    made = _new_change(Change)
+    _set(made, "__dict__", {"item": item, "after": after, **_CHANGE_DEFAULTS, **changed})
+    return made
 
 
 @dataclass(frozen=True)
