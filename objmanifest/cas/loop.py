@@ -496,14 +496,8 @@ class Documents:
             return after
         journal_id, records = journal
         journal_id = journal_id or self.store.runtime.new_id()
-        record = JournalRecord(
-            version=version,
-            commit_id=commit_id,
-            command=command.name,
-            actor=command.actor,
-            at=at,
-            transitions=transitions,
-            lost_races=lost or None,
+        record = JournalRecord.of_commit(
+            version, commit_id, command.name, command.actor, at, transitions, lost or None
         )
         kept = self._blocks.unstored(key, journal_id, records)
         return codec.with_journal(after, journal_id, [*kept, record])

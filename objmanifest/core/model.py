@@ -114,6 +114,43 @@ class JournalRecord(_Model):
     lost_races: int | None = None
     """Conditional writes the commit lost (412, 409) before its own landed; None: none."""
 
+    @classmethod
+    def of_commit(
+        cls,
+        version: int,
+        commit_id: str,
+        command: str,
+        actor: str,
+        at: datetime,
+        transitions: tuple[Change, ...],
+        lost_races: int | None,
+    ) -> JournalRecord:
+        """The record of a commit the CAS loop just made, as ``JournalRecord(...)`` of these
+        fields builds it, without validating them: they are the loop's own (a version and a
+        count it counted, the command's names, the store's time, the changes its codec
+        made), and every commit makes one."""
+        made = cls.__new__(cls)
+        _set(made, "__dict__", {
+            "version": version,
+            "commit_id": commit_id,
+            "command": command,
+            "actor": actor,
+            "at": at,
+            "transitions": transitions,
+            "object_key": None,
+            "lost_races": lost_races,
+        })  # fmt: skip
+        _set(made, "__pydantic_extra__", {})
+        _set(made, "__pydantic_fields_set__", set(_RECORD_GIVEN))
+        _set(made, "__pydantic_private__", None)
+        return made
+
+
+_RECORD_GIVEN = frozenset(
+    ("version", "commit_id", "command", "actor", "at", "transitions", "lost_races")
+)
+"""The fields a record of a commit is given (``object_key`` only once it is read back)."""
+
 
 class Journaled(_Model):
     """A manifest object whose newest journal records travel inside it.
