@@ -69,7 +69,7 @@ class BlockWriter:
         low, high = block_end(records[0].version), block_end(records[-1].version)
         with self._guard:
             stored = self._stored.get((key, journal_id), set())
-            if not any(end in stored for end in range(low, high + 1, BLOCK)):
+            if stored.isdisjoint(range(low, high + 1, BLOCK)):
                 return list(records)  # the usual case: no block carried is stored
             return [r for r in records if block_end(r.version) not in stored]
 

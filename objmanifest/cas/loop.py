@@ -129,19 +129,21 @@ class _Lane:
     def __init__(self, max_group: int) -> None:
         self.max_group = max_group
         self.writing = threading.RLock()
-        self.changed = threading.Condition()
+        self.guard = threading.RLock()
+        """Held to look at or change the queue and the leader (``changed``'s lock)."""
+        self.changed = threading.Condition(self.guard)
         self.queue: list[_Member[Any, Any]] = []
         self.leader: int | None = None
         """The thread whose write is in flight, if one is."""
 
     def join(self, member: _Member[Any, Any]) -> None:
-        with self.changed:
+        with self.guard:
             self.queue.append(member)
 
     def lead(self, member: _Member[Any, Any]) -> list[_Member[Any, Any]] | None:
         """Wait until ``member`` is settled (None), or until this thread may lead the next
         write: the members it carries, taken from the queue."""
-        with self.changed:
+        with self.guard:
             while self.leader is not None and not member.done:
                 self.changed.wait()
             if member.done:
@@ -164,13 +166,13 @@ class _Lane:
         return batch
 
     def release(self) -> None:
-        with self.changed:
+        with self.guard:
             self.leader = None
             self.changed.notify_all()
 
     def withdraw(self, member: _Member[Any, Any]) -> None:
         """Take ``member`` out of the queue if no write has taken it yet."""
-        with self.changed:
+        with self.guard:
             self.queue = [m for m in self.queue if m is not member]
 
 
@@ -372,9 +374,8 @@ class Documents:
                         return current, sent[commit_id]
             self._store_old_blocks(key, codec, current.doc)
             now = self.store.now()
-            applied = self._apply(
-                key, codec, members, f"{op}.{attempt + 1}", current.doc, now, lost
-            )
+            commit_id = f"{op}.{attempt + 1}"
+            applied = self._apply(key, codec, members, commit_id, current.doc, now, lost)
             tried, stamped = applied
             if stamped is None:
                 if validated:
@@ -390,7 +391,6 @@ class Documents:
                     f"{self.policy.max_attempts} lost races; nothing was changed by this "
                     "call. Retry later, or spread the work over more stages."
                 )
-            commit_id = f"{op}.{attempt}"
             mode = CREATE if current.etag is None else PutMode.update(current.etag)
             try:
                 etag = self.store.put(
@@ -472,8 +472,7 @@ class Documents:
                     seconds=max(0.0, landed_at - t.member.started),
                 )
             t.member.settle(t.result, t.error)
-        self.stats.count("commits", changed)
-        self.stats.count("grouped", changed - 1)
+        self.stats.landed(changed)
 
     # -- the journal ---------------------------------------------------------------------
 

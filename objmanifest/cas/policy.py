@@ -148,3 +148,9 @@ class Stats:
         parallel and share these counts)."""
         with _COUNTING:
             setattr(self, name, getattr(self, name) + n)
+
+    def landed(self, commits: int) -> None:
+        """Count the ``commits`` one write that landed carried: all but its first grouped."""
+        with _COUNTING:
+            self.commits += commits
+            self.grouped += commits - 1
