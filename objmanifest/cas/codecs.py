@@ -202,31 +202,26 @@ class ShardCodec(VersionedCodec[Shard]):
     def transitions(self, before: Shard, after: Shard) -> list[Change]:
         """The entries removed (in the order ``before`` had them), then those changed or
         added (in ``after``'s order). Found at C speed when ``after`` keeps ``before``'s
-        ids in order (a commit's usual change: entries replaced, new ones last), so a warm
-        commit's cost does not grow with the entries it left alone; the encoding of
-        ``after`` then finds the same ``Delta`` again without looking."""
+        ids in order (a commit's usual change: entries replaced, new ones last), or from what
+        ``Shard.with_entries`` said it set, so a warm commit's cost does not grow with the
+        entries it left alone; the encoding of ``after`` then finds the same ``Delta`` again
+        without looking."""
         old, new = before.entries, after.entries
-        delta = self.fragments.delta(old, new)
-        keys, values, moved = delta.keys, delta.values, delta.moved
+        candidates = self.fragments.delta(old, new).changed
         changed: list[Change] = []
-        if moved is None:
+        if candidates is None:
             gone = old.keys() - new.keys()
             changed = [
                 Change(item=file_id, before=was.state._value_, after=REMOVED, epoch=was.epoch)
                 for file_id, was in (old.items() if gone else ())
                 if file_id in gone
             ]
-            candidates = list(zip(keys, values, strict=True))
-        else:
-            n = len(old)
-            candidates = [(keys[i], values[i]) for i in moved]
-            candidates += zip(keys[n:], values[n:], strict=True)
-        for file_id, entry in candidates:
-            was = old.get(file_id)
-            # An equal entry that is another object: pydantic compares more than __dict__.
+            candidates = list(new)
+        for file_id in candidates:
+            entry, was = new[file_id], old.get(file_id)
             if was is not None and (
                 was is entry or (was.__dict__ == entry.__dict__ and was == entry)
-            ):
+            ):  # the same, or equal (pydantic's comparison, once their fields look alike)
                 continue
             changed.append(
                 change_of(

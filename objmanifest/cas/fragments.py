@@ -6,16 +6,16 @@ The bytes are exactly pydantic's ``model_dump_json(exclude_none=True)`` of the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 from itertools import compress
 from operator import attrgetter, is_not
-from typing import Any
+from typing import Any, NamedTuple
 
 import pydantic_core
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import SchemaSerializer
 
-from ..core.model import Archived, Entry, Shard
+from ..core.model import Archived, Entry, Shard, entries_changed
 
 
 def starts_with(keys: list[str], first: list[str]) -> bool:
@@ -31,41 +31,45 @@ def _piece(key: str | None, item: BaseModel) -> bytes:
     return body if key is None else pydantic_core.to_json(key) + b":" + body
 
 
-@dataclass(frozen=True)
-class _Run:
+class _Run(NamedTuple):
     """The items of one field of the last shard encoded, their JSON joined, and each item's
-    piece once the field is being written warm (None before: it was encoded whole)."""
+    piece once the field is being written warm (None before: it was encoded whole). A
+    tuple: made twice a commit, and never changed."""
 
-    keys: list[str] | None
-    values: list[BaseModel]
+    values: list[BaseModel] | None
+    """A sequence's items (None for a mapping)."""
     pieces: list[bytes] | None
     joined: bytes
     warm: int = 0
     """How many encodings in a row found most items the same objects as the one before."""
     source: dict[str, Any] | None = None
-    """The mapping the items were taken from (None for a sequence)."""
+    """A mapping's items (None for a sequence)."""
+    positions: dict[str, int] | None = None
+    """Where each key of a mapping's items has its piece, once there are pieces."""
 
 
-@dataclass(frozen=True)
-class Delta:
-    """What mapping ``new`` changed of ``old``: its keys and values in order, and when it
-    starts with ``old``'s keys in order (a commit's usual change: items replaced, new ones
-    last), the positions before ``len(old)`` that hold another object than ``old`` did
-    (``moved``; None when the keys are not in order, so that any item may differ)."""
+class Delta(NamedTuple):
+    """What mapping ``new`` changed of ``old``: the keys whose value may be another object
+    than in ``old``, in ``new``'s order (``new`` keeps ``old``'s keys in order and adds its
+    own last, a commit's usual change); None when keys were removed or reordered, so that
+    any item may differ."""
 
     old: dict[str, Any]
     new: dict[str, Any]
-    keys: list[str]
-    values: list[Any]
-    moved: list[int] | None
+    changed: Sequence[str] | None
 
     @classmethod
     def of(cls, old: dict[str, Any], new: dict[str, Any]) -> Delta:
-        keys, values = list(new), list(new.values())
+        """From what ``Shard.with_entries`` said it set (one entry, or entries all new, whose
+        order it gave), else by comparing every item's object at C speed."""
+        said = entries_changed(old, new)
+        if said is not None and (len(said) < 2 or old.keys().isdisjoint(said)):
+            return cls(old, new, said)
+        keys, n = list(new), len(old)
         if not starts_with(keys, list(old)):
-            return cls(old, new, keys, values, None)
-        moved = list(compress(range(len(old)), map(is_not, values, old.values())))
-        return cls(old, new, keys, values, moved)
+            return cls(old, new, None)
+        moved = compress(range(n), map(is_not, new.values(), old.values()))
+        return cls(old, new, [keys[i] for i in moved] + keys[n:])
 
 
 _WHOLE: dict[str, SchemaSerializer] = {
@@ -102,8 +106,7 @@ _small = attrgetter(*SMALL_FIELDS)
 _grown = attrgetter(*(name for name, _ in _HOLES))
 
 
-@dataclass(frozen=True)
-class _Skeleton:
+class _Skeleton(NamedTuple):
     """A shard's JSON less its version, its commit ids and the fields that grow with it (what
     stays the same from one commit to the next), cut where those go: ``head``, the version,
     the commit ids, then ``cuts`` with each present field of ``names`` between two."""
@@ -211,46 +214,51 @@ class Fragments:
         """A mapping's run: the old pieces and those of the items that are other objects
         (or new, last), once warm; encoded whole (by ``whole``) otherwise."""
         if old is None or old.source is None:
-            return _Run(list(items), list(items.values()), None, _inside(whole, items), 0, items)
-        delta = self.delta(old.source, items)
-        keys, values, changed = delta.keys, delta.values, delta.moved
-        n = len(old.values)
-        if changed is None or 2 * len(changed) > n:
-            return _Run(keys, values, None, _inside(whole, items), 0, items)
+            return _Run(None, None, _inside(whole, items), 0, items)
+        changed = self.delta(old.source, items).changed
+        if changed is None or 2 * len(changed) > len(old.source):
+            return _Run(None, None, _inside(whole, items), 0, items)
         warm = old.warm + 1
-        if old.pieces is None:
+        if old.pieces is None or old.positions is None:
             if warm < self.WARM:
-                return _Run(keys, values, None, _inside(whole, items), warm, items)
-            pieces = [_piece(k, v) for k, v in zip(keys, values, strict=True)]
-            return _Run(keys, values, pieces, b",".join(pieces), warm, items)
-        if not changed and len(keys) == n:
-            return _Run(keys, values, old.pieces, old.joined, warm, items)
-        pieces = old.pieces.copy()
-        for i in changed:
-            pieces[i] = _piece(keys[i], values[i])
-        pieces += [_piece(k, v) for k, v in zip(keys[n:], values[n:], strict=True)]
-        return _Run(keys, values, pieces, b",".join(pieces), warm, items)
+                return _Run(None, None, _inside(whole, items), warm, items)
+            pieces = [_piece(k, v) for k, v in items.items()]
+            index = dict(zip(items, range(len(pieces)), strict=True))
+            return _Run(None, pieces, b",".join(pieces), warm, items, index)
+        if not changed:
+            return old._replace(warm=warm, source=items)
+        pieces, index = old.pieces.copy(), old.positions
+        added = [k for k in changed if k not in index]
+        if added:  # last, in order
+            index = {**index, **{k: len(pieces) + j for j, k in enumerate(added)}}
+            pieces += [b""] * len(added)
+        for k in changed:
+            pieces[index[k]] = _piece(k, items[k])
+        return _Run(None, pieces, b",".join(pieces), warm, items, index)
 
     @staticmethod
     def _sequence(old: _Run, values: list[BaseModel]) -> _Run | None:
         """A sequence's run when it is the old one less some first items, more some new
         ones (a journal: records appended, a flushed block dropped); None otherwise."""
-        n = len(old.values)
-        if old.keys is not None or old.pieces is None:
+        if old.values is None or old.pieces is None:
             return None
-        first = next((i for i, v in enumerate(old.values) if values and v is values[0]), None)
+        n = len(old.values)
+        if n and values and old.values[0] is values[0]:
+            first: int | None = 0  # the usual case: nothing dropped
+        else:
+            first = next((i for i, v in enumerate(old.values) if values and v is values[0]), None)
         kept = n - first if first is not None else 0
         if first is None or len(values) < kept or any(map(is_not, values, old.values[first:])):
             return None
         pieces = old.pieces[first:] + [_piece(None, v) for v in values[kept:]]
-        return _Run(None, values, pieces, b",".join(pieces))
+        return _Run(values, pieces, b",".join(pieces))
 
     @staticmethod
     def _rebuilt(old: _Run | None, values: list[BaseModel]) -> _Run:
         """A sequence's run made piece by piece, taking an old piece wherever the same object
         was (the old run holds its objects, so no other has their ids)."""
         known: dict[int, bytes] = {}
-        if old is not None and old.pieces is not None:
+        if old is not None and old.values is not None and old.pieces is not None:
             known = {id(v): p for v, p in zip(old.values, old.pieces, strict=True)}
         pieces = [known.get(id(v)) or _piece(None, v) for v in values]
-        return _Run(None, values, pieces, b",".join(pieces))
+        return _Run(values, pieces, b",".join(pieces))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -324,7 +325,31 @@ class Shard(Journaled):
     archived: dict[str, Archived] | None = None
 
     def with_entries(self, changed: dict[str, Entry]) -> Shard:
-        return self.replaced(entries={**self.entries, **changed})
+        """This shard with ``changed`` put in (replacing an entry of its id, else last);
+        what it changed is remembered for ``entries_changed``."""
+        entries = {**self.entries, **changed}
+        _made.last = (self.entries, entries, tuple(changed))
+        return self.replaced(entries=entries)
+
+
+class _Made(threading.local):
+    last: tuple[dict[str, Entry], dict[str, Entry], tuple[str, ...]] | None = None
+    """The entries the last ``with_entries`` of this thread started from and made, and
+    the ids it set."""
+
+
+_made = _Made()
+
+
+def entries_changed(old: dict[str, Entry], new: dict[str, Entry]) -> tuple[str, ...] | None:
+    """The ids ``Shard.with_entries`` set when it made ``new`` from ``old``, if that was the
+    last it did in this thread (None otherwise): ``new`` holds ``old``'s ids in order, those
+    it added after them, and only these ids can hold another entry. So a commit's encoding
+    and transitions look at what the command changed, not at every entry of the shard."""
+    last = _made.last
+    if last is None or last[0] is not old or last[1] is not new:
+        return None
+    return last[2]
 
 
 class TaskHeader(_Model):

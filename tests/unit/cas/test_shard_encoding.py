@@ -7,6 +7,7 @@ dropped, archived ids, extra fields), every version encoded by one codec in turn
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from hypothesis import given, settings
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from objmanifest.cas.codecs import REMOVED, ShardCodec, _rebuild_fields
 from objmanifest.cas.fragments import SMALL_FIELDS, Fragments
 from objmanifest.core.commit_events import Change
-from objmanifest.core.model import Archived, Entry, JournalRecord, Shard
+from objmanifest.core.model import Archived, Entry, JournalRecord, Shard, entries_changed
 from objmanifest.core.states import State
 
 from ..make import T0, at, entry
@@ -77,7 +78,7 @@ def record(version: int) -> JournalRecord:
 STEPS = st.sampled_from(
     ["change", "same value, new object", "add", "remove", "reorder", "journal", "flush",
      "journal rewritten", "archive", "no journal", "nothing", "stamp", "journal id",
-     "schema", "extra field", "renamed"]
+     "schema", "extra field", "renamed", "set"]
 )  # fmt: skip
 
 
@@ -95,6 +96,19 @@ def test_every_version_encodes_exactly_as_pydantic_does(
         items = dict(doc.entries)
         ids = list(items)
         update: dict[str, Any] = {}
+        if step == "set" or (step in ("change", "add") and data.draw(st.booleans())):
+            # As commands do: Shard.with_entries, which says what it set.
+            known = st.sampled_from(ids) if ids else IDS
+            fids = data.draw(st.lists(known | IDS, min_size=1, max_size=3, unique=True))
+            if step == "change" and ids:
+                fids = [data.draw(st.sampled_from(ids))]
+            elif step == "add":
+                fids = [fid for fid in fids if fid not in items][:1] or [data.draw(IDS)]
+            same = data.draw(st.booleans())  # a value that stays the same object too
+            changed = {f: items[f] if same and f in items else data.draw(entries(f)) for f in fids}
+            before, doc = doc, doc.with_entries(changed)
+            check(codec, before, doc, data.draw(st.booleans()))
+            continue
         if step == "change" and ids:
             fid = data.draw(st.sampled_from(ids))
             items[fid] = data.draw(entries(fid))
@@ -136,13 +150,17 @@ def test_every_version_encodes_exactly_as_pydantic_does(
         elif step == "renamed":
             update[data.draw(st.sampled_from(["task_id", "stage"]))] = data.draw(IDS)
         before, doc = doc, doc.model_copy(update={"entries": items, **update})
-        # The loop asks for the transitions first, then the encoding; either order holds.
-        if data.draw(st.booleans()):
-            assert codec.transitions(before, doc) == plain_transitions(before, doc)
-            assert codec.encode(doc) == plain(doc)
-        else:
-            assert codec.encode(doc) == plain(doc)
-            assert codec.transitions(before, doc) == plain_transitions(before, doc)
+        check(codec, before, doc, data.draw(st.booleans()))
+
+
+def check(codec: ShardCodec, before: Shard, doc: Shard, transitions_first: bool) -> None:
+    """The loop asks for the transitions first, then the encoding; either order holds."""
+    if transitions_first:
+        assert codec.transitions(before, doc) == plain_transitions(before, doc)
+        assert codec.encode(doc) == plain(doc)
+    else:
+        assert codec.encode(doc) == plain(doc)
+        assert codec.transitions(before, doc) == plain_transitions(before, doc)
 
 
 def test_the_skeleton_is_made_of_every_field_of_a_shard_but_those_a_commit_changes() -> None:
@@ -165,8 +183,7 @@ def test_an_unchanged_item_is_not_encoded_again() -> None:
     run = codec.fragments._runs["entries"]
     assert run.pieces is not None
     run.pieces[1] = b'"b":"remembered"'
-    joined = b",".join(run.pieces)
-    object.__setattr__(run, "joined", joined)
+    codec.fragments._runs["entries"] = run._replace(joined=b",".join(run.pieces))
     renewed = doc.with_entries({"a": a.model_copy(update={"epoch": 7})})
     assert b'"b":"remembered"' in codec.encode(renewed)
     replaced = doc.with_entries({"b": b.model_copy()})
@@ -186,3 +203,23 @@ def test_a_shard_read_afresh_is_encoded_whole_until_it_is_written_warm() -> None
     read_again = codec.decode("k", plain(doc))
     assert codec.encode(read_again) == plain(read_again)
     assert codec.fragments._runs["entries"].pieces is None
+
+
+def test_what_with_entries_set_is_known_only_for_the_pair_it_made_in_its_thread() -> None:
+    """``entries_changed`` answers for the last ``with_entries`` of the calling thread, and
+    only about the very mapping it started from and the one it made: any other pair (an
+    older version, a copy, another thread's) is compared item by item."""
+    doc = Shard(task_id="job", stage="s", entries={"a": entry("a"), "b": entry("b")})
+    first = doc.with_entries({"b": entry("b", epoch=1), "c": entry("c")})
+    assert entries_changed(doc.entries, first.entries) == ("b", "c")
+    second = first.with_entries({"a": entry("a", epoch=2)})
+    assert entries_changed(first.entries, second.entries) == ("a",)
+    assert entries_changed(doc.entries, first.entries) is None  # not the last one made
+    assert entries_changed(first.entries, dict(second.entries)) is None  # a copy
+    seen: list[tuple[str, ...] | None] = []
+    thread = threading.Thread(
+        target=lambda: seen.append(entries_changed(first.entries, second.entries))
+    )
+    thread.start()
+    thread.join()
+    assert seen == [None]
