@@ -63,14 +63,14 @@ class BlockWriter:
 
     def unstored(
         self, key: str, journal_id: str, records: Sequence[JournalRecord]
-    ) -> list[JournalRecord]:
+    ) -> Sequence[JournalRecord]:
         if not records:
-            return []
+            return records
         low, high = block_end(records[0].version), block_end(records[-1].version)
         with self._guard:
             stored = self._stored.get((key, journal_id), set())
             if stored.isdisjoint(range(low, high + 1, BLOCK)):
-                return list(records)  # the usual case: no block carried is stored
+                return records  # the usual case: no block carried is stored
             return [r for r in records if block_end(r.version) not in stored]
 
     def write_due(

@@ -7,7 +7,7 @@ The bytes are exactly pydantic's ``model_dump_json(exclude_none=True)`` of the s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import compress
+from itertools import compress, islice
 from operator import attrgetter, is_not
 from typing import Any, NamedTuple
 
@@ -36,8 +36,8 @@ class _Run(NamedTuple):
     piece once the field is being written warm (None before: it was encoded whole). A
     tuple: made twice a commit, and never changed."""
 
-    values: list[BaseModel] | None
-    """A sequence's items (None for a mapping)."""
+    values: Sequence[BaseModel] | None
+    """A sequence's items (None for a mapping): the shard's own tuple."""
     pieces: list[bytes] | None
     joined: bytes
     warm: int = 0
@@ -199,9 +199,8 @@ class Fragments:
             if isinstance(value, dict):
                 run = self._mapping(old, value, _WHOLE[name])
             else:
-                values = list(value)
-                run = (self._sequence(old, values) if old is not None else None) or (
-                    self._rebuilt(old, values)
+                run = (self._sequence(old, value) if old is not None else None) or (
+                    self._rebuilt(old, value)
                 )
             runs[name] = run
             out.append(run.joined)
@@ -237,7 +236,7 @@ class Fragments:
         return _Run(None, pieces, b",".join(pieces), warm, items, index)
 
     @staticmethod
-    def _sequence(old: _Run, values: list[BaseModel]) -> _Run | None:
+    def _sequence(old: _Run, values: Sequence[BaseModel]) -> _Run | None:
         """A sequence's run when it is the old one less some first items, more some new
         ones (a journal: records appended, a flushed block dropped); None otherwise."""
         if old.values is None or old.pieces is None:
@@ -248,13 +247,15 @@ class Fragments:
         else:
             first = next((i for i, v in enumerate(old.values) if values and v is values[0]), None)
         kept = n - first if first is not None else 0
-        if first is None or len(values) < kept or any(map(is_not, values, old.values[first:])):
+        if first is None or len(values) < kept:
+            return None
+        if any(map(is_not, values, islice(old.values, first, None))):
             return None
         pieces = old.pieces[first:] + [_piece(None, v) for v in values[kept:]]
         return _Run(values, pieces, b",".join(pieces))
 
     @staticmethod
-    def _rebuilt(old: _Run | None, values: list[BaseModel]) -> _Run:
+    def _rebuilt(old: _Run | None, values: Sequence[BaseModel]) -> _Run:
         """A sequence's run made piece by piece, taking an old piece wherever the same object
         was (the old run holds its objects, so no other has their ids)."""
         known: dict[int, bytes] = {}

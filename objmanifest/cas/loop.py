@@ -499,7 +499,7 @@ class Documents:
             version, commit_id, command.name, command.actor, at, transitions, lost or None
         )
         kept = self._blocks.unstored(key, journal_id, records)
-        return codec.with_journal(after, journal_id, [*kept, record])
+        return codec.with_journal(after, journal_id, (*kept, record))
 
     def _flush_due(self, key: str, codec: Codec[T], landed: _Version[T], attempt: _Attempt) -> None:
         """Start writing every whole block the write that landed made whole, unless it is

@@ -24,6 +24,10 @@ from .chunked import Scope, abandon
 
 log = logging.getLogger(__name__)
 
+DEAD, READY, WRITING = State.dead.value, State.ready.value, State.writing.value
+"""The states a transition is looked at for, as its ``Change`` says them (every commit's
+transitions are looked at: an enum's ``value`` is a property lookup each time)."""
+
 
 class TransitionEffects:
     """A commit observer that runs the side effects of entry transitions."""
@@ -34,11 +38,11 @@ class TransitionEffects:
     def __call__(self, event: CommitEvent) -> None:
         parsed: Parsed | None = None  # parsed only for a transition with an effect (rare)
         for t in event.transitions:
-            if t.after == State.dead.value and t.before != State.dead.value:
+            if t.after == DEAD and t.before != DEAD:
                 epoch, why = None, "it is dead"
             elif (
-                t.after == State.ready.value
-                and t.before == State.writing.value
+                t.after == READY
+                and t.before == WRITING
                 and (t.epoch or 0) > 1
                 and not checksum.is_composite(t.checksum)
             ):
