@@ -6,6 +6,7 @@ The bytes are exactly pydantic's ``model_dump_json(exclude_none=True)`` of the s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from itertools import compress, islice
 from operator import attrgetter, is_not
@@ -24,11 +25,23 @@ def starts_with(keys: list[str], first: list[str]) -> bool:
     return len(keys) >= n and (keys if len(keys) == n else keys[:n]) == first
 
 
+_PLAIN = re.compile(r'[^"\\\x00-\x1f\ud800-\udfff]*')
+"""Text that JSON writes as it is, between quotes: no quote, backslash or control character
+(and no lone surrogate, which pydantic refuses to write)."""
+
+
+def quoted(text: str) -> bytes:
+    """``text`` as pydantic writes a string in JSON (UTF-8, only what must be escaped is)."""
+    if _PLAIN.fullmatch(text):
+        return b'"' + text.encode() + b'"'
+    return pydantic_core.to_json(text)
+
+
 def _piece(key: str | None, item: BaseModel) -> bytes:
     """One item's JSON as it sits in its shard: ``"key":value`` for an item of a mapping
     (``model_dump_json(exclude_none=True)``'s bytes, from its serializer straight)."""
     body = item.__pydantic_serializer__.to_json(item, exclude_none=True)
-    return body if key is None else pydantic_core.to_json(key) + b":" + body
+    return body if key is None else quoted(key) + b":" + body
 
 
 class _Run(NamedTuple):
@@ -77,9 +90,6 @@ _WHOLE: dict[str, SchemaSerializer] = {
     "archived": TypeAdapter(dict[str, Archived]).serializer,
 }
 """How a mapping field of a shard is encoded in one pass, as inside the shard."""
-
-_COMMIT_IDS = TypeAdapter(tuple[str, ...]).serializer
-"""How a shard's commit ids are encoded, as inside the shard."""
 
 
 def _inside(whole: SchemaSerializer, items: dict[str, BaseModel]) -> bytes:
@@ -162,6 +172,8 @@ class Fragments:
         self._runs: dict[str, _Run] = {}
         self._skeleton: _Skeleton | None = None
         self._delta: Delta | None = None
+        self._ids: tuple[tuple[str, ...], list[bytes], bytes] = ((), [], b"[]")
+        """The last commit ids encoded, each one's JSON, and theirs joined."""
 
     def delta(self, old: dict[str, Any], new: dict[str, Any]) -> Delta:
         """``Delta.of(old, new)``, found once: a commit's transitions and its encoding both
@@ -189,7 +201,7 @@ class Fragments:
             skeleton.head,
             b"%d" % doc.version,
             b',"commits":',
-            _COMMIT_IDS.to_json(doc.commits),
+            self._commit_ids(doc.commits),
             cuts[0],
         ]
         runs = self._runs
@@ -206,6 +218,23 @@ class Fragments:
             out.append(run.joined)
             out.append(cuts[i])
         return b"".join(out)
+
+    def _commit_ids(self, commits: tuple[str, ...]) -> bytes:
+        """``commits`` as JSON: a commit adds its id last and may drop the oldest, so the
+        others are taken from the last ids encoded."""
+        old, pieces, joined = self._ids
+        if commits == old:
+            return joined
+        n = len(old)
+        if commits[: n - 1] == old[1:]:
+            pieces = pieces[1:] + [quoted(c) for c in commits[n - 1 :]]
+        elif commits[:n] == old:
+            pieces = pieces + [quoted(c) for c in commits[n:]]
+        else:
+            pieces = [quoted(c) for c in commits]
+        joined = b"[" + b",".join(pieces) + b"]"
+        self._ids = (commits, pieces, joined)
+        return joined
 
     def _mapping(
         self, old: _Run | None, items: dict[str, BaseModel], whole: SchemaSerializer

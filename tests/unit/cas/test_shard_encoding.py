@@ -10,13 +10,22 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pydantic_core
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from objmanifest.cas.codecs import REMOVED, ShardCodec, _rebuild_fields
-from objmanifest.cas.fragments import SMALL_FIELDS, Fragments
+from objmanifest.cas.fragments import SMALL_FIELDS, Fragments, quoted
 from objmanifest.core.commit_events import Change
-from objmanifest.core.model import Archived, Entry, JournalRecord, Shard, entries_changed
+from objmanifest.core.model import (
+    COMMITS_KEPT,
+    Archived,
+    Entry,
+    JournalRecord,
+    Shard,
+    entries_changed,
+)
 from objmanifest.core.states import State
 
 from ..make import T0, at, entry
@@ -223,3 +232,34 @@ def test_what_with_entries_set_is_known_only_for_the_pair_it_made_in_its_thread(
     thread.start()
     thread.join()
     assert seen == [None]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(IDS, min_size=COMMITS_KEPT + 2, max_size=COMMITS_KEPT + 6), st.integers(0, 99))
+def test_commit_ids_encode_as_pydantic_does_as_the_oldest_are_dropped(
+    ids: list[str], rewritten: int
+) -> None:
+    """Each version's commit ids are the last one's, the oldest dropped once there are
+    ``COMMITS_KEPT``, and its own last (a group's members share one, remembered once);
+    another list altogether (a fresh read) is encoded whole."""
+    codec = ShardCodec("job", "s")
+    doc = Shard(task_id="job", stage="s")
+    for n, commit_id in enumerate(ids):
+        doc = codec.stamp(doc, commit_id)
+        assert codec.encode(doc) == plain(doc)
+        if n == rewritten:
+            doc = doc.model_copy(update={"commits": tuple(reversed(doc.commits))})
+            assert codec.encode(doc) == plain(doc)
+
+
+@given(st.text(st.characters(codec=None, exclude_categories=())))
+def test_a_string_is_quoted_as_pydantic_writes_it(text: str) -> None:
+    try:
+        expected: bytes | type[Exception] = pydantic_core.to_json(text)
+    except pydantic_core.PydanticSerializationError:
+        expected = pydantic_core.PydanticSerializationError
+    if isinstance(expected, bytes):
+        assert quoted(text) == expected
+    else:
+        with pytest.raises(expected):
+            quoted(text)
