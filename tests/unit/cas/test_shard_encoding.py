@@ -263,3 +263,34 @@ def test_a_string_is_quoted_as_pydantic_writes_it(text: str) -> None:
     else:
         with pytest.raises(expected):
             quoted(text)
+
+
+JOURNAL_STEPS = st.sampled_from(["append", "append", "append", "flush", "rewrite", "read", "empty"])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), st.lists(JOURNAL_STEPS, min_size=1, max_size=40))
+def test_a_journal_encodes_as_pydantic_does_as_records_come_and_go(
+    data: st.DataObject, steps: list[str]
+) -> None:
+    """Records appended (one or a group's several), a flushed block's dropped from the start,
+    the last one written again, every record read afresh, none left: each version of the
+    journal is encoded exactly as pydantic encodes it."""
+    codec = ShardCodec("job", "s")
+    doc, version = Shard(task_id="job", stage="s", journal=()), 0
+    for step in steps:
+        records = doc.journal or ()
+        if step == "append":
+            more = data.draw(st.integers(1, 3))
+            records = (*records, *(record(version + i) for i in range(1, more + 1)))
+            version += more
+        elif step == "flush" and records:
+            records = records[data.draw(st.integers(1, len(records))) :]
+        elif step == "rewrite" and records:
+            records = (*records[:-1], record(version))
+        elif step == "read":
+            records = tuple(r.model_copy() for r in records)
+        elif step == "empty":
+            records = ()
+        doc = doc.model_copy(update={"journal": records})
+        assert codec.encode(doc) == plain(doc)
