@@ -157,9 +157,9 @@ class _Lane:
         if member.over is not None:
             batch = [member]
         else:
-            same = [m for m in self.queue if m.over is None and m.codec == member.codec]
-            batch = same[: self.max_group]
-            if not any(m is member for m in batch):
+            codec = member.codec
+            batch = [m for m in self.queue if m.over is None and m.codec == codec][: self.max_group]
+            if member not in batch:  # members compare as themselves only
                 batch[-1:] = [member]
         taken = {id(m) for m in batch}
         self.queue = [m for m in self.queue if id(m) not in taken]

@@ -57,7 +57,7 @@ class Rules:
 
 
 def _update(entry: Entry, now: datetime, **fields: Any) -> Entry:
-    return entry.replaced(**{**fields, "updated_at": now})
+    return entry.replaced(**fields, updated_at=now)
 
 
 def _entry(shard: Shard, file_id: str) -> Entry:

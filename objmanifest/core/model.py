@@ -87,13 +87,20 @@ class _Model(BaseModel):
         """``model_copy(update=changes)`` in one step (commits copy shards and entries often;
         pydantic's general copy costs twice as much); a name the model does not declare, or
         a model with private attributes, goes through ``model_copy``."""
-        known = changes.keys() <= type(self).__pydantic_fields__.keys()
+        cls = type(self)
+        known = changes.keys() <= cls.__pydantic_fields__.keys()
         if not known or getattr(self, "__pydantic_private__", None):
             return self.model_copy(update=changes)
-        new, extra = type(self).__new__(type(self)), self.__pydantic_extra__
+        new, extra, given = cls.__new__(cls), self.__pydantic_extra__, self.__pydantic_fields_set__
         _set(new, "__dict__", {**self.__dict__, **changes})
-        _set(new, "__pydantic_extra__", None if extra is None else dict(extra))
-        _set(new, "__pydantic_fields_set__", self.__pydantic_fields_set__ | changes.keys())
+        # A frozen model never changes these: no unknown fields, or the same fields given, are
+        # shared with the copy rather than copied.
+        _set(new, "__pydantic_extra__", extra and dict(extra))
+        _set(
+            new,
+            "__pydantic_fields_set__",
+            given if changes.keys() <= given else given | changes.keys(),
+        )
         _set(new, "__pydantic_private__", None)
         return new
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import logging
 import threading
@@ -105,6 +106,12 @@ READS = ("read", "inspect")
 
 _BLOB_CLIENTS = 1024
 """Blob clients kept for reuse (one per key: the shards a process commits to, mostly)."""
+
+
+@functools.lru_cache(maxsize=16)
+def _settings(content_type: str) -> ContentSettings:
+    """A write's content settings, made once per content type (the SDK only reads them)."""
+    return ContentSettings(content_type=content_type)
 
 
 class AzureStore(HandsOnUploads, PrefixedStore):
@@ -305,18 +312,18 @@ class AzureStore(HandsOnUploads, PrefixedStore):
         """Write an object in one Put Blob and return its ETag; the body carries its
         ``Content-MD5`` (a file object is read whole first), so a damaged one is refused
         and sent again (``send_whole``)."""
-        key = put.key
+        key, where = put.key, self.describe(put.key)
         self._refuse_reserved(key, "write")
         data = read_all(put.body)
         options: dict[str, Any] = {
             "length": len(data),
             "overwrite": put.mode.kind != "create",
-            "metadata": metadata_out(put.metadata, self.describe(key)),
-            "content_settings": ContentSettings(content_type=put.content_type),
+            "metadata": metadata_out(put.metadata, where),
+            "content_settings": _settings(put.content_type),
             "transactional_content_md5": hashlib.md5(data, usedforsecurity=False).digest(),
             "raw_response_hook": self._observe,
+            **conditions(put.mode),
         }
-        options.update(conditions(put.mode))
         blob = self._blob(key)
         answered = send_whole(
             lambda: self._call(
@@ -328,7 +335,7 @@ class AzureStore(HandsOnUploads, PrefixedStore):
                 resent=self._cut_short,
             ),
             self.runtime,
-            self.describe(key),
+            where,
         )
         return str(answered["etag"])
 

@@ -1,6 +1,7 @@
 """What a commit builds without its class's constructor (``change_of``,
-``JournalRecord.of_commit``) is the very object the constructor builds: equal, hashed,
-shown, pickled and written alike, with the same fields in the same order."""
+``JournalRecord.of_commit``, ``replaced``) is the very object the constructor (or
+pydantic's copy) builds: equal, hashed, shown, pickled and written alike, with the same
+fields in the same order."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from objmanifest.core.commit_events import Change, change_of
-from objmanifest.core.model import JournalRecord
+from objmanifest.core.model import Entry, JournalRecord
+from objmanifest.core.states import State
 
 from ..make import T0, at
 
@@ -89,3 +91,36 @@ def test_a_record_of_a_commit_is_the_record_validation_makes(
         update={"object_key": "k"}
     )
     assert pickle.loads(pickle.dumps(made)) == built
+
+
+ENTRY_CHANGES: dict[str, st.SearchStrategy[Any]] = {
+    "state": st.sampled_from(State),
+    "owner": st.one_of(st.none(), TEXT),
+    "epoch": st.integers(0, 9),
+    "lease_expires_at": st.one_of(st.none(), st.just(at(5))),
+    "updated_at": st.just(at(6)),
+    "consumed_by": st.lists(TEXT, max_size=2).map(tuple),
+}
+
+
+@given(
+    st.fixed_dictionaries({}, optional=ENTRY_CHANGES),
+    st.fixed_dictionaries({}, optional=ENTRY_CHANGES),
+    st.dictionaries(st.sampled_from(["future", "later"]), st.integers(), max_size=2),
+)
+def test_a_replaced_model_is_the_copy_pydantic_makes(
+    first: dict[str, Any], then: dict[str, Any], unknown: dict[str, Any]
+) -> None:
+    """``replaced`` (twice, as commits do) makes what ``model_copy(update=...)`` makes: the
+    same fields, the same fields given, the same unknown fields kept, and neither copy
+    changes the model it came from."""
+    original = Entry(file_id="f", stage="s", **unknown)
+    snapshot = (dict(original.__dict__), set(original.model_fields_set), original.model_extra)
+    made = original.replaced(**first).replaced(**then)
+    copied = original.model_copy(update=first).model_copy(update=then)
+    assert made == copied and repr(made) == repr(copied)
+    assert list(made.__dict__.items()) == list(copied.__dict__.items())
+    assert made.model_fields_set == copied.model_fields_set
+    assert made.model_extra == copied.model_extra == unknown
+    assert made.model_dump_json(exclude_unset=True) == copied.model_dump_json(exclude_unset=True)
+    assert (dict(original.__dict__), original.model_fields_set, original.model_extra) == snapshot
