@@ -27,6 +27,7 @@ from urllib3.util.retry import Retry
 
 from ..core.runtime import Runtime
 from ..errors import InvalidInput
+from .sessions import pinned_session
 from .urls import endpoint_parts, plain_http
 
 CONNECTION_STRING = "AZURE_STORAGE_CONNECTION_STRING"
@@ -103,20 +104,16 @@ def _changes_what_it_names(request: Any) -> bool:
 
 def _transport(account_url: str) -> RequestsTransport:
     """requests with ``CONNECTIONS`` pooled connections and no retries of its own (the
-    store's retry policy is the only one). The proxy the environment names for the account
-    (``HTTPS_PROXY``, ``NO_PROXY`` ...) is looked up once, not on every request as requests
-    does (a scan of the environment and a look for ``.netrc``: a millisecond a request)."""
-    session = requests.Session()
-    session.trust_env = False
-    session.proxies.update(requests.utils.get_environ_proxies(account_url))
+    store's retry policy is the only one), the environment's proxy and CA bundle read once
+    (``sessions``). azure-core passes its own ``verify`` with every request, so the bundle
+    is the transport's too."""
     adapter = HTTPAdapter(
         pool_connections=CONNECTIONS,
         pool_maxsize=CONNECTIONS,
         max_retries=Retry(total=False, redirect=False, raise_on_status=False),
     )
-    for scheme in ("http://", "https://"):
-        session.mount(scheme, adapter)
-    return RequestsTransport(session=session, session_owner=True)
+    session = pinned_session(requests.Session(), account_url, adapter)
+    return RequestsTransport(session=session, session_owner=True, connection_verify=session.verify)
 
 
 @dataclass(frozen=True)
