@@ -609,9 +609,14 @@ KEY_SECRET = base64.b64encode(b"OBJMANIFEST-PLANTED-ACCOUNT-KEY-0123456789").dec
 SAS_SECRET = "OBJMANIFESTplantedSASsignature0123456789"
 
 
+PLANTED = ("key", "sas", "key, nobody there", "sas, nobody there")
+
+
 def planted() -> dict[str, str]:
-    """Connection strings that carry distinctive secrets: a wrong account key (Azurite
-    refuses it), a SAS token (refused too), and each aimed at a port where nothing listens."""
+    """Connection strings that carry distinctive secrets (``PLANTED`` names them): a wrong
+    account key (Azurite refuses it), a SAS token (refused too), and each aimed at a port
+    where nothing listens. Made in the test, not at collection: Azurite starts only in a
+    run that has it."""
     url = azurite().account_url
     dead = "http://127.0.0.1:9/devstoreaccount1"
     key = f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY_SECRET};"
@@ -648,7 +653,7 @@ def everything_a_store_shows(store: AzureStore) -> list[str]:
     return shown
 
 
-@pytest.mark.parametrize("name", list(planted()))
+@pytest.mark.parametrize("name", PLANTED)
 def test_secrets_are_never_shown(name: str, prefix: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="objmanifest")
     caplog.set_level(logging.DEBUG, logger="azure")
@@ -676,7 +681,7 @@ def test_doctor_passes_azurite(
     assert f"safe: {url} enforces everything" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", list(planted()))
+@pytest.mark.parametrize("name", PLANTED)
 def test_the_cli_shows_no_secret(
     name: str, prefix: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,7 +1,7 @@
 """The benchmark suite runs end to end: ``python -m bench --quick`` on a moto server (made
-smaller still), then ``python -m bench.report`` renders its tables. Nothing here is timed:
-the figures belong to BENCHMARKS.md, this only checks that every benchmark ran and
-reported its peer or limit."""
+smaller still), in three groups of benchmarks that run side by side, each then rendered by
+``python -m bench.report``. Nothing here is timed: the figures belong to BENCHMARKS.md,
+this only checks that every benchmark ran and reported its peer or limit."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,8 +18,99 @@ ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.heavy
 
+GROUPS = {
+    "requests-commit-size-checksums": ("requests", "commit_cost", "size", "checksums"),
+    "contention-threads": ("contention", "threads"),
+    "batching-transfer-aio": ("batching", "transfer", "aio"),
+}
+"""Every benchmark in one group, the groups about as long as each other."""
 
-def test_the_quick_suite_runs_every_benchmark_and_renders_its_report(tmp_path: Path) -> None:
+
+def check_requests(results: dict[str, Any]) -> None:
+    assert results["requests"]["limit"] == 3
+    assert results["requests"]["phases"][0]["entries"] == 40
+
+
+def check_commit_cost(results: dict[str, Any]) -> None:
+    assert len(results["commit_cost"]["runs"]) == 3
+
+
+def check_size(results: dict[str, Any]) -> None:
+    assert {p["entries"] for p in results["size"]["points"]} == {1000, 2000}
+    for p in results["size"]["points"]:  # the codec's encoding beside pydantic's whole one
+        assert p["encode_ms"] > 0 and p["encode_whole_ms"] > 0, p
+
+
+def check_checksums(results: dict[str, Any]) -> None:
+    assert set(results["checksums"]["gib_per_s"]) == {"memory read", "xxh3-128", "SHA-256"}
+
+
+def check_contention(results: dict[str, Any]) -> None:
+    contention = results["contention"]["points"]
+    assert {p["delay_ms"] for p in contention} == {0, 5}
+    for p in contention:
+        assert p["entries"] > 0 and p["errors"] == {}, p
+        if p["agents"] == 1:
+            assert p["speedup"] == 1.0
+
+
+def check_threads(results: dict[str, Any]) -> None:
+    assert [p["threads"] for p in results["threads"]["points"]] == [1, 8, 32]
+
+
+def check_batching(results: dict[str, Any]) -> None:
+    batches = results["batching"]["points"]
+    assert (batches[0]["batch"], batches[0]["vs_per_entry"]) == (1, 1.0)
+    assert {p["batch"] for p in batches} == {1, 10, 100}
+
+
+def check_transfer(results: dict[str, Any]) -> None:
+    assert results["transfer"]["upload"]["ratio"] > 0
+
+
+def check_aio(results: dict[str, Any]) -> None:
+    aio = results["aio"]["points"]
+    assert {(p["delay_ms"], p["workers"]) for p in aio} == {(d, w) for d in (0, 5) for w in (8, 32)}
+    assert all(p["ratio"] > 0 for p in aio), aio
+
+
+CHECKS = {name: globals()[f"check_{name}"] for names in GROUPS.values() for name in names}
+
+HEADINGS = {
+    "requests": "### 1. Requests per entry",
+    "commit_cost": "### 2. Commit cost",
+    "contention": "### 3. Contention",
+    "threads": "### 3b. Threads",
+    "batching": "### 4. Batching",
+    "size": "### 5. Size",
+    "checksums": "### 6a. Checksums",
+    "transfer": "### 6b. Transfer",
+    "aio": "### 7. asyncio",
+}
+"""The report's heading of each benchmark."""
+
+
+def test_the_groups_hold_every_benchmark_once() -> None:
+    """The benchmarks ``python -m bench`` names when asked for one it does not have."""
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "no-such-benchmark"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 2, run.stderr
+    named = run.stderr.strip().rsplit("choose from ", 1)[1].split(", ")
+    grouped = [name for names in GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(named) == sorted(HEADINGS)
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_the_quick_suite_runs_every_benchmark_and_renders_its_report(
+    tmp_path: Path, group: str
+) -> None:
+    names = GROUPS[group]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     out = tmp_path / "results"
     run = subprocess.run(
@@ -27,6 +119,8 @@ def test_the_quick_suite_runs_every_benchmark_and_renders_its_report(tmp_path: P
             "-m",
             "bench",
             "--quick",
+            "--only",
+            ",".join(names),
             "--backend",
             "moto",
             "--agents",
@@ -49,41 +143,9 @@ def test_the_quick_suite_runs_every_benchmark_and_renders_its_report(tmp_path: P
     )
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads((out / "latest-quick.json").read_text())
-    for name in (
-        "requests",
-        "commit_cost",
-        "contention",
-        "threads",
-        "batching",
-        "size",
-        "checksums",
-        "transfer",
-        "aio",
-    ):
-        assert name in results, f"{name} did not report"
-
-    # Each benchmark measured its peer or limit beside itself.
-    assert results["requests"]["limit"] == 3
-    assert results["requests"]["phases"][0]["entries"] == 40
-    assert len(results["commit_cost"]["runs"]) == 3
-    contention = results["contention"]["points"]
-    assert {p["delay_ms"] for p in contention} == {0, 5}
-    for p in contention:
-        assert p["entries"] > 0 and p["errors"] == {}, p
-        if p["agents"] == 1:
-            assert p["speedup"] == 1.0
-    assert [p["threads"] for p in results["threads"]["points"]] == [1, 8, 32]
-    batches = results["batching"]["points"]
-    assert (batches[0]["batch"], batches[0]["vs_per_entry"]) == (1, 1.0)
-    assert {p["batch"] for p in batches} == {1, 10, 100}
-    assert {p["entries"] for p in results["size"]["points"]} == {1000, 2000}
-    for p in results["size"]["points"]:  # the codec's encoding beside pydantic's whole one
-        assert p["encode_ms"] > 0 and p["encode_whole_ms"] > 0, p
-    assert set(results["checksums"]["gib_per_s"]) == {"memory read", "xxh3-128", "SHA-256"}
-    assert results["transfer"]["upload"]["ratio"] > 0
-    aio = results["aio"]["points"]
-    assert {(p["delay_ms"], p["workers"]) for p in aio} == {(d, w) for d in (0, 5) for w in (8, 32)}
-    assert all(p["ratio"] > 0 for p in aio), aio
+    assert {name for name in HEADINGS if name in results} == set(names)
+    for name in names:  # each measured its peer or limit beside itself
+        CHECKS[name](results)
 
     md = tmp_path / "B.md"
     md.write_text("# Benchmarks\n\nhand-written text\n")
@@ -106,9 +168,9 @@ def test_the_quick_suite_runs_every_benchmark_and_renders_its_report(tmp_path: P
     )
     assert report.returncode == 0, report.stderr[-4000:]
     text = md.read_text()
-    assert "hand-written text" in text
-    assert "### Goals" in text and "### 3. Contention" in text and "### 5. Size" in text
-    assert "### 7. asyncio" in text
+    assert "hand-written text" in text and "### Goals" in text
+    for name, heading in HEADINGS.items():
+        assert (heading in text) == (name in names), heading
     # A second render replaces the block instead of adding another.
     subprocess.run(report.args, cwd=ROOT, capture_output=True, timeout=300, check=True)
     assert md.read_text().count("### Goals") == 1
