@@ -19,9 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.heavy
 
 GROUPS = {
-    "requests-commit-size-checksums": ("requests", "commit_cost", "size", "checksums"),
+    "requests-commit-size-checksums-transfer": (
+        "requests",
+        "commit_cost",
+        "size",
+        "checksums",
+        "transfer",
+    ),
     "contention-threads": ("contention", "threads"),
-    "batching-transfer-aio": ("batching", "transfer", "aio"),
+    "batching-aio": ("batching", "aio"),
 }
 """Every benchmark in one group, the groups about as long as each other."""
 
