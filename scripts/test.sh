@@ -20,6 +20,11 @@
 # OBJMANIFEST_TEST_WORKERS (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The suite starts hundreds of Python processes (workers, agents, commands) and each worker
+# collects every test module: bytecode cached in __pycache__ (ignored by git), the tests'
+# with their rewritten asserts, spares each of them compiling it again. An environment that
+# says not to write it (PYTHONDONTWRITEBYTECODE) is not followed for the run.
+unset PYTHONDONTWRITEBYTECODE
 
 python=${PYTHON:-python3}
 venv=${VENV:-.venv}
