@@ -191,6 +191,31 @@ def test_an_empty_directory_left_behind_is_not_a_common_prefix(store: FileStore)
     assert list(store.list("", "/")) == []
 
 
+def test_a_write_makes_again_a_directory_a_delete_removes_while_it_makes_it(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete of the last object beside a new one removes the directories it left empty;
+    a write making those directories at that moment finds a parent gone under it (as gc
+    sweeping a stage while agents write there does). The write makes them again."""
+    store.put("pipe/data/old", b"x")
+    store.delete("pipe/data/old")  # "pipe=" and "pipe=/data=" are gone now
+    parent = os.path.join(os.fsencode(store.root), b"pipe=")
+    real_mkdir = os.mkdir
+    removed: list[bytes] = []
+
+    def mkdir_as_a_delete_races_it(path: Any, mode: int = 0o777) -> None:
+        real_mkdir(path, mode)
+        if os.fsencode(path) == parent and not removed:  # a delete removes it, left empty
+            os.rmdir(path)
+            removed.append(parent)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_as_a_delete_races_it)
+    etag = store.put("pipe/data/collect/new", b"body")
+    monkeypatch.undo()
+    assert removed == [parent]
+    assert store.get("pipe/data/collect/new") == Blob(b"body", etag, {})
+
+
 # -- objects --------------------------------------------------------------------------------
 
 

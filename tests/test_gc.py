@@ -238,8 +238,9 @@ def test_gc_in_a_loop_during_a_pipeline_keeps_every_entry_and_removes_the_garbag
         def run() -> None:
             try:
                 fn()
-            except BaseException as e:  # reported by the main thread
+            except BaseException as e:  # reported by the main thread; the others stop
                 errors.append(e)
+                stop.set()
 
         return run
 

@@ -323,11 +323,17 @@ class FileStore(HandsOnUploads, Writes):
             except FileExistsError:
                 raise
             except FileNotFoundError as e:
-                if attempt + 1 == RETRIES or not os.path.exists(temp):
+                if not os.path.exists(temp):
                     raise StoreError(
                         f"could not write {self.describe(key)}: its temporary file "
                         f"{os.fsdecode(temp)} vanished before it was put in place (a sweep "
                         "took it for a dead writer's); retry"
+                    ) from e
+                if attempt + 1 == RETRIES:
+                    raise StoreError(
+                        f"could not write {self.describe(key)}: its directory was removed "
+                        f"{RETRIES} times as this write made it again (deletes of the objects "
+                        "beside it racing the write); retry"
                     ) from e
                 self._make_dirs(key, os.path.dirname(path))
             except OSError as e:
@@ -338,7 +344,9 @@ class FileStore(HandsOnUploads, Writes):
                 raise OutcomeUnknown(f"{self.describe(key)}: {e.strerror}") from e
 
     def _make_dirs(self, key: str, directory: bytes) -> None:
-        """Create ``directory`` and its missing parents under the root, each made durable."""
+        """Create ``directory`` and its missing parents under the root, each made durable.
+        A parent that a delete removes meanwhile (it was left empty) stops it: the caller's
+        next attempt finds the directory missing and makes it again."""
         missing: list[bytes] = []
         at = directory
         while at != self._base and not os.path.isdir(at):
@@ -349,6 +357,8 @@ class FileStore(HandsOnUploads, Writes):
                 os.mkdir(made, file_io.DIR_MODE)
             except FileExistsError:
                 continue
+            except FileNotFoundError:
+                return
             except OSError as e:
                 raise self.error(e, "write", key, made) from e
             self._sync(key, os.path.dirname(made))
