@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -42,6 +42,8 @@ from tests.support.stores import (
 )
 
 pytestmark = [pytest.mark.behaviour]
+
+T = TypeVar("T")
 
 MiB = 1024 * 1024
 STAGES = ["make", "use"]
@@ -171,8 +173,23 @@ def test_a_pipeline_through_damaged_bodies_finishes_with_every_entry_correct(
     """Producers and consumers in threads, through a store where every third write body is
     damaged (and every seventh cut short): every damaged body is refused by the store and
     sent again, every entry is consumed with its exact bytes, and no manifest object is
-    corrupt. Checked afterwards through an undamaged connection."""
+    corrupt. Checked afterwards through an undamaged connection.
+
+    On LocalStack a shard whose damaged replacement was refused reads as broken until it is
+    written again (docs/chunked.md): a read there can fail on every one of its botocore
+    attempts while the other agents keep damaging the shard's writes, so there (and only
+    there) an operation that fails so is run again; anywhere else it fails the test."""
     n, producers, consumers = 36, 3, 2
+
+    def patient(call: Callable[[], T]) -> T:
+        for _ in range(20):
+            try:
+                return call()
+            except om.StoreError as e:
+                if not (refusal_breaks(verifying_server.name) and "could not read" in str(e)):
+                    raise
+        return call()
+
     with damaging(verifying_server) as d:
         store = d.connect(prefix)
         task = om.Task.create(store, "job", stages=STAGES, lease_seconds=60, max_retries=3)
@@ -185,18 +202,22 @@ def test_a_pipeline_through_damaged_bodies_finishes_with_every_entry_correct(
 
         def produce(name: str) -> None:
             agent = task.agent(name)
-            while (claim := agent.claim(stage="make")) is not None:
-                agent.put(claim, body_of(int(claim.file_id[2:])))
+            while (claim := patient(lambda: agent.claim(stage="make"))) is not None:
+                body = body_of(int(claim.file_id[2:]))
+                patient(lambda: agent.put(claim, body))  # noqa: B023 (called at once)
 
         def consume(name: str) -> None:
             agent = task.agent(name)
             while len(got) < n:
                 for i in range(n):
                     fid = f"f/{i:03d}"
-                    if fid in got or task.entry(fid).state is not om.State.ready:
+                    if fid in got:
+                        continue
+                    entry = patient(lambda: task.entry(fid))  # noqa: B023 (called at once)
+                    if entry.state is not om.State.ready:
                         continue
                     try:
-                        data = agent.consume(fid)
+                        data = patient(lambda: agent.consume(fid))  # noqa: B023
                     except om.AlreadyConsumed:
                         continue
                     with lock:
