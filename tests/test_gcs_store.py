@@ -560,27 +560,3 @@ def test_doctor_passes_a_store_that_enforces_everything(on_double: GCSStore) -> 
         report.check(probe.MULTIPART).answer
     )  # doctor says how GCS enforces each check
     assert raw_names(on_double) == []
-
-
-def test_the_environments_proxy_and_ca_bundle_are_read_once_for_the_client(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """requests would look the environment (and ``.netrc``) up again on every request; the
-    client reads the proxy it names for the endpoint and the CA bundle once, when made."""
-    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
-    monkeypatch.setenv("NO_PROXY", "elsewhere.example")
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/our/bundle.pem")
-    client = make_gcs_client("http://gcs.example:4443")
-    session = client.session
-    assert session.trust_env is False
-    assert session.proxies.get("http") == "http://proxy.example:3128"
-    assert session.verify == "/our/bundle.pem"
-
-    monkeypatch.setenv("NO_PROXY", "gcs.example")
-    bypassed = make_gcs_client("http://gcs.example:4443").session
-    assert "http" not in bypassed.proxies and bypassed.verify == session.verify
-    monkeypatch.delenv("REQUESTS_CA_BUNDLE")
-    monkeypatch.delenv("HTTP_PROXY")
-    assert make_gcs_client("http://gcs.example:4443").session.verify is True
-    assert session.proxies.get("http") == "http://proxy.example:3128"  # read once, kept
