@@ -216,6 +216,48 @@ def test_a_write_makes_again_a_directory_a_delete_removes_while_it_makes_it(
     assert store.get("pipe/data/collect/new") == Blob(b"body", etag, {})
 
 
+@pytest.mark.parametrize("how", ["removed", "emptied"])
+def test_a_store_whose_directory_is_gone_says_so_and_never_reads_as_empty(
+    root: Path, how: str
+) -> None:
+    """The store's directory removed, or emptied (a share unmounted leaves its mount point
+    empty), under a running store: every call says the store is gone and how to fix it; a
+    read never answers "no such object" and a listing never answers nothing, which would
+    show a task as undeclared and a stage as empty."""
+    store = FileStore(str(root))
+    task = om.Task.create(store, "job", stages=["a"])
+    task.declare("x", "a")
+    agent = task.agent("p")
+    store.put("obj", b"body")
+    if how == "removed":
+        subprocess.run(["rm", "-rf", str(root)], check=True)
+    else:
+        for child in root.iterdir():
+            subprocess.run(["rm", "-rf", str(child)], check=True)
+    calls: dict[str, Any] = {
+        "get": lambda: store.get("obj"),
+        "get a missing key": lambda: store.get("never"),
+        "head": lambda: store.head("obj"),
+        "open": lambda: store.open("obj"),
+        "list": lambda: list(store.list("")),
+        "put": lambda: store.put("new", b"x"),
+        "create": lambda: store.put("new", b"x", mode=CREATE),
+        "update": lambda: store.put("obj", b"y", mode=PutMode.update('"abc"')),
+        "delete": lambda: store.delete("obj"),
+        "multipart": lambda: store.create_upload("big"),
+        "entry": lambda: task.entry("x"),
+        "claim": lambda: agent.claim("x"),
+        "declare": lambda: task.declare("y", "a"),
+        "status": lambda: task.status(),
+    }
+    for name, call in calls.items():
+        with pytest.raises(StoreError, match="no longer holds the store") as raised:
+            call()
+        assert str(root) in str(raised.value), name
+        assert "restore or remount it" in str(raised.value), name
+    assert not os.path.exists(root / ".objmanifest")  # nothing made again behind the user
+
+
 # -- objects --------------------------------------------------------------------------------
 
 

@@ -147,7 +147,16 @@ class FileStore(HandsOnUploads, Writes):
     def error(
         self, e: OSError, action: str, key: str, path: bytes, reading: bool = False
     ) -> Exception:
-        return failure(e, action, self.describe(key), path, self.root, reading)
+        """``e`` said as what it means for ``key`` (``reading``: a missing file is a missing
+        object, unless the store's directory is gone)."""
+        return self._failure(e, action, self.describe(key), path, reading)
+
+    def _failure(
+        self, e: OSError, action: str, where: str, path: bytes, reading: bool = False
+    ) -> Exception:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR) and not self.directory.present():
+            return self.directory.gone(action, where)
+        return failure(e, action, where, path, self.root, reading)
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -323,6 +332,8 @@ class FileStore(HandsOnUploads, Writes):
             except FileExistsError:
                 raise
             except FileNotFoundError as e:
+                if not self.directory.present():
+                    raise self.directory.gone("write", self.describe(key)) from e
                 if not os.path.exists(temp):
                     raise StoreError(
                         f"could not write {self.describe(key)}: its temporary file "
@@ -380,7 +391,7 @@ class FileStore(HandsOnUploads, Writes):
         try:
             taken = self.locks.acquire(names)
         except OSError as e:
-            raise failure(e, "lock", self.describe(names[0]), self.locks.path, self.root) from e
+            raise self._failure(e, "lock", self.describe(names[0]), self.locks.path) from e
         try:
             yield
         finally:
@@ -391,7 +402,9 @@ class FileStore(HandsOnUploads, Writes):
         with self.locked([key]):
             try:
                 os.unlink(path)
-            except (FileNotFoundError, NotADirectoryError):
+            except (FileNotFoundError, NotADirectoryError) as e:
+                if not self.directory.present():
+                    raise self.directory.gone("delete", self.describe(key)) from e
                 return
             except OSError as e:
                 raise self.error(e, "delete", key, path) from e
@@ -406,11 +419,13 @@ class FileStore(HandsOnUploads, Writes):
 
     def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
         """Keys under ``prefix`` in key order (their UTF-8 bytes, as S3 sorts them)."""
+        if not self.directory.present():  # not an empty listing: the store is gone
+            raise self.directory.gone("list", self.describe(prefix))
         try:
             for key, is_prefix in file_paths.listing(self._base, prefix, delimiter):
                 yield Listed(key, is_prefix)
         except OSError as e:
-            raise failure(e, "list", self.describe(prefix), self._base, self.root) from e
+            raise self._failure(e, "list", self.describe(prefix), self._base) from e
 
     def list_keys(self, prefix: str) -> Iterator[str]:
         """Every object key under ``prefix``."""

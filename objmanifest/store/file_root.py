@@ -186,6 +186,21 @@ class Directory:
             with suppress(FileExistsError):
                 os.mkdir(made, file_io.DIR_MODE)
 
+    def present(self) -> bool:
+        """Whether the directory still holds the store: a store's directory removed, emptied
+        or unmounted (NFS) makes every file missing, which must not read as objects that
+        were never written."""
+        return os.path.isdir(self.reserved)
+
+    def gone(self, action: str, where: str) -> StoreError:
+        """The error of a call that found the store's directory no longer holding it."""
+        return StoreError(
+            f"could not {action} {where}: the store's directory {self.root} no longer holds "
+            f"the store ({os.fsdecode(self.reserved)} is missing: the directory was removed "
+            "or emptied, or its share unmounted); restore or remount it, then retry. Nothing "
+            "was changed"
+        )
+
     def time(self) -> float:
         """The filesystem's time now: the clock file touched (on NFS the server stamps it)
         and its mtime read back; a ``sweep`` when one is due."""
@@ -197,6 +212,8 @@ class Directory:
                 os.utime(self.clock, None)
             stamped = os.stat(self.clock).st_mtime
         except OSError as e:
+            if not self.present():
+                raise self.gone("read the time of", f"file://{self.root}") from e
             raise failure(
                 e, "read the time of", f"file://{self.root}", self.clock, self.root
             ) from e
