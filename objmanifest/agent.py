@@ -23,6 +23,7 @@ from .core.model import Claim, Entry, Stored
 from .core.names import check_agent, error_text
 from .core.pacing import Pace
 from .data import sources, transfer
+from .data.errors import SealRefused
 from .engine import consuming, producing, reads
 from .engine.declaring import lookup_for, resumed
 from .engine.manifest import Manifest
@@ -468,8 +469,11 @@ class Agent:
         one look every 2 s while nothing happens. None (the default): ``NotReady`` at once.
 
         Returns the bytes, or with ``dest`` writes them to a temporary file beside that path
-        and moves it into place once verified, and returns the entry: nothing unverified is
-        ever left at ``dest``. A symlink is followed; an existing file keeps its mode, a new
+        and moves it into place once verified and marked consumed, and returns the entry:
+        nothing unverified is ever left at ``dest``, and a consume refused at its mark (the
+        entry consumed by another meanwhile, say) leaves ``dest`` as it was. If the bytes
+        cannot be put in place after the mark, the error says so: consuming again writes
+        them. A symlink is followed; an existing file keeps its mode, a new
         one gets ``0666 & ~umask``; a device or a FIFO (``/dev/null``) is written into, never
         replaced, once the bytes are verified (in a temporary file). A directory, or a
         missing parent directory unless ``parents=True``, is refused before anything is
@@ -503,12 +507,22 @@ class Agent:
             entry = reads.entry(engine, file_id)
             consumer = self._consumer(entry)
             changes.check_consumable(entry, consumer)
+            sealed: list[Entry] = []  # with dest: marked before the bytes are put there
+            seal = consuming.marking(engine, entry, consumer, self.name, sealed)
             try:
                 result = consuming.fetch(
-                    engine, entry, target, config, part_size, progress, interrupted
+                    engine, entry, target, config, part_size, progress, interrupted, seal
                 )
             except DataChanged:
                 continue  # produced again while we looked: read the new data
+            except SealRefused as refused:
+                if isinstance(refused.error, DataChanged):
+                    continue  # produced again while we read it: read the new data
+                raise refused.error from None
+            except OSError as e:
+                if sealed:
+                    raise consuming.unplaced(e, file_id, consumer) from e
+                raise
             except ChecksumMismatch as e:
                 raise consuming.mismatch(engine, entry, e, self.name) from None
             except NotFound as e:  # the data is gone: as bad as wrong data, produce it again
@@ -523,8 +537,9 @@ class Agent:
                     f"reading the data of {file_id!r} from {where} broke off ({e}); nothing "
                     "was marked, consume it again"
                 ) from e
-            if target is None:
-                interrupted()  # with dest, checked before the file was put in place
+            if sealed:
+                return sealed[0]
+            interrupted()
             try:
                 marked = consuming.mark(engine, entry, consumer, self.name)
             except DataChanged:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import objmanifest as om
+from objmanifest.data import transfer
 from objmanifest.engine.commands import DeclareInIndex
 from objmanifest.errors import ReadBrokeOff
 from objmanifest.store import make_client
@@ -484,6 +485,51 @@ def test_queue_consume_once(task: om.Task, tmp_path: Path) -> None:
     entry = c1.consume("q", dest=tmp_path / "out" / "q.bin", parents=True)
     assert entry.state is om.State.consumed
     assert (tmp_path / "out" / "q.bin").read_bytes() == b"payload"
+
+
+@pytest.mark.parametrize("kind", ["single", "chunked"])
+def test_a_consume_refused_at_its_mark_leaves_dest_as_it_was(
+    task: om.Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Two consumers of one queue entry at once: the one whose consumed mark loses
+    (``AlreadyConsumed``) after it fetched and verified the data leaves its ``dest`` as it
+    was (a file there before untouched, no temporary file beside it), since the mark comes
+    before the bytes are put in place. The rival consumes while the loser's download runs."""
+    data = bytes(range(256)) * (24 * 1024 if kind == "chunked" else 4)  # 6 MiB or 1 KiB
+    task.declare("q", stage="collect")
+    producer = task.agent("producer")
+    claim = producer.claim("q")
+    assert claim is not None
+    producer.put(claim, data, threshold=5 * 1024 * 1024, part_size=5 * 1024 * 1024)
+    assert task.entry("q").is_chunked is (kind == "chunked")
+    rival, loser = task.agent("c1"), task.agent("c2")
+    started: list[bool] = []
+    raced: list[bytes] = []
+
+    def rival_consumes() -> None:
+        if not started:
+            started.append(True)
+            raced.append(rival.consume("q"))
+
+    if kind == "single":
+        real_open = transfer.open_data
+
+        def open_as_the_rival_consumes(store: Any, key: str) -> Any:
+            rival_consumes()
+            return real_open(store, key)
+
+        monkeypatch.setattr(transfer, "open_data", open_as_the_rival_consumes)
+    dest = tmp_path / "out" / "q.bin"
+    dest.parent.mkdir()
+    dest.write_bytes(b"precious")
+    with pytest.raises(om.AlreadyConsumed, match="c1"):
+        loser.consume("q", dest=dest, progress=lambda done, total: rival_consumes())
+    assert raced == [data]
+    assert dest.read_bytes() == b"precious"
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["q.bin"]
+    assert task.entry("q").consumed_by == ("c1",)
+    assert rival.consume("q", dest=tmp_path / "mine.bin").state is om.State.consumed
+    assert (tmp_path / "mine.bin").read_bytes() == data  # the winner writes it again
 
 
 def test_broadcast_consume_each_role(task: om.Task) -> None:

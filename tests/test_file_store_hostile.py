@@ -138,6 +138,24 @@ def test_a_directory_holding_someone_elses_files_is_refused_and_left_alone(
     assert sorted(os.listdir(home)) == ["notes.txt", "photos"]
 
 
+def test_a_store_that_lost_its_own_directory_is_refused_with_the_way_back(
+    tmp_path: Path,
+) -> None:
+    """A store whose ``.objmanifest/`` was removed still holds its objects: opening it says
+    so and how to bring it back (make that directory again), and changes nothing."""
+    root = tmp_path / "store"
+    root.mkdir()
+    om.Task.create(FileStore(str(root)), "job", stages=["a"]).declare("x", "a")
+    subprocess.run(["rm", "-rf", str(root / ".objmanifest")], check=True)
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    with pytest.raises(StoreError, match=r"looks like the objects of an objmanifest store") as e:
+        FileStore(str(root))
+    assert f"mkdir {root}/.objmanifest" in str(e.value)
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+    (root / ".objmanifest").mkdir()
+    assert om.Task.open(FileStore(str(root)), "job").entry("x").state is om.State.pending
+
+
 def test_names_no_key_maps_to_do_not_keep_a_directory_from_being_a_store(tmp_path: Path) -> None:
     mount_point = tmp_path / "mnt"
     mount_point.mkdir()

@@ -31,14 +31,25 @@ MAX_ERROR_CHARS = 1024
 """Stored error text (a ``fail`` reason, a mismatch) is cut to this many characters."""
 
 
+def shown(value: object, limit: int = 300) -> str:
+    """``value`` as an error message quotes it: its repr, cut at ``limit`` characters (a
+    value of megabytes is not quoted whole), then the value's own length."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, str):
+        size = len(value.encode("utf-8", "surrogatepass"))
+        length = f"{len(value)} characters" + (f", {size} bytes" if size != len(value) else "")
+    else:
+        length = f"{len(text)} characters as written"
+    return f"{text[:limit]}... ({length})"
+
+
 def check_name(kind: str, value: str) -> str:
     """Task ids and stage names become parts of object keys, so they are kept plain."""
     if not isinstance(value, str) or not _NAME.fullmatch(value):
-        shown = repr(value)
-        if len(shown) > 300:  # a name of megabytes is not quoted whole
-            shown = f"{shown[:300]}... ({len(shown)} characters)"
         raise InvalidInput(
-            f"invalid {kind} {shown}: use 1-128 letters, digits, '.', '_' or '-', "
+            f"invalid {kind} {shown(value)}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
     return value
@@ -114,11 +125,8 @@ def check_file_id(file_id: str) -> str:
         if any(p in ("", ".", "..") for p in parts):
             problem = "it has an empty, '.' or '..' path segment"
     if problem:
-        shown = repr(file_id)
-        if len(shown) > 300:  # a line of megabytes is not quoted whole
-            shown = f"{shown[:300]}... ({len(shown)} characters)"
         raise InvalidFileId(
-            f"invalid file id {shown}: {problem}. Use a relative key such as 'raw/a.json'."
+            f"invalid file id {shown(file_id)}: {problem}. Use a relative key such as 'raw/a.json'."
         )
     return file_id
 

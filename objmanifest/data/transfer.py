@@ -28,6 +28,7 @@ from ..core.model import Stored
 from ..errors import AlreadyExists, ChecksumMismatch, InvalidInput, NotFound
 from ..store import CREATE, ByteStream, ObjectStore
 from ..store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
+from .errors import SealRefused
 
 Progress = Callable[[int, "int | None"], None]
 """Called as ``progress(bytes_done, total)``; ``total`` is None for a stream of unknown size."""
@@ -378,10 +379,12 @@ def download_to(
     size: int,
     dest: Destination,
     stop: Callable[[], None] = lambda: None,
+    seal: Callable[[], None] = lambda: None,
 ) -> Path:
-    """Stream to a temporary file and put it in place only once verified: on a mismatch
-    nothing is written to ``dest``, nor when ``stop`` raises (between chunks, and once the
-    bytes are verified, before they are put in place)."""
+    """Stream to a temporary file and put it in place only once verified and sealed: on a
+    mismatch nothing is written to ``dest``, nor when ``stop`` raises (between chunks, and
+    once the bytes are verified) or ``seal`` does (run last, before the bytes are put in
+    place: a consume's mark, so a consume refused there leaves ``dest`` as it was)."""
     with writing(dest) as fd:
         digest = checksum.Digest()
         with contextlib.closing(open_data(store, key)) as stream:
@@ -391,7 +394,16 @@ def download_to(
                 write_all(fd, chunk, digest.size - len(chunk))
         _check(store, file_id, key, digest, expected, size)
         stop()
+        run_seal(seal)
     return dest.target
+
+
+def run_seal(seal: Callable[[], None]) -> None:
+    """Run a download's ``seal``; what it raises comes out as ``SealRefused``."""
+    try:
+        seal()
+    except Exception as e:
+        raise SealRefused(e) from e
 
 
 def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -475,9 +487,7 @@ def _copy_into(fd: int, path: str) -> None:
             os.close(out)
     except OSError as e:
         problem = e.strerror or str(e)
-        raise type(e)(
-            f"cannot write {path!r}: {problem} (the data was verified, not consumed)"
-        ) from None
+        raise type(e)(f"cannot write {path!r}: {problem} (the data was verified)") from None
 
 
 def _umask() -> int:

@@ -25,7 +25,10 @@ def fetch(
     part_size: int | None,
     progress: transfer.Progress | None,
     stop: Callable[[], None],
+    seal: Callable[[], None] = lambda: None,
 ) -> bytes | Path:
+    """The entry's data, verified: its bytes, or with ``dest`` the path it was put at, once
+    ``seal`` (the mark) passed."""
     store = task.store
     if entry.is_chunked:
         return chunked.download(
@@ -36,13 +39,14 @@ def fetch(
             range_size=part_size,
             progress=progress,
             stop=stop,
+            seal=seal,
         )
     key, digest, size = entry.key, entry.checksum, entry.size
     assert key is not None and digest is not None and size is not None
     if dest is None:
         result: bytes | Path = transfer.download(store, entry.file_id, key, digest, size, stop)
     else:
-        result = transfer.download_to(store, entry.file_id, key, digest, size, dest, stop)
+        result = transfer.download_to(store, entry.file_id, key, digest, size, dest, stop, seal)
     if progress is not None:
         progress(size, size)
     return result
@@ -67,6 +71,22 @@ def mark(task: Manifest, entry: Entry, consumer: str, actor: str) -> Entry:
         if changes.check_consumable(archived, consumer):
             return archived
         raise
+
+
+def marking(
+    task: Manifest, entry: Entry, consumer: str, actor: str, sealed: list[Entry]
+) -> Callable[[], None]:
+    """A download's seal that marks ``entry`` consumed and keeps the marked entry in
+    ``sealed``: the mark comes before the bytes are put at the destination."""
+    return lambda: sealed.append(mark(task, entry, consumer, actor))
+
+
+def unplaced(error: OSError, file_id: str, consumer: str) -> OSError:
+    """``error``, of putting the bytes in place after the mark, saying what to do."""
+    return type(error)(
+        f"{error}; {file_id!r} was marked consumed by {consumer!r} first: consume it again "
+        "to write it (a consumer gets again what it consumed)"
+    )
 
 
 def mismatch(task: Manifest, entry: Entry, error: ChecksumMismatch, actor: str) -> ChecksumMismatch:

@@ -252,6 +252,14 @@ def check_root_free(root: bytes, shown: str) -> None:
     foreign = children(root)
     if foreign:
         names = ", ".join(os.fsdecode(os.path.basename(c.path)) for c in foreign[:3])
+        if any(c.is_dir for c in foreign):  # a directory named as the store names them
+            raise StoreError(
+                f"{shown} holds what looks like the objects of an objmanifest store ({names}"
+                f"{' ...' if len(foreign) > 3 else ''}) but not the store's own directory "
+                f"{RESERVED.decode()}/ (removed?): if it is a store, make that directory again "
+                f"(mkdir {shown}/{RESERVED.decode()}) and open it again; otherwise give "
+                "objmanifest an empty directory of its own"
+            )
         raise StoreError(
             f"{shown} is not an objmanifest store and is not empty (it holds {names}"
             f"{' ...' if len(foreign) > 3 else ''}): objmanifest keeps its objects directly "

@@ -126,6 +126,7 @@ def download(
     range_size: int | None = None,
     progress: Progress | None = None,
     stop: Callable[[], None] = lambda: None,
+    seal: Callable[[], None] = lambda: None,
 ) -> bytes | Path:
     """Fetch a chunked entry with parallel ranged GETs, verifying each part as it streams.
 
@@ -133,7 +134,8 @@ def download(
     that is put in place only once every part matched (``transfer.writing``); without, they are
     returned. A part is fetched in ranges of at most ``range_size`` bytes, resuming after a
     broken connection where it stopped; it is verified whole. ``stop`` may raise between
-    chunks of every part, and once the bytes are verified, before they are put in place.
+    chunks of every part, and once the bytes are verified; ``seal`` runs last, before they
+    are put in place at ``dest`` (a consume's mark: if it raises, ``dest`` stays as it was).
     ``NotFound`` naming the object if it is not there.
     """
     parts, whole = _load(scope, entry)
@@ -159,6 +161,7 @@ def download(
         _check_parts(scope.store, entry, fetch)
         _check_whole(scope.store, entry, fetch, whole)
         stop()
+        transfer.run_seal(seal)
     return dest.target
 
 
