@@ -383,9 +383,8 @@ def download_to(
 ) -> Path:
     """Stream to a temporary file and put it in place only once verified and sealed: on a
     mismatch nothing is written to ``dest``, nor when ``stop`` raises (between chunks, and
-    once the bytes are verified) or ``seal`` does (run last, before the bytes are put in
-    place: a consume's mark, so a consume refused there leaves ``dest`` as it was)."""
-    with writing(dest) as fd:
+    once the bytes are verified) or ``seal`` does (``writing``)."""
+    with writing(dest, seal=seal) as fd:
         digest = checksum.Digest()
         with contextlib.closing(open_data(store, key)) as stream:
             for chunk in _chunks(stream):
@@ -394,7 +393,6 @@ def download_to(
                 write_all(fd, chunk, digest.size - len(chunk))
         _check(store, file_id, key, digest, expected, size)
         stop()
-        run_seal(seal)
     return dest.target
 
 
@@ -415,19 +413,24 @@ def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 
 
 @contextlib.contextmanager
-def writing(dest: Destination, size: int = 0) -> Iterator[int]:
+def writing(
+    dest: Destination, size: int = 0, seal: Callable[[], None] = lambda: None
+) -> Iterator[int]:
     """A temporary file to write the bytes into, put in place when the block ends without
     an error and removed otherwise: nothing unverified is ever written to ``dest``.
 
     A regular file is replaced atomically (a temporary file beside it, fsynced, renamed),
-    keeping an existing file's mode (a new one gets ``0666 & ~umask``). A device or a FIFO
-    is never replaced: the verified temporary file is copied into it.
+    keeping an existing file's mode (a new one gets ``0666 & ~umask``), once ``seal`` (a
+    consume's mark) passed: a seal refused leaves ``dest`` as it was. A device or a FIFO
+    is never replaced: the verified temporary file is copied into it, then sealed (a stream
+    cannot take its bytes back, and a copy that fails is not sealed).
     """
     if dest.special:
         fd, tmp = tempfile.mkstemp(prefix="objmanifest-", suffix=".part")
         try:
             yield fd
             _copy_into(fd, dest.given)
+            run_seal(seal)
         finally:
             os.close(fd)
             with contextlib.suppress(FileNotFoundError):
@@ -449,6 +452,7 @@ def writing(dest: Destination, size: int = 0) -> Iterator[int]:
         os.close(fd)
         fd = -1
         _refuse_changed(dest)
+        run_seal(seal)
         os.replace(tmp, target)
     except BaseException:
         if fd >= 0:
@@ -487,7 +491,9 @@ def _copy_into(fd: int, path: str) -> None:
             os.close(out)
     except OSError as e:
         problem = e.strerror or str(e)
-        raise type(e)(f"cannot write {path!r}: {problem} (the data was verified)") from None
+        raise type(e)(
+            f"cannot write {path!r}: {problem} (the data was verified, not consumed)"
+        ) from None
 
 
 def _umask() -> int:

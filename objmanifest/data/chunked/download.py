@@ -134,8 +134,8 @@ def download(
     that is put in place only once every part matched (``transfer.writing``); without, they are
     returned. A part is fetched in ranges of at most ``range_size`` bytes, resuming after a
     broken connection where it stopped; it is verified whole. ``stop`` may raise between
-    chunks of every part, and once the bytes are verified; ``seal`` runs last, before they
-    are put in place at ``dest`` (a consume's mark: if it raises, ``dest`` stays as it was).
+    chunks of every part, and once the bytes are verified; ``seal`` runs as
+    ``transfer.writing`` says (a consume's mark: refused, it leaves ``dest`` as it was).
     ``NotFound`` naming the object if it is not there.
     """
     parts, whole = _load(scope, entry)
@@ -156,12 +156,11 @@ def download(
         _check_parts(scope.store, entry, fetch)
         _check_whole(scope.store, entry, fetch, whole)
         return bytes(memory.buffer)
-    with transfer.writing(dest, entry.size) as fd:
+    with transfer.writing(dest, entry.size, seal) as fd:
         fetch.run(_FileSink(fd))
         _check_parts(scope.store, entry, fetch)
         _check_whole(scope.store, entry, fetch, whole)
         stop()
-        transfer.run_seal(seal)
     return dest.target
 
 
