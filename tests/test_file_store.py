@@ -42,7 +42,7 @@ from objmanifest.store import (
 from objmanifest.store.errors import NoSuchObject, PartsRejected, PreconditionFailed, UploadGone
 from objmanifest.store.file import FileStore
 from objmanifest.store.file_paths import MAX_KEY_BYTES, object_names, read_name
-from objmanifest.store.file_root import STALE_AFTER
+from objmanifest.store.file_root import STALE_AFTER, Directory
 
 WORKER = Path(__file__).parent / "workers" / "file_store.py"
 FAKETIME_GLOB = "/usr/lib/*/faketime/libfaketime.so.1"
@@ -547,7 +547,19 @@ def test_now_advances_between_looks_at_the_filesystem(store: FileStore) -> None:
     second = store.now()
     assert second >= first
     stamped = os.stat(store.directory.clock).st_mtime
-    assert int(stamped) <= first.timestamp() + 1  # whole seconds, as a Date header
+    assert stamped <= first.timestamp() < stamped + 1
+
+
+def test_the_clock_keeps_the_filesystems_fractions_of_a_second(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's time is the clock file's mtime to the nanosecond, not cut to whole
+    seconds as a ``Date`` header is: processes on one share then agree within
+    milliseconds, not within a second (claims stamped before their declarations)."""
+    monkeypatch.setattr(Directory, "time", lambda self: 1_800_000_000.75)
+    stores = [FileStore(str(root)) for _ in range(2)]
+    times = [s.now().timestamp() for s in stores]
+    assert all(1_800_000_000.75 <= t < 1_800_000_000.8 for t in times), times
 
 
 def test_a_chunked_entry_streams_its_parts_into_part_files(

@@ -529,6 +529,11 @@ class StoreClock:
             except (TypeError, ValueError):
                 return
             self._date = (date, store_time)
+        self.observe_time(store_time)
+
+    def observe_time(self, store_time: float) -> None:
+        """An observation of the store's time itself (POSIX seconds, never later than the
+        store's true time), for a store that can read it finer than a ``Date`` header."""
         mono = self._monotonic()
         offset = store_time - mono
         with self._lock:

@@ -444,7 +444,7 @@ class FileStore(HandsOnUploads, Writes):
         seconds and advanced by the monotonic clock in between."""
         mono = self.runtime.monotonic()
         if self._observed is None or mono - self._observed >= OBSERVE_EVERY:
-            self.clock.observe({"date": Directory.date(self.directory.time())})
+            self.clock.observe_time(self.directory.time())
             self._observed = mono
         return self.clock.now()
 

@@ -11,7 +11,6 @@ import re
 import shutil
 import stat
 from contextlib import suppress
-from email.utils import formatdate
 
 from ..errors import InvalidInput, StoreError, UnsupportedStore
 from . import file_io, file_paths
@@ -219,11 +218,6 @@ class Directory:
             ) from e
         self._sweep_if_due(stamped)
         return stamped
-
-    @staticmethod
-    def date(stamped: float) -> str:
-        """A time as a ``Date`` header says it, for ``StoreClock``."""
-        return formatdate(stamped, usegmt=True)
 
     def _sweep_if_due(self, now: float) -> None:
         """Sweep every ``SWEEP_EVERY`` seconds, by whichever process looks at the clock
