@@ -516,9 +516,11 @@ class Agent:
             except DataChanged:
                 continue  # produced again while we looked: read the new data
             except SealRefused as refused:
-                if isinstance(refused.error, DataChanged):
-                    continue  # produced again while we read it: read the new data
-                raise refused.error from None
+                if not isinstance(refused.error, DataChanged):
+                    raise refused.error from None
+                if target is not None and target.special:  # the stream has the old bytes
+                    raise consuming.streamed_stale(file_id, target.given) from None
+                continue  # produced again while we read it: read the new data
             except OSError as e:
                 if sealed:
                     raise consuming.unplaced(e, file_id, consumer) from e

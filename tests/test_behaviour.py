@@ -18,8 +18,9 @@ import pytest
 
 import objmanifest as om
 from objmanifest.data import transfer
+from objmanifest.engine import consuming
 from objmanifest.engine.commands import DeclareInIndex
-from objmanifest.errors import ReadBrokeOff
+from objmanifest.errors import DataChanged, ReadBrokeOff
 from objmanifest.store import make_client
 from tests.support.internals import engine
 from tests.support.rawstore import delete as raw_delete
@@ -530,6 +531,35 @@ def test_a_consume_refused_at_its_mark_leaves_dest_as_it_was(
     assert task.entry("q").consumed_by == ("c1",)
     assert rival.consume("q", dest=tmp_path / "mine.bin").state is om.State.consumed
     assert (tmp_path / "mine.bin").read_bytes() == data  # the winner writes it again
+
+
+def test_a_device_that_took_data_produced_again_before_the_mark_is_told_so(
+    task: om.Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device or FIFO takes the verified bytes before the mark (a stream cannot give them
+    back); if the entry was produced again meanwhile, the consume stops there (another copy
+    into the same stream would follow the first) and says so; nothing is marked. The error
+    does not chain back to itself."""
+    task.declare("d", stage="collect")
+    produce(task, "d", b"first version")
+    real_mark = consuming.mark
+
+    def produced_again(*args: Any) -> om.Entry:
+        raise DataChanged("d")
+
+    monkeypatch.setattr(consuming, "mark", produced_again)
+    sink = tmp_path / "sink"
+    sink.symlink_to("/dev/null")
+    with pytest.raises(om.NotReady, match=r"written into .*sink.*nothing was marked") as e:
+        task.agent("reader").consume("d", dest=sink)
+    seen, link = set(), e.value
+    while link is not None:  # follow the chain: it ends
+        assert id(link) not in seen
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    assert task.entry("d").state is om.State.ready
+    monkeypatch.setattr(consuming, "mark", real_mark)
+    assert task.agent("reader").consume("d", dest=sink).state is om.State.consumed
 
 
 def test_broadcast_consume_each_role(task: om.Task) -> None:

@@ -9,6 +9,7 @@ The conformance and behaviour suites hold it to the seam's promises with every b
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import io
@@ -256,6 +257,25 @@ def test_a_store_whose_directory_is_gone_says_so_and_never_reads_as_empty(
         assert str(root) in str(raised.value), name
         assert "restore or remount it" in str(raised.value), name
     assert not os.path.exists(root / ".objmanifest")  # nothing made again behind the user
+
+
+def test_a_failure_to_look_at_the_stores_directory_is_not_taken_for_it_gone(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a missing ``.objmanifest/`` means the store is gone: a look at it that fails
+    otherwise (EIO, ESTALE, a soft NFS mount's timeout) leaves a missing object missing."""
+    reserved = store.directory.reserved
+    real_stat = os.stat
+
+    def failing_on_the_reserved_directory(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if os.fsencode(path) == reserved:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", failing_on_the_reserved_directory)
+    with pytest.raises(NoSuchObject):
+        store.get("never")
+    assert list(store.list("")) == []
 
 
 # -- objects --------------------------------------------------------------------------------

@@ -397,11 +397,15 @@ def download_to(
 
 
 def run_seal(seal: Callable[[], None]) -> None:
-    """Run a download's ``seal``; what it raises comes out as ``SealRefused``."""
+    """Run a download's ``seal``; what it raises comes out as ``SealRefused`` (raised
+    outside the handler, so the two exceptions do not chain to each other)."""
     try:
         seal()
     except Exception as e:
-        raise SealRefused(e) from e
+        refused = SealRefused(e)
+    else:
+        return
+    raise refused
 
 
 def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:

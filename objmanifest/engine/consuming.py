@@ -12,7 +12,7 @@ from ..core.model import Entry
 from ..core.names import error_text
 from ..core.states import State
 from ..data import chunked, transfer
-from ..errors import ChecksumMismatch, NotFound, ObjManifestError
+from ..errors import ChecksumMismatch, NotFound, NotReady, ObjManifestError
 from . import reads
 from .manifest import Manifest
 
@@ -44,12 +44,19 @@ def fetch(
     key, digest, size = entry.key, entry.checksum, entry.size
     assert key is not None and digest is not None and size is not None
     if dest is None:
-        result: bytes | Path = transfer.download(store, entry.file_id, key, digest, size, stop)
-    else:
-        result = transfer.download_to(store, entry.file_id, key, digest, size, dest, stop, seal)
-    if progress is not None:
-        progress(size, size)
-    return result
+        data = transfer.download(store, entry.file_id, key, digest, size, stop)
+        if progress is not None:
+            progress(size, size)
+        return data
+
+    def told_then_sealed() -> None:  # progress told before the mark, as a part's is
+        if progress is not None:
+            progress(size, size)
+        seal()
+
+    return transfer.download_to(
+        store, entry.file_id, key, digest, size, dest, stop, told_then_sealed
+    )
 
 
 def mark(task: Manifest, entry: Entry, consumer: str, actor: str) -> Entry:
@@ -86,6 +93,14 @@ def unplaced(error: OSError, file_id: str, consumer: str) -> OSError:
     return type(error)(
         f"{error}; {file_id!r} was marked consumed by {consumer!r} first: consume it again "
         "to write it (a consumer gets again what it consumed)"
+    )
+
+
+def streamed_stale(file_id: str, dest: str) -> NotReady:
+    """A device or FIFO took the data of a version produced again before the mark."""
+    return NotReady(
+        f"{file_id!r} was produced again while its data was written into {dest!r}: what "
+        f"{dest!r} received is the earlier data, and nothing was marked; consume it again"
     )
 
 

@@ -189,7 +189,13 @@ class Directory:
         """Whether the directory still holds the store: a store's directory removed, emptied
         or unmounted (NFS) makes every file missing, which must not read as objects that
         were never written."""
-        return os.path.isdir(self.reserved)
+        try:
+            found = os.stat(self.reserved)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError:  # EIO, ESTALE, a soft mount's timeout: said as itself by the caller
+            return True
+        return stat.S_ISDIR(found.st_mode)
 
     def gone(self, action: str, where: str) -> StoreError:
         """The error of a call that found the store's directory no longer holding it."""
