@@ -278,6 +278,25 @@ def test_a_failure_to_look_at_the_stores_directory_is_not_taken_for_it_gone(
     assert list(store.list("")) == []
 
 
+def test_a_store_restored_under_a_running_process_is_locked_through_its_new_lock_file(
+    root: Path,
+) -> None:
+    """A thread keeps its description of the lock file; once the store's directory is
+    removed and made again (restored, remounted), that file is gone and its locks exclude
+    nobody: the next lock is taken through the lock file now at the path."""
+    store = FileStore(str(root))
+    store.put("k", b"v0")  # a replace: under the lock, so this thread opened the lock file
+    subprocess.run(["rm", "-rf", str(root)], check=True)
+    root.mkdir()
+    restored = FileStore(str(root))  # the store made again at the same path
+    etag = restored.put("k", b"v1", mode=CREATE)
+    assert store.put("k", b"v2", mode=PutMode.update(etag))  # locks through `store`
+    held = os.fstat(store.locks._fd())
+    assert held.st_nlink > 0
+    assert held.st_ino == os.stat(restored.directory.locks).st_ino
+    assert restored.get("k") == Blob(b"v2", store.head("k").etag, {})
+
+
 # -- objects --------------------------------------------------------------------------------
 
 

@@ -220,6 +220,8 @@ class Locks:
     def _fd(self) -> int:
         pid = os.getpid()
         held = getattr(self._local, "held", None)
+        if held is not None and held.pid == pid and not _linked(held.fd):
+            held = None  # the lock file was removed (the store's directory restored since)
         if held is None or held.pid != pid:  # a forked child makes descriptions of its own
             self._local.held = held = _Description(
                 os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE), pid
@@ -250,6 +252,15 @@ class Locks:
         fd = self._fd()
         for offset in offsets:
             _lock(fd, fcntl.F_UNLCK, offset)
+
+
+def _linked(fd: int) -> bool:
+    """Whether the file open at ``fd`` still has a name: a lock on a removed lock file
+    excludes nobody who opened the file now at its path."""
+    try:
+        return os.fstat(fd).st_nlink > 0
+    except OSError:  # a stale handle on NFS: removed by another machine
+        return False
 
 
 def _lock(fd: int, kind: int, offset: int) -> None:
