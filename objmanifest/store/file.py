@@ -67,7 +67,7 @@ from .base import (
     Writes,
 )
 from .errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
-from .file_io import FileStream, Header, Locks, failure
+from .file_io import FileStream, Header, Locks
 from .file_root import Directory, check_root_path, kind
 from .file_uploads import Uploads
 from .urls import StoreURL
@@ -149,14 +149,7 @@ class FileStore(HandsOnUploads, Writes):
     ) -> Exception:
         """``e`` said as what it means for ``key`` (``reading``: a missing file is a missing
         object, unless the store's directory is gone)."""
-        return self._failure(e, action, self.describe(key), path, reading)
-
-    def _failure(
-        self, e: OSError, action: str, where: str, path: bytes, reading: bool = False
-    ) -> Exception:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR) and not self.directory.present():
-            return self.directory.gone(action, where)
-        return failure(e, action, where, path, self.root, reading)
+        return self.directory.failure(e, action, self.describe(key), path, reading)
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -391,7 +384,7 @@ class FileStore(HandsOnUploads, Writes):
         try:
             taken = self.locks.acquire(names)
         except OSError as e:
-            raise self._failure(e, "lock", self.describe(names[0]), self.locks.path) from e
+            raise self.directory.failure(e, "lock", self.describe(names[0]), self.locks.path) from e
         try:
             yield
         finally:
@@ -425,7 +418,7 @@ class FileStore(HandsOnUploads, Writes):
             for key, is_prefix in file_paths.listing(self._base, prefix, delimiter):
                 yield Listed(key, is_prefix)
         except OSError as e:
-            raise self._failure(e, "list", self.describe(prefix), self._base) from e
+            raise self.directory.failure(e, "list", self.describe(prefix), self._base) from e
 
     def list_keys(self, prefix: str) -> Iterator[str]:
         """Every object key under ``prefix``."""

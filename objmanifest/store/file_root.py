@@ -5,6 +5,7 @@ filesystem's time (on NFS, the server's)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -14,6 +15,7 @@ from contextlib import suppress
 
 from ..errors import InvalidInput, StoreError, UnsupportedStore
 from . import file_io, file_paths
+from .errors import NoSuchObject
 from .file_io import failure
 
 SWEEP_EVERY = 600.0
@@ -206,6 +208,14 @@ class Directory:
             "was changed"
         )
 
+    def failure(
+        self, e: OSError, action: str, where: str, path: bytes, reading: bool = False
+    ) -> StoreError | NoSuchObject:
+        """``file_io.failure`` of ``e``, unless a missing file means the store is gone."""
+        if e.errno in (errno.ENOENT, errno.ENOTDIR) and not self.present():
+            return self.gone(action, where)
+        return failure(e, action, where, path, self.root, reading)
+
     def time(self) -> float:
         """The filesystem's time now: the clock file touched (on NFS the server stamps it)
         and its mtime read back; a ``sweep`` when one is due."""
@@ -217,11 +227,7 @@ class Directory:
                 os.utime(self.clock, None)
             stamped = os.stat(self.clock).st_mtime
         except OSError as e:
-            if not self.present():
-                raise self.gone("read the time of", f"file://{self.root}") from e
-            raise failure(
-                e, "read the time of", f"file://{self.root}", self.clock, self.root
-            ) from e
+            raise self.failure(e, "read the time of", f"file://{self.root}", self.clock) from e
         self._sweep_if_due(stamped)
         return stamped
 
