@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import builtins
+import errno
 import io
 import json
+import os
 import re
 import threading
 import time
@@ -531,6 +533,35 @@ def test_a_consume_refused_at_its_mark_leaves_dest_as_it_was(
     assert task.entry("q").consumed_by == ("c1",)
     assert rival.consume("q", dest=tmp_path / "mine.bin").state is om.State.consumed
     assert (tmp_path / "mine.bin").read_bytes() == data  # the winner writes it again
+
+
+def test_a_consume_whose_bytes_cannot_be_put_in_place_after_the_mark_says_so(
+    task: om.Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mark comes before the verified bytes are renamed into ``dest``; when that rename
+    fails, the error keeps its type and errno, says the entry was marked and that consuming
+    it again writes it, and leaves no temporary file; consuming again does."""
+    task.declare("q", stage="collect")
+    produce(task, "q", b"payload")
+    dest = tmp_path / "out.bin"
+    real_replace = os.replace
+
+    def failing_replace(src: Any, dst: Any, **kwargs: Any) -> None:
+        if os.fspath(dst) == os.fspath(dest):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), os.fspath(src), None, os.fspath(dst))
+        real_replace(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    reader = task.agent("reader")
+    with pytest.raises(OSError, match="marked consumed by 'reader' first") as failed:
+        reader.consume("q", dest=dest)
+    assert failed.value.errno == errno.EIO
+    assert f"could not put the verified data at {os.fspath(dest)!r}" in str(failed.value)
+    assert list(tmp_path.iterdir()) == []
+    assert task.entry("q").consumed_by == ("reader",)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert reader.consume("q", dest=dest).state is om.State.consumed
+    assert dest.read_bytes() == b"payload"
 
 
 def test_a_device_that_took_data_produced_again_before_the_mark_is_told_so(

@@ -344,6 +344,79 @@ def test_a_large_header_is_read_whole(store: FileStore) -> None:
     assert store.open("meta").read() == b"body"
 
 
+DAMAGE = {
+    "emptied": lambda whole: b"",
+    "overwritten": lambda whole: b"{ not json",
+    "cut in its header": lambda whole: whole[:40],
+    "cut in its body": lambda whole: whole[: len(whole) - 3],
+}
+"""A file of the store's tree damaged by hand: each reads as an object of all its bytes."""
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_objects_file_reads_as_a_damaged_object(store: FileStore, damage: str) -> None:
+    """A file whose header was damaged or cut short reads as an object whose bytes are the
+    whole file (its ETag their checksum), as a damaged object reads on any store, and is
+    replaced only over that ETag."""
+    store.put("k", b'{"a": 1}', metadata={"m": "1"})
+    path = store.object_path("k")
+    with open(path, "rb") as f:
+        broken = DAMAGE[damage](f.read())
+    with open(path, "wb") as f:
+        f.write(broken)
+    if damage == "cut in its body":  # the header is sound: a shorter body, its ETag as it was
+        assert store.get("k").body == b'{"a":'  # type: ignore[union-attr]
+        return
+    etag = f'"{checksum.of_bytes(broken)}"'
+    assert store.get("k") == Blob(broken, etag, {})
+    assert store.head("k") == Head(etag, len(broken), {})
+    assert store.open("k").read() == broken
+    assert store.get("k", if_none_match=etag) is None
+    with pytest.raises(PreconditionFailed):
+        store.put("k", b"new", mode=PutMode.update(f'"{checksum.of_bytes(b"other")}"'))
+    store.put("k", b"new", mode=PutMode.update(etag))
+    assert store.get("k").body == b"new"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("damage", ["emptied", "overwritten", "cut in its header"])
+def test_a_damaged_shard_is_reported_and_repaired_and_damaged_data_fails_its_checksum(
+    store: FileStore, damage: str
+) -> None:
+    """By hand on the directory: a shard whose file is damaged is named by ``status`` and
+    rebuilt by ``repair`` (its bytes kept aside); a data file damaged so sends its entry back
+    to be produced again (``ChecksumMismatch``), never a bare error that leaves it ready."""
+    task = om.Task.create(store, "job", stages=["a"])
+    task.declare_many([("d", "a"), ("e", "a")])
+    producer = task.agent("p")
+    claim = producer.claim("d")
+    assert claim is not None
+    entry = producer.put(claim, b"the data of d")
+    assert entry.key is not None
+    data_path = store.object_path(entry.key)
+    with open(data_path, "rb") as f:
+        broken_data = DAMAGE[damage](f.read())
+    with open(data_path, "wb") as f:
+        f.write(broken_data)
+    with pytest.raises(om.ChecksumMismatch, match="'d'"):
+        task.agent("c").consume("d")
+    assert task.entry("d").state is om.State.failed
+
+    shard = next(row.key for row in store.list("job/shards/"))
+    shard_path = store.object_path(shard)
+    with open(shard_path, "rb") as f:
+        broken = DAMAGE[damage](f.read())
+    with open(shard_path, "wb") as f:
+        f.write(broken)
+    fresh = om.Task.open(store, "job")
+    assert [(d.key, d.kind) for d in fresh.status().damaged] == [(shard, "shard")]
+    report = fresh.repair()
+    [rebuilt] = report.objects
+    assert (rebuilt.key, rebuilt.action) == (shard, "rebuilt")
+    assert rebuilt.moved_to is not None and store.get(rebuilt.moved_to).body == broken  # type: ignore[union-attr]
+    assert fresh.status().damaged == []
+    assert {fresh.entry("d").state, fresh.entry("e").state} <= {om.State.failed, om.State.pending}
+
+
 # -- races between threads and processes ------------------------------------------------------
 
 
@@ -599,6 +672,29 @@ def test_the_clock_keeps_the_filesystems_fractions_of_a_second(
     stores = [FileStore(str(root)) for _ in range(2)]
     times = [s.now().timestamp() for s in stores]
     assert all(1_800_000_000.75 <= t < 1_800_000_000.8 for t in times), times
+
+
+@pytest.mark.parametrize("refusal", [errno.EROFS, errno.EACCES])
+def test_a_process_that_may_not_stamp_the_clock_reads_by_its_own(
+    root: Path, monkeypatch: pytest.MonkeyPatch, refusal: int
+) -> None:
+    """On a read-only mount, or for a user who may only read, the clock file cannot be
+    stamped: reads (``status`` among them) go on by this machine's clock, where they failed
+    before."""
+    task = om.Task.create(FileStore(str(root)), "job", stages=["a"], lease_seconds=60)
+    task.declare("x", "a")
+    real_utime = os.utime
+
+    def refused(path: Any, *args: Any, **kwargs: Any) -> None:
+        if os.fsdecode(path).startswith(str(root)):
+            raise OSError(refusal, os.strerror(refusal), path)
+        real_utime(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "utime", refused)
+    reader = om.Task.open(FileStore(str(root)), "job")
+    assert abs(reader.store.now().timestamp() - time.time()) < 60
+    assert reader.status().stages["a"]["pending"] == 1
+    assert reader.entry("x").state is om.State.pending
 
 
 def test_a_chunked_entry_streams_its_parts_into_part_files(

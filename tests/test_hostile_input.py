@@ -9,6 +9,7 @@ real servers of ``tests.support.stores``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import stat
@@ -169,8 +170,9 @@ def test_writing_into_a_full_device_fails_before_the_entry_is_marked(
     produce(task, "a", b"no room")
     full = tmp_path / "full"
     full.symlink_to("/dev/full")
-    with pytest.raises(OSError, match=r"cannot write .*full.*not consumed"):
+    with pytest.raises(OSError, match=r"cannot write .*full.*not consumed") as refused:
         task.agent("reader").consume("a", dest=full)
+    assert refused.value.errno == errno.ENOSPC
     assert task.entry("a").state is om.State.ready and full.is_symlink()
 
 

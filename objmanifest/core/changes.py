@@ -184,7 +184,11 @@ def failures(count: int) -> str:
 def why_not_claimable(entry: Entry, now: datetime, lookup: Lookup) -> str | None:
     """None if the entry can be claimed now, else the reason in words."""
     if entry.state is State.writing and not leases.expired(entry, now):
-        expiry = entry.lease_expires_at.isoformat() if entry.lease_expires_at else "?"
+        expiry = "?"
+        if entry.lease_expires_at is not None:
+            margin = leases.MARGIN.total_seconds()
+            expiry = f"{entry.lease_expires_at.isoformat()} and {margin:g} s after it (a margin "
+            expiry += "for the store's clock)"
         return f"state writing: held by {entry.owner} (epoch {entry.epoch}) until {expiry}"
     if entry.state is State.dead:
         return f"state dead after {failures(entry.retry_count)}; last error: {entry.error}"

@@ -495,9 +495,15 @@ def _copy_into(fd: int, path: str) -> None:
             os.close(out)
     except OSError as e:
         problem = e.strerror or str(e)
-        raise type(e)(
-            f"cannot write {path!r}: {problem} (the data was verified, not consumed)"
+        raise retold(
+            e, f"cannot write {path!r}: {problem} (the data was verified, not consumed)"
         ) from None
+
+
+def retold(error: OSError, message: str) -> OSError:
+    """``error`` said as ``message`` (which names its file), of its own type and with its
+    ``errno``, for a caller that tells errors apart by them."""
+    return type(error)(error.errno, message) if error.errno is not None else type(error)(message)
 
 
 def _umask() -> int:

@@ -89,10 +89,17 @@ def marking(
 
 
 def unplaced(error: OSError, file_id: str, consumer: str) -> OSError:
-    """``error``, of putting the bytes in place after the mark, saying what to do."""
-    return type(error)(
-        f"{error}; {file_id!r} was marked consumed by {consumer!r} first: consume it again "
-        "to write it (a consumer gets again what it consumed)"
+    """``error``, of putting the bytes in place after the mark, saying what to do (its
+    type and ``errno`` kept)."""
+    problem = (
+        f"could not put the verified data at {error.filename2!r}: {error.strerror}"
+        if error.filename2 is not None and error.strerror
+        else str(error)
+    )
+    return transfer.retold(
+        error,
+        f"{problem}; {file_id!r} was marked consumed by {consumer!r} first: consume it "
+        "again to write it (a consumer gets again what it consumed)",
     )
 
 

@@ -38,11 +38,18 @@ compares a whole object's ETag with an MD5 (only a part's, which stays one) and 
 fraction of it; an object an earlier release wrote keeps its MD5 until its next version
 (an ETag is only ever compared with one the store gave). NFS's own wire is the mount's
 business (TCP's checksum, or ``sec=krb5i`` for an integrity check of every RPC).
+
+A file in the store's tree that is no object's file (its header damaged or cut short, or
+put there by something else) reads as an object whose body is the whole file and whose ETag
+is that body's checksum, as a damaged object reads on any store: a manifest object is then
+found corrupt and ``repair`` replaces it over that ETag (its bytes copied aside first), and
+damaged data fails its checksum.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
@@ -73,6 +80,7 @@ from .file_uploads import Uploads
 from .urls import StoreURL
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 OBSERVE_EVERY = 10.0
 """Seconds between two looks at the filesystem's clock (``StoreClock`` advances it between
@@ -175,16 +183,19 @@ class FileStore(HandsOnUploads, Writes):
 
     def _header(self, fd: int, key: str, path: bytes, first: bytes | None = None) -> Header:
         """The header of the object's file open at ``fd`` (``first``: its first bytes, read
-        already)."""
+        already); a file that is no object's file reads as one whose body is the whole file
+        (``file_io.whole_file``)."""
         try:
             found = file_io.parse_header(first) if first is not None else None
             return found if isinstance(found, Header) else file_io.read_header(fd)
         except ValueError as e:
-            raise StoreError(
-                f"{self.describe(key)} ({os.fsdecode(path)}) is not an object's file: {e}; "
-                "something other than objmanifest wrote it (remove it, or restore it from a "
-                "backup)"
-            ) from None
+            log.warning(
+                "%s (%s) is not an object's file (%s): it reads as an object of all its bytes",
+                self.describe(key),
+                os.fsdecode(path),
+                e,
+            )
+            return file_io.whole_file(fd)
 
     def _reading(self, key: str, action: str, read: Callable[[int, os.stat_result, bytes], T]) -> T:
         """``read`` the object's open file; a file replaced under a reader on NFS (a stale

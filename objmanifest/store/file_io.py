@@ -107,13 +107,28 @@ def parse_header(first: bytes) -> Header | int:
 
 
 def read_header(fd: int) -> Header:
-    """The header of the object's file open at ``fd``."""
+    """The header of the object's file open at ``fd``; ``ValueError`` if it is no object's
+    file (or one cut short inside its header)."""
     first = os.pread(fd, FIRST_READ, 0)
     found = parse_header(first)
     if isinstance(found, int):
         found = parse_header(os.pread(fd, found, 0))
-        assert isinstance(found, Header)
+        if isinstance(found, int):
+            raise ValueError("it ends inside its header")
     return found
+
+
+def whole_file(fd: int) -> Header:
+    """What a file that is not an object's file (damaged, or put there by something else)
+    reads as: an object whose body is every byte of the file, its ETag their checksum, so
+    that it is told apart from any other version, and a damaged manifest object is found
+    corrupt (and repaired over that ETag) and damaged data fails its checksum, as on any
+    store."""
+    digest, at = checksum.Digest(), 0
+    while chunk := os.pread(fd, CHUNK, at):
+        digest.update(chunk)
+        at += len(chunk)
+    return Header(checksum.bare_etag(digest.checksum()), {}, 0)
 
 
 # -- writing ---------------------------------------------------------------------------------

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import re
 import shutil
 import stat
+import time
 from contextlib import suppress
 
 from ..errors import InvalidInput, StoreError, UnsupportedStore
 from . import file_io, file_paths
 from .errors import NoSuchObject
 from .file_io import failure
+
+log = logging.getLogger(__name__)
 
 SWEEP_EVERY = 600.0
 """Seconds of the filesystem's clock between two sweeps of ``tmp/``."""
@@ -161,6 +165,7 @@ class Directory:
         self.locks = os.path.join(self.reserved, b"locks")
         self.clock = os.path.join(self.reserved, b"clock")
         self.swept = os.path.join(self.reserved, b"swept")
+        self._warned_read_only = False
         try:
             self._set_up()
         except OSError as e:
@@ -227,9 +232,26 @@ class Directory:
                 os.utime(self.clock, None)
             stamped = os.stat(self.clock).st_mtime
         except OSError as e:
+            if e.errno in file_io.DENIED or e.errno == errno.EROFS:
+                return self._reading_only(e)
             raise self.failure(e, "read the time of", f"file://{self.root}", self.clock) from e
         self._sweep_if_due(stamped)
         return stamped
+
+    def _reading_only(self, e: OSError) -> float:
+        """The time of a process that may not write the clock file (a user who may only
+        read, a read-only mount): this machine's clock. Such a process writes nothing (every
+        write goes through ``tmp/`` beside the clock), so the time only tells what it shows
+        (a lease overdue), never a decision."""
+        if not self._warned_read_only:
+            self._warned_read_only = True
+            log.warning(
+                "cannot stamp %s (%s): reading file://%s by this machine's clock",
+                os.fsdecode(self.clock),
+                e.strerror,
+                self.root,
+            )
+        return time.time()
 
     def _sweep_if_due(self, now: float) -> None:
         """Sweep every ``SWEEP_EVERY`` seconds, by whichever process looks at the clock

@@ -221,7 +221,10 @@ def test_a_pending_or_failed_entry_with_its_dependencies_produced_is_claimable(
 
 def test_a_held_lease_is_not_claimable_until_two_seconds_past_its_end() -> None:
     e = held("a", owner="bob", epoch=3, lease=30)
-    reason = "state writing: held by bob (epoch 3) until 2030-01-01T12:00:30+00:00"
+    reason = (
+        "state writing: held by bob (epoch 3) until 2030-01-01T12:00:30+00:00 and 2 s after it "
+        "(a margin for the store's clock)"
+    )
     assert changes.why_not_claimable(e, at(0), nothing) == reason
     assert changes.why_not_claimable(e, at(32), nothing) == reason
     assert changes.why_not_claimable(e, at(32.000001), nothing) is None
@@ -343,7 +346,7 @@ def test_claim_refuses_what_is_not_claimable_with_the_reason() -> None:
         NotClaimable,
         match=exactly(
             "'a' is not claimable: state writing: held by bob (epoch 3) "
-            "until 2030-01-01T12:00:30+00:00"
+            "until 2030-01-01T12:00:30+00:00 and 2 s after it (a margin for the store's clock)"
         ),
     ) as info:
         changes.claim(shard(e), "a", "ann", at(32), RULES, nothing)
