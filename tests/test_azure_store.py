@@ -704,6 +704,64 @@ def test_the_cli_shows_no_secret(
         assert secret not in text
 
 
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        f"http://127.0.0.1:9/{ACCOUNT}?sv=2023-11-03&sig={SAS_SECRET}",
+        f"http://user:{SAS_SECRET}@127.0.0.1:9/{ACCOUNT}",
+        "http://[::1",
+        "ftp://127.0.0.1/x",
+        "not a url",
+    ],
+)
+def test_a_connection_strings_blob_endpoint_is_checked_as_an_account_url(
+    endpoint: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BlobEndpoint that carries a credential (a SAS token in its query, user info), or
+    is no http(s) URL, is refused as invalid input (exit 2) without the credential: it was
+    taken as it was and shown in every error ("no answer from ..."). A SAS token belongs in
+    the string's SharedAccessSignature field."""
+    connection = f"AccountName={ACCOUNT};AccountKey={KEY_SECRET};BlobEndpoint={endpoint}"
+    with pytest.raises(InvalidInput, match="the BlobEndpoint of AZURE_STORAGE_CONNECTION_STRING"):
+        connect_azure(CONTAINER, connection_string=connection)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
+    for argv in (["status"], ["--json", "status"], ["doctor"]):
+        assert main([*argv, "--url", f"az://{CONTAINER}/p", "--task", "t"]) == 2
+    out, err = capsys.readouterr()
+    assert "invalid" in out + err
+    for secret in (KEY_SECRET, SAS_SECRET, SAS_SECRET[:16]):
+        assert secret not in out + err
+
+
+def test_a_failed_sign_in_is_one_line_of_error_and_the_sdks_warnings_wait_for_debug() -> None:
+    """azure-identity logs a warning for each credential it tried and failed: a command
+    printed them all (dozens of lines, ``--json`` too) before its own line of error. They
+    show with ``--debug`` only; the error says what failed."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_URL")
+    }
+    env["PYTHONPATH"] = str(ROOT)
+    argv = ["--url", "az://jobs/p", "--endpoint-url", "https://acct.blob.core.windows.net"]
+    said = {}
+    for extra in ([], ["--json"], ["--debug"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "objmanifest", *extra, *argv, "--task", "t", "status"],
+            capture_output=True,
+            env=env,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 13, done.stderr
+        said[" ".join(extra)] = done
+    assert said[""].stderr.startswith("objmanifest: store error: could not sign in")
+    assert said[""].stderr.count("\n") == 1
+    assert said["--json"].stderr == "" and "could not sign in" in said["--json"].stdout
+    assert "DefaultAzureCredential failed" in said["--debug"].stderr.split("objmanifest:")[0]
+
+
 def test_an_account_url_with_a_sas_token_is_refused_without_showing_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

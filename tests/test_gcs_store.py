@@ -5,7 +5,9 @@ by another process, compose trees, and how each error of GCS is mapped onto the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -18,9 +20,12 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+import objmanifest as om
 from objmanifest.core.pacing import SendRate
 from objmanifest.errors import AccessDenied, InvalidInput, ReadBrokeOff, StoreError
 from objmanifest.local.fakegcs import LocalGCS, start_fakegcs
@@ -461,10 +466,48 @@ def test_refusals_name_the_fix(double: GCSDouble, on_double: GCSStore) -> None:
 
 
 def test_a_missing_bucket_is_a_clear_error(endpoint: str) -> None:
+    """Reads too: a task in a missing bucket was "not found" (exit 8), not a store error
+    (fake-gcs-server answers a read there as it answers a missing object: it is asked)."""
     store = GCSStore(make_gcs_client(endpoint), "no-such-bucket-here", "p")
-    for call in (lambda: store.put("k", b"x"), lambda: list(store.list(""))):
+    for call in (
+        lambda: store.put("k", b"x"),
+        lambda: list(store.list("")),
+        lambda: store.get("k"),
+        lambda: store.head("k"),
+        lambda: store.open("k"),
+        lambda: om.Task.open(store, "t1"),
+    ):
         with pytest.raises(StoreError, match="bucket 'no-such-bucket-here' does not exist"):
             call()
+
+
+@pytest.mark.parametrize("pages", ["files", "nothing"])
+def test_an_endpoint_that_answers_with_web_pages_is_named(tmp_path: Path, pages: str) -> None:
+    """A web server (or another cloud's API) answers with a page (404 for a file it lacks,
+    501 for what it cannot do): the endpoint is named as no GCS JSON API in one line, never
+    taken for a missing task."""
+    handler: Any = (
+        functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+        if pages == "files"
+        else http.server.BaseHTTPRequestHandler
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        store = GCSStore(make_gcs_client(endpoint), BUCKET, "p")
+        for call in (
+            lambda: store.get("k"),
+            lambda: store.open("k"),
+            lambda: store.put("k", b"x"),
+            lambda: om.Task.open(store, "t1"),
+        ):
+            with pytest.raises(StoreError, match="does not behave like the GCS JSON API") as e:
+                call()
+            assert "\n" not in str(e.value)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_missing_object_in_a_bucket_named_bucket_is_no_such_object(

@@ -308,10 +308,25 @@ def test_a_malformed_bucket_name_is_one_line(url: str) -> None:
     assert "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("endpoint", ["notaurl", "ftp://host", "http://", "http://h:port"])
+@pytest.mark.parametrize(
+    "endpoint", ["notaurl", "ftp://host", "http://", "http://h:port", "http://not a url"]
+)
 def test_a_malformed_endpoint_is_one_line(endpoint: str) -> None:
     with pytest.raises(om.InvalidInput, match="invalid S3 endpoint URL"):
         om.connect("s3://work/p", endpoint_url=endpoint)
+
+
+@pytest.mark.parametrize("endpoint", ["not a url", "http://a b:4443", "http://h^st", "ftp://h"])
+def test_a_malformed_gcs_endpoint_is_invalid_input(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given as --endpoint-url or STORAGE_EMULATOR_HOST: a host with a space was taken and
+    failed later, inside the HTTP library (exit 1)."""
+    with pytest.raises(om.InvalidInput, match="invalid GCS endpoint URL"):
+        om.connect("gs://work/p", endpoint_url=endpoint)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+    with pytest.raises(om.InvalidInput, match="invalid GCS endpoint URL.*STORAGE_EMULATOR_HOST"):
+        om.connect("gs://work/p")
 
 
 # -- inputs that used to fail with the wrong message -------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -72,6 +73,28 @@ def stopped_by_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+SDK_LOGGERS = ("azure", "google", "urllib3")
+"""The clouds' SDKs, whose warnings (each credential azure-identity tried, a response it
+could not decode) would print on stderr beside the command's one line of error."""
+
+
+@contextmanager
+def sdk_warnings_kept_back(debug: bool) -> Iterator[None]:
+    """While a command runs, the SDKs' own log records below ERROR are kept back unless
+    ``--debug`` asks for everything (what they say is in the command's error)."""
+    loggers = [logging.getLogger(name) for name in SDK_LOGGERS]
+    before = [logger.level for logger in loggers]
+    if not debug:
+        for logger, level in zip(loggers, before, strict=True):
+            if level == logging.NOTSET:
+                logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, before, strict=True):
+            logger.setLevel(level)
+
+
 def dispatch(args: argparse.Namespace, out: Output) -> int:
     if args.command == "serve":
         return serve.run(args, out)
@@ -111,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
     try:
-        return dispatch(args, out)
+        with sdk_warnings_kept_back(bool(args.debug)):
+            return dispatch(args, out)
     except BrokenPipeError:
         return _stdout_closed(out)
     except (Exception, KeyboardInterrupt, Stopped) as e:

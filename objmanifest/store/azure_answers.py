@@ -98,7 +98,7 @@ def failure(
     secret (a blob that is not there: ``NoSuchObject``, which the store turns into an error
     on any call but a read's)."""
     status, code = answer(e)
-    account = credentials.account_url
+    account = redact(credentials.account_url, credentials.secrets)
     if isinstance(e, HttpResponseError) and status:
         if code == "ContainerNotFound":
             return StoreError(
@@ -192,8 +192,9 @@ def metadata_in(metadata: dict[str, str] | None) -> dict[str, str]:
 
 def unreadable(e: Exception, action: str, where: str, credentials: Credentials) -> StoreError:
     """An answer the SDK could not read (it raised something of Python's own)."""
+    account = redact(credentials.account_url, credentials.secrets)
     return StoreError(
-        f"{credentials.account_url} does not behave like Azure Blob Storage: its answer when "
+        f"{account} does not behave like Azure Blob Storage: its answer when "
         f"asked to {action} {where} could not be read ({type(e).__name__}); check the account "
         "URL or the connection string"
     )

@@ -226,7 +226,9 @@ def make_service(
     if connection_string.strip():
         settings = _settings(connection_string)
         secrets = _connection_secrets(settings)
-        endpoint = connection_endpoint(settings)
+        endpoint = check_account_url(
+            connection_endpoint(settings), f"the BlobEndpoint of {CONNECTION_STRING}"
+        )
         if endpoint_url is not None:
             endpoint = _elsewhere(check_account_url(endpoint_url, "from --endpoint-url"), endpoint)
             if settings.get("usedevelopmentstorage", "").lower() == "true":

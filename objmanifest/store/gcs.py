@@ -72,7 +72,8 @@ from .gcs_answers import (
     damaged,
     download,
     generation,
-    no_bucket,
+    missing_what,
+    not_found,
     retry_status,
     status_error,
 )
@@ -116,6 +117,8 @@ class GCSStore(HandsOnUploads, PrefixedStore):
         self.clock = StoreClock(monotonic=self.runtime.monotonic)
         client.attach(self.clock)
         self._bucket = client.client.bucket(bucket)
+        self._bucket_seen = False
+        """Whether the bucket was found there (asked once, after a 404 that did not say)."""
         self.uploads = Uploads(self)
         self.generations = Generations(self)
 
@@ -154,9 +157,7 @@ class GCSStore(HandsOnUploads, PrefixedStore):
                 )
             return inner
         if isinstance(e, api_exceptions.NotFound):
-            if no_bucket(e):
-                return self._no_bucket(action, key)
-            return NoSuchObject(self.describe(key))
+            return self.missing(action, key, not_found(e), e.response)
         if isinstance(e, api_exceptions.Forbidden):
             return AccessDenied(
                 f"the store refused to {action} {self.describe(key)} (403 Forbidden): the "
@@ -175,9 +176,11 @@ class GCSStore(HandsOnUploads, PrefixedStore):
                 f"({type(e).__name__}); check GOOGLE_APPLICATION_CREDENTIALS"
             )
         if isinstance(e, api_exceptions.GoogleAPICallError):
-            return StoreError(
-                f"could not {action} {self.describe(key)}: {answer(e)} {e.message}"[:500]
-            )
+            page = self.page(action, key, e.code, e.response)
+            if page is not None:
+                return page
+            said = " ".join(f"{answer(e)} {e.message}".split())
+            return StoreError(f"could not {action} {self.describe(key)}: {said}"[:500])
         if isinstance(e, CONNECTION_ERRORS):
             return StoreError(
                 f"could not {action} {self.describe(key)}: no answer from "
@@ -193,6 +196,37 @@ class GCSStore(HandsOnUploads, PrefixedStore):
             status = getattr(e.response, "status_code", "?")
             return StoreError(f"could not {action} {self.describe(key)}: answered {status}")
         return StoreError(f"could not {action} {self.describe(key)}: {type(e).__name__}: {e}")
+
+    def missing(
+        self, action: str, key: str, says: str | None, response: Any
+    ) -> StoreError | NoSuchObject:
+        """What a 404 that ``says`` what is missing (``missing_what``) means: a missing
+        bucket (said so, or asked once when the answer does not say: an emulator's "Not
+        Found"), an endpoint that is no GCS JSON API (its 404 is a page of HTML or XML: a web
+        server, another cloud's API), or a missing object."""
+        if says == "bucket":
+            return self._no_bucket(action, key)
+        page = self.page(action, key, 404, response)
+        if page is not None:
+            return page
+        if says is None and not self._bucket_seen:
+            if self.bucket_missing():
+                return self._no_bucket(action, key)
+            self._bucket_seen = True
+        return NoSuchObject(self.describe(key))
+
+    def page(self, action: str, key: str, status: Any, response: Any) -> StoreError | None:
+        """The error of an answer that is a page of HTML or XML (a web server, another
+        cloud's API), which no GCS JSON API gives; None for any other."""
+        headers = getattr(response, "headers", None)
+        kind = str(headers.get("Content-Type", "")) if headers is not None else ""
+        if "html" not in kind and "xml" not in kind:
+            return None
+        return StoreError(
+            f"{self.gcs.shown_endpoint} does not behave like the GCS JSON API: it answered "
+            f"{status} with a page ({kind.split(';')[0]}) when asked to {action} "
+            f"{self.describe(key)}; check the endpoint (--endpoint-url, STORAGE_EMULATOR_HOST)"
+        )
 
     def _no_bucket(self, action: str, key: str) -> StoreError:
         return StoreError(
@@ -333,8 +367,9 @@ class GCSStore(HandsOnUploads, PrefixedStore):
 
         response = self.call("read", key, lambda: READ_RETRY(retry_status(send))())
         if response.status_code == 404:
+            says = missing_what(response.text)
             response.close()
-            raise NoSuchObject(self.describe(key))
+            raise self.missing("read", key, says, response)
         if response.status_code == 416:
             response.close()
             raise StoreError(
@@ -343,7 +378,8 @@ class GCSStore(HandsOnUploads, PrefixedStore):
         if response.status_code not in (200, 206):
             status = response.status_code
             response.close()
-            raise self.fail(status_error(status, "media download"), "read", key)
+            page = self.page("read", key, status, response)
+            raise page or self.fail(status_error(status, "media download"), "read", key)
         return GCSStream(response, self.describe(key))
 
     def write(self, put: Put) -> str:

@@ -55,12 +55,22 @@ def damaged(e: Exception) -> bool:
     return digest and ("match" in text or "validation failed" in text)
 
 
-def no_bucket(e: api_exceptions.NotFound) -> bool:
-    """Whether a 404 says the bucket is missing (GCS: ``The specified bucket does not
-    exist.``), by the store's own words, never the request's URL (a bucket may be called
-    ``my-bucket``). An emulator that says only ``Not Found`` is asked (``bucket_missing``)."""
+def missing_what(said: str) -> str | None:
+    """What a 404 says is missing, by the store's own words (GCS: ``The specified bucket does
+    not exist.``, ``No such object: B/K``), never the request's URL (a bucket may be called
+    ``my-bucket``): "bucket", "object", or None when it does not say (an emulator's ``Not
+    Found``: the bucket is asked, ``GCSStore.missing``)."""
+    text = said.lower()
+    if "bucket does not exist" in text:
+        return "bucket"
+    return "object" if "no such object" in text else None
+
+
+def not_found(e: api_exceptions.NotFound) -> str | None:
+    """``missing_what`` of an SDK's 404."""
     said = [str(err.get("message", "")) for err in (e.errors or []) if isinstance(err, dict)]
-    return any("bucket does not exist" in text.lower() for text in said)
+    found = {missing_what(text) for text in [*said, str(e.message)]}
+    return "bucket" if "bucket" in found else "object" if "object" in found else None
 
 
 def answer(e: api_exceptions.GoogleAPICallError) -> str:

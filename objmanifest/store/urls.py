@@ -88,6 +88,10 @@ def endpoint_parts(url: str) -> tuple[bool, ParseResult | None]:
     return "@" in authority, parsed
 
 
+_NOT_IN_HOSTS = frozenset('<>"{}|\\^`[]')
+"""Characters no host name or address has (besides spaces and control characters)."""
+
+
 def plain_http(parsed: ParseResult | None, *, path: bool) -> bool:
     """Whether ``parsed`` is ``http(s)://HOST[:PORT]``, with a path where ``path`` allows
     one, and without a query or a fragment."""
@@ -95,6 +99,7 @@ def plain_http(parsed: ParseResult | None, *, path: bool) -> bool:
         parsed is None
         or parsed.scheme not in ("http", "https")
         or not parsed.hostname
+        or any(c.isspace() or c in _NOT_IN_HOSTS for c in parsed.hostname)
         or (not path and parsed.path.strip("/"))
         or parsed.query
         or parsed.fragment
@@ -147,7 +152,7 @@ def parse(url: object) -> StoreURL:
     rule, told = _NAMES[parsed.scheme]
     if not rule.fullmatch(parsed.netloc):
         raise InvalidInput(f"invalid {_named(parsed.scheme)} {parsed.netloc!r} in {url!r}: {told}")
-    prefix = parsed.path.strip("/")
+    prefix = parsed.path.removeprefix("/").rstrip("/")  # gs://b//x: an empty first segment
     if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
         raise InvalidInput(
             f"the prefix of {url!r} has an empty, '.' or '..' segment; use a plain path "
