@@ -12,8 +12,8 @@ import os
 import re
 import shutil
 import stat
-import time
 from contextlib import suppress
+from datetime import datetime, timezone
 
 from ..errors import InvalidInput, StoreError, UnsupportedStore
 from . import file_io, file_paths
@@ -251,7 +251,7 @@ class Directory:
                 e.strerror,
                 self.root,
             )
-        return time.time()
+        return datetime.now(timezone.utc).timestamp()
 
     def _sweep_if_due(self, now: float) -> None:
         """Sweep every ``SWEEP_EVERY`` seconds, by whichever process looks at the clock
