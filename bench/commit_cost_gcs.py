@@ -13,6 +13,10 @@ round's difference, over the median raw write). Where the difference goes is spl
 the store's write inside the commit (``GCSStore.put``, timed on the committing thread) next
 to the raw write, and the library's work around it (the commit's time outside that write:
 the change, the encoding, the journal record).
+
+``--without-journal`` is an experiment, not an option of the product: the shards' codec then
+keeps no journal (no record per commit, none carried in the shard), which shows what the
+journal costs a commit, and what is left of the library's work without it.
 """
 
 from __future__ import annotations
@@ -30,12 +34,18 @@ if __package__ in (None, ""):
 
 import objmanifest as om
 from bench.common import fmt, ms, new_prefix, pct, say
+from objmanifest.cas.codecs import VersionedCodec
 from objmanifest.local.fakegcs import start_fakegcs
 from objmanifest.store.gcs import GCSStore
 from objmanifest.store.gcs_client import make_gcs_client
 from tests.support.internals import engine
 
 BUCKET = "objmanifest-bench"
+
+
+def without_journal() -> None:
+    """The experiment of ``--without-journal``: every shard's codec says it has no journal."""
+    VersionedCodec.journal = lambda self, doc: None  # type: ignore[method-assign]
 
 
 def one_run(endpoint: str, rounds: int, entries: int) -> dict[str, Any]:
@@ -125,7 +135,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--entries", type=int, default=100)
+    parser.add_argument(
+        "--without-journal",
+        action="store_true",
+        help="an experiment: commits keep no journal (what the journal costs a commit)",
+    )
     args = parser.parse_args()
+    if args.without_journal:
+        without_journal()
     local = None if args.endpoint_url else start_fakegcs()
     endpoint = args.endpoint_url or local.endpoint_url  # type: ignore[union-attr]
     try:
@@ -139,7 +156,10 @@ def main() -> None:
     finally:
         if local is not None:
             local.stop()
-    print(f"backend={'fakegcs' if local else endpoint} rounds={args.rounds} runs={args.runs}")
+    print(
+        f"backend={'fakegcs' if local else endpoint} rounds={args.rounds} runs={args.runs}"
+        + (" without the journal (an experiment)" if args.without_journal else "")
+    )
     print(
         "| run | shard bytes | commit median ms (p90) | raw write median ms (p90) | "
         "the commit's store write, median ms | library work around it, median ms | ratio | "
