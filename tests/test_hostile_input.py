@@ -325,7 +325,7 @@ def test_a_malformed_gcs_endpoint_is_invalid_input(
     with pytest.raises(om.InvalidInput, match="invalid GCS endpoint URL"):
         om.connect("gs://work/p", endpoint_url=endpoint)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
-    with pytest.raises(om.InvalidInput, match="invalid GCS endpoint URL.*STORAGE_EMULATOR_HOST"):
+    with pytest.raises(om.InvalidInput, match=r"invalid GCS endpoint URL.*STORAGE_EMULATOR_HOST"):
         om.connect("gs://work/p")
 
 
