@@ -708,6 +708,7 @@ def test_the_cli_shows_no_secret(
     "endpoint",
     [
         f"http://127.0.0.1:9/{ACCOUNT}?sv=2023-11-03&sig={SAS_SECRET}",
+        f"http://127.0.0.1:9/{ACCOUNT}?token={SAS_SECRET}",
         f"http://user:{SAS_SECRET}@127.0.0.1:9/{ACCOUNT}",
         "http://[::1",
         "ftp://127.0.0.1/x",
@@ -722,7 +723,8 @@ def test_a_connection_strings_blob_endpoint_is_checked_as_an_account_url(
     taken as it was and shown in every error ("no answer from ..."). A SAS token belongs in
     the string's SharedAccessSignature field."""
     connection = f"AccountName={ACCOUNT};AccountKey={KEY_SECRET};BlobEndpoint={endpoint}"
-    with pytest.raises(InvalidInput, match="the BlobEndpoint of AZURE_STORAGE_CONNECTION_STRING"):
+    names = "the blob endpoint AZURE_STORAGE_CONNECTION_STRING names"
+    with pytest.raises(InvalidInput, match=names):
         connect_azure(CONTAINER, connection_string=connection)
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
     for argv in (["status"], ["--json", "status"], ["doctor"]):
@@ -733,16 +735,19 @@ def test_a_connection_strings_blob_endpoint_is_checked_as_an_account_url(
         assert secret not in out + err
 
 
-def test_a_failed_sign_in_is_one_line_of_error_and_the_sdks_warnings_wait_for_debug() -> None:
+def test_a_failed_sign_in_is_one_line_of_error_and_the_sdks_warnings_wait_for_debug(
+    tmp_path: Path,
+) -> None:
     """azure-identity logs a warning for each credential it tried and failed: a command
     printed them all (dozens of lines, ``--json`` too) before its own line of error. They
-    show with ``--debug`` only; the error says what failed."""
+    show with ``--debug`` only; the error says what failed. No credential of the machine's
+    is in reach (an empty home, no Azure variables)."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_URL")
+        if not k.startswith(("AZURE_", "IDENTITY_", "MSI_", "IMDS_"))
     }
-    env["PYTHONPATH"] = str(ROOT)
+    env.update(PYTHONPATH=str(ROOT), HOME=str(tmp_path))
     argv = ["--url", "az://jobs/p", "--endpoint-url", "https://acct.blob.core.windows.net"]
     said = {}
     for extra in ([], ["--json"], ["--debug"]):

@@ -12,6 +12,7 @@ import contextlib
 import importlib.metadata
 import io
 import json
+import logging
 import os
 import re
 import select
@@ -1387,3 +1388,25 @@ def test_archive_moves_old_terminal_entries(cli: Cli, task: om.Task, tmp_path: P
     assert status["archived"] == {"collect": 1, "write": 0, "check": 0}
     assert status["stages"]["collect"]["consumed"] == 1
     cli.run("archive", "--older-than", "-1", code=2)
+
+
+def test_the_sdks_warnings_are_kept_back_while_commands_run_and_put_back_after() -> None:
+    """Commands of one process running at once (``main`` in threads) share the kept-back
+    levels: the first sets them, the last puts them back, whatever order they end in."""
+    loggers = [logging.getLogger(name) for name in app.SDK_LOGGERS]
+    before = [logger.level for logger in loggers]
+    loggers[0].setLevel(logging.DEBUG)  # set by the caller: left as it is
+    kept = [logging.ERROR if level == logging.NOTSET else level for level in before[1:]]
+    try:
+        first, second = app.sdk_warnings_kept_back(False), app.sdk_warnings_kept_back(False)
+        first.__enter__()
+        assert [logger.level for logger in loggers] == [logging.DEBUG, *kept]
+        second.__enter__()
+        first.__exit__(None, None, None)  # the first ends while the second runs
+        assert [logger.level for logger in loggers] == [logging.DEBUG, *kept]
+        second.__exit__(None, None, None)
+        assert [logger.level for logger in loggers] == [logging.DEBUG, *before[1:]]
+        with app.sdk_warnings_kept_back(True):  # --debug: everything shows
+            assert [logger.level for logger in loggers] == [logging.DEBUG, *before[1:]]
+    finally:
+        loggers[0].setLevel(before[0])

@@ -674,24 +674,37 @@ def test_the_clock_keeps_the_filesystems_fractions_of_a_second(
     assert all(1_800_000_000.75 <= t < 1_800_000_000.8 for t in times), times
 
 
-@pytest.mark.parametrize("refusal", [errno.EROFS, errno.EACCES])
-def test_a_process_that_may_not_stamp_the_clock_reads_by_its_own(
-    root: Path, monkeypatch: pytest.MonkeyPatch, refusal: int
+@pytest.mark.parametrize("refusal", ["read-only mount", "may not write", "clock only"])
+def test_a_process_that_may_write_nothing_reads_by_its_own_clock(
+    root: Path, monkeypatch: pytest.MonkeyPatch, refusal: str
 ) -> None:
-    """On a read-only mount, or for a user who may only read, the clock file cannot be
-    stamped: reads (``status`` among them) go on by this machine's clock, where they failed
-    before."""
+    """On a read-only mount, or for a user who may write neither the clock file nor
+    ``tmp/``, the clock file cannot be stamped: reads (``status`` among them) go on by this
+    machine's clock, where they failed before. A process that may write ``tmp/`` (and so
+    commit) but not the clock file is refused the time, never given its own clock to judge a
+    lease by."""
     task = om.Task.create(FileStore(str(root)), "job", stages=["a"], lease_seconds=60)
     task.declare("x", "a")
-    real_utime = os.utime
+    real_utime, real_access = os.utime, os.access
+    code = errno.EROFS if refusal == "read-only mount" else errno.EACCES
 
     def refused(path: Any, *args: Any, **kwargs: Any) -> None:
         if os.fsdecode(path).startswith(str(root)):
-            raise OSError(refusal, os.strerror(refusal), path)
+            raise OSError(code, os.strerror(code), path)
         real_utime(path, *args, **kwargs)
 
+    def access(path: Any, mode: int, **kwargs: Any) -> bool:
+        if refusal == "may not write" and os.fsdecode(path).startswith(str(root)):
+            return False
+        return real_access(path, mode, **kwargs)
+
     monkeypatch.setattr(os, "utime", refused)
+    monkeypatch.setattr(os, "access", access)
     reader = om.Task.open(FileStore(str(root)), "job")
+    if refusal == "clock only":
+        with pytest.raises(om.AccessDenied, match="clock"):
+            reader.status()
+        return
     assert abs(reader.store.now().timestamp() - time.time()) < 60
     assert reader.status().stages["a"]["pending"] == 1
     assert reader.entry("x").state is om.State.pending

@@ -77,22 +77,38 @@ SDK_LOGGERS = ("azure", "google", "urllib3")
 """The clouds' SDKs, whose warnings (each credential azure-identity tried, a response it
 could not decode) would print on stderr beside the command's one line of error."""
 
+_kept_back = threading.Lock()
+_commands_keeping_back: list[list[int]] = []
+"""The loggers' levels before the first command of this process that runs keeping the
+SDKs' warnings back, while any does (``main`` may run in several threads at once)."""
+
 
 @contextmanager
 def sdk_warnings_kept_back(debug: bool) -> Iterator[None]:
-    """While a command runs, the SDKs' own log records below ERROR are kept back unless
-    ``--debug`` asks for everything (what they say is in the command's error)."""
+    """While a command runs, the SDKs' warnings are kept back unless ``--debug`` asks for
+    them (what they say is in the command's error). Commands running at once in one process
+    share it: the levels are set by the first and put back by the last."""
+    if debug:
+        yield
+        return
     loggers = [logging.getLogger(name) for name in SDK_LOGGERS]
-    before = [logger.level for logger in loggers]
-    if not debug:
-        for logger, level in zip(loggers, before, strict=True):
-            if level == logging.NOTSET:
-                logger.setLevel(logging.ERROR)
+    with _kept_back:
+        if not _commands_keeping_back:
+            before = [logger.level for logger in loggers]
+            for logger, level in zip(loggers, before, strict=True):
+                if level == logging.NOTSET:
+                    logger.setLevel(logging.ERROR)
+        else:
+            before = _commands_keeping_back[0]
+        _commands_keeping_back.append(before)
     try:
         yield
     finally:
-        for logger, level in zip(loggers, before, strict=True):
-            logger.setLevel(level)
+        with _kept_back:
+            _commands_keeping_back.pop()
+            if not _commands_keeping_back:
+                for logger, level in zip(loggers, before, strict=True):
+                    logger.setLevel(level)
 
 
 def dispatch(args: argparse.Namespace, out: Output) -> int:

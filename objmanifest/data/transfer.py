@@ -503,7 +503,9 @@ def _copy_into(fd: int, path: str) -> None:
 def retold(error: OSError, message: str) -> OSError:
     """``error`` said as ``message`` (which names its file), of its own type and with its
     ``errno``, for a caller that tells errors apart by them."""
-    return type(error)(error.errno, message) if error.errno is not None else type(error)(message)
+    new = type(error)(message)
+    new.errno = error.errno
+    return new
 
 
 def _umask() -> int:

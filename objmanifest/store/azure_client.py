@@ -28,7 +28,7 @@ from urllib3.util.retry import Retry
 from ..core.runtime import Runtime
 from ..errors import InvalidInput
 from .sessions import pinned_session
-from .urls import endpoint_parts, plain_http
+from .urls import endpoint_parts, plain_http, without_credentials
 
 CONNECTION_STRING = "AZURE_STORAGE_CONNECTION_STRING"
 ACCOUNT_URL = "AZURE_STORAGE_ACCOUNT_URL"
@@ -177,7 +177,7 @@ def check_container(container: str) -> str:
 def check_account_url(url: str, where: str) -> str:
     """An account URL is ``http(s)://HOST[:PORT][/ACCOUNT]``: no user info, no query (a
     SAS token there would show in shell histories and process lists)."""
-    shown = redact(url)
+    shown = without_credentials(redact(url))
     user_info, parsed = endpoint_parts(url)
     if user_info or (parsed is not None and (parsed.query or parsed.fragment)):
         raise InvalidInput(
@@ -227,7 +227,7 @@ def make_service(
         settings = _settings(connection_string)
         secrets = _connection_secrets(settings)
         endpoint = check_account_url(
-            connection_endpoint(settings), f"the BlobEndpoint of {CONNECTION_STRING}"
+            connection_endpoint(settings), f"the blob endpoint {CONNECTION_STRING} names"
         )
         if endpoint_url is not None:
             endpoint = _elsewhere(check_account_url(endpoint_url, "from --endpoint-url"), endpoint)

@@ -189,7 +189,7 @@ class FileStore(HandsOnUploads, Writes):
             found = file_io.parse_header(first) if first is not None else None
             return found if isinstance(found, Header) else file_io.read_header(fd)
         except ValueError as e:
-            log.warning(
+            log.debug(
                 "%s (%s) is not an object's file (%s): it reads as an object of all its bytes",
                 self.describe(key),
                 os.fsdecode(path),

@@ -232,17 +232,20 @@ class Directory:
                 os.utime(self.clock, None)
             stamped = os.stat(self.clock).st_mtime
         except OSError as e:
-            if e.errno in file_io.DENIED or e.errno == errno.EROFS:
+            if e.errno == errno.EROFS or (
+                e.errno in file_io.DENIED and not os.access(self.tmp, os.W_OK)
+            ):
                 return self._reading_only(e)
             raise self.failure(e, "read the time of", f"file://{self.root}", self.clock) from e
         self._sweep_if_due(stamped)
         return stamped
 
     def _reading_only(self, e: OSError) -> float:
-        """The time of a process that may not write the clock file (a user who may only
-        read, a read-only mount): this machine's clock. Such a process writes nothing (every
-        write goes through ``tmp/`` beside the clock), so the time only tells what it shows
-        (a lease overdue), never a decision."""
+        """The time of a process that may write nothing (a read-only mount, or a user who
+        may write neither the clock file nor ``tmp/``, through which every write goes): this
+        machine's clock, which then only tells what it shows (a lease overdue), never a
+        decision. One that may write ``tmp/`` but not the clock file is refused the time
+        (``AccessDenied``), never given its own clock to decide a lease by."""
         if not self._warned_read_only:
             self._warned_read_only = True
             log.warning(

@@ -176,7 +176,7 @@ class GCSStore(HandsOnUploads, PrefixedStore):
                 f"({type(e).__name__}); check GOOGLE_APPLICATION_CREDENTIALS"
             )
         if isinstance(e, api_exceptions.GoogleAPICallError):
-            page = self.page(action, key, e.code, e.response)
+            page = self.page(action, key, e.code, e.response, _text(e.response))
             if page is not None:
                 return page
             said = " ".join(f"{answer(e)} {e.message}".split())
@@ -198,29 +198,37 @@ class GCSStore(HandsOnUploads, PrefixedStore):
         return StoreError(f"could not {action} {self.describe(key)}: {type(e).__name__}: {e}")
 
     def missing(
-        self, action: str, key: str, says: str | None, response: Any
+        self, action: str, key: str, says: str | None, response: Any, ask: bool = True
     ) -> StoreError | NoSuchObject:
         """What a 404 that ``says`` what is missing (``missing_what``) means: a missing
-        bucket (said so, or asked once when the answer does not say: an emulator's "Not
-        Found"), an endpoint that is no GCS JSON API (its 404 is a page of HTML or XML: a web
-        server, another cloud's API), or a missing object."""
+        object or bucket when it says so; else an endpoint that is no GCS JSON API when it
+        answered a page of markup (a web server, another cloud's API), a missing bucket when
+        asked (once a store, where ``ask``: an emulator says only "Not Found"), or a missing
+        object."""
         if says == "bucket":
             return self._no_bucket(action, key)
-        page = self.page(action, key, 404, response)
+        if says == "object":  # GCS's own words, even in a text/html answer to a download
+            return NoSuchObject(self.describe(key))
+        page = self.page(action, key, 404, response, _text(response))
         if page is not None:
             return page
-        if says is None and not self._bucket_seen:
+        if ask and not self._bucket_seen:
             if self.bucket_missing():
                 return self._no_bucket(action, key)
             self._bucket_seen = True
         return NoSuchObject(self.describe(key))
 
-    def page(self, action: str, key: str, status: Any, response: Any) -> StoreError | None:
-        """The error of an answer that is a page of HTML or XML (a web server, another
-        cloud's API), which no GCS JSON API gives; None for any other."""
+    def page(
+        self, action: str, key: str, status: Any, response: Any, body: str
+    ) -> StoreError | None:
+        """The error of a refusal that is a page of HTML or XML (a web server, another
+        cloud's API), which no GCS JSON API answers; None for any other, and for a server
+        error (GCS's front end may answer 502 or 503 with a page of its own)."""
         headers = getattr(response, "headers", None)
         kind = str(headers.get("Content-Type", "")) if headers is not None else ""
-        if "html" not in kind and "xml" not in kind:
+        if not isinstance(status, int) or (status >= 500 and status != 501):
+            return None
+        if ("html" not in kind and "xml" not in kind) or not body.lstrip().startswith("<"):
             return None
         return StoreError(
             f"{self.gcs.shown_endpoint} does not behave like the GCS JSON API: it answered "
@@ -270,9 +278,7 @@ class GCSStore(HandsOnUploads, PrefixedStore):
                 raise PreconditionFailed(f"{self.describe(key)}: 412", answer=answer(e)) from e
             raise self.fail(e, action, key) from e
         except api_exceptions.NotFound as e:
-            if write and not absent_ok and self.bucket_missing():
-                raise self._no_bucket(action, key) from e
-            raise self.fail(e, action, key) from e
+            raise self.missing(action, key, not_found(e), e.response, ask=not absent_ok) from e
         except CONNECTION_ERRORS as e:
             if write:
                 raise OutcomeUnknown(f"{self.describe(key)}: {type(e).__name__}") from e
@@ -367,18 +373,18 @@ class GCSStore(HandsOnUploads, PrefixedStore):
 
         response = self.call("read", key, lambda: READ_RETRY(retry_status(send))())
         if response.status_code == 404:
-            says = missing_what(response.text)
+            body = _text(response)  # read before the close (then kept by the response)
             response.close()
-            raise self.missing("read", key, says, response)
+            raise self.missing("read", key, missing_what(body), response)
         if response.status_code == 416:
             response.close()
             raise StoreError(
                 f"could not read {self.describe(key)}: range {byte_range} is outside the object"
             )
         if response.status_code not in (200, 206):
-            status = response.status_code
+            status, body = response.status_code, _text(response)
             response.close()
-            page = self.page("read", key, status, response)
+            page = self.page("read", key, status, response, body)
             raise page or self.fail(status_error(status, "media download"), "read", key)
         return GCSStream(response, self.describe(key))
 
@@ -573,3 +579,11 @@ def open_store(url: StoreURL, *, endpoint_url: str | None, runtime: Runtime | No
     ``endpoint_url`` (else ``STORAGE_EMULATOR_HOST``, else Google's, with application
     default credentials)."""
     return GCSStore(make_gcs_client(endpoint_url), url.bucket, url.prefix, runtime=runtime)
+
+
+def _text(response: Any) -> str:
+    """The first of an error answer's text ("" where there is none to read)."""
+    try:
+        return str(response.text)[:2000] if response is not None else ""
+    except (AttributeError, RuntimeError, ValueError):  # a stream already consumed or closed
+        return ""

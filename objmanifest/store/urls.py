@@ -99,7 +99,7 @@ def plain_http(parsed: ParseResult | None, *, path: bool) -> bool:
         parsed is None
         or parsed.scheme not in ("http", "https")
         or not parsed.hostname
-        or any(c.isspace() or c in _NOT_IN_HOSTS for c in parsed.hostname)
+        or any(not c.isprintable() or c.isspace() or c in _NOT_IN_HOSTS for c in parsed.hostname)
         or (not path and parsed.path.strip("/"))
         or parsed.query
         or parsed.fragment

@@ -184,6 +184,9 @@ def _handler(double: GCSDouble) -> type[BaseHTTPRequestHandler]:
                     return
                 if a.status == 304:
                     self._send(304)
+                elif "alt=media" in target:  # as GCS answers a download: its words, as HTML
+                    page = {"Content-Type": "text/html; charset=UTF-8"}
+                    self._send(a.status, a.message.encode(), page)
                 else:
                     self._json(a.status, _error(a.status, a.message, a.reason))
                 return
