@@ -999,3 +999,35 @@ def test_a_read_that_breaks_off_is_a_store_error(
     assert task.entry("cut").state is om.State.ready  # nothing marked, nothing failed
     monkeypatch.undo()
     assert task.agent("c").consume("cut") == b"0123456789"
+
+
+def test_a_claim_of_a_task_deleted_and_created_again_changes_nothing_of_the_new_one(
+    task: om.Task, store: om.ObjectStore
+) -> None:
+    """A process that opened the task, claimed ``w``, and outlived a ``delete --force`` and
+    a new task under the same id, where the same agent claimed ``w`` at the same epoch: its
+    put is refused (it would have finished the new task's entry with the old run's bytes),
+    and so is any read of the new task through the old object. The new task is as its own
+    agents left it; opened again, the old process works on the new task."""
+    task.declare("w", "collect")
+    old = task.agent("P")
+    held = old.claim("w")
+    assert held is not None
+    om.Task.open(store, "job").delete(force=True)
+    new = om.Task.create(store, "job", stages=["collect"], lease_seconds=30)
+    new.declare("w", "collect")
+    mine = new.agent("P").claim("w")
+    assert mine is not None and mine.epoch == held.epoch
+    for call in (lambda: old.put(held, b"the old run's bytes"), lambda: task.entry("w")):
+        with pytest.raises(om.NotFound, match="deleted and created again since this process"):
+            call()
+    entry = new.entry("w")
+    assert (entry.state, entry.owner, entry.epoch, entry.key) == (
+        om.State.writing,
+        "P",
+        held.epoch,
+        None,
+    )
+    again = om.Task.open(store, "job")
+    assert again.agent("P").put(mine, b"the new run's bytes").state is om.State.ready
+    assert new.agent("c").consume("w") == b"the new run's bytes"

@@ -184,6 +184,9 @@ class ShardCodec(VersionedCodec[Shard]):
     task_id: str
     stage: str
     writes: int = SCHEMA_VERSION
+    creation_id: str = ""
+    """The task's ``creation_id``: a shard made here carries it, and one read with another
+    belongs to a task created anew under the same id (``check``); "" checks nothing."""
     fragments: Fragments = field(default_factory=Fragments, compare=False, repr=False)
 
     def encode(self, doc: Shard) -> bytes:
@@ -195,9 +198,20 @@ class ShardCodec(VersionedCodec[Shard]):
     def check(self, key: str, doc: Shard) -> None:
         if doc.stage != self.stage or doc.task_id != self.task_id:
             raise CorruptShard(key, f"belongs to task {doc.task_id!r} stage {doc.stage!r}")
+        if self.creation_id and doc.creation_id and doc.creation_id != self.creation_id:
+            raise NotFound(
+                f"task {self.task_id!r} was deleted and created again since this process "
+                f"opened it ({key} belongs to the new one): nothing was changed; open the task "
+                "again (a claim of the old task holds nothing in the new one)"
+            )
 
     def empty(self) -> Shard:
-        return Shard(task_id=self.task_id, stage=self.stage, schema_version=self.writes)
+        return Shard(
+            task_id=self.task_id,
+            stage=self.stage,
+            schema_version=self.writes,
+            creation_id=self.creation_id or None,
+        )
 
     def transitions(self, before: Shard, after: Shard) -> list[Change]:
         """The entries removed (in the order ``before`` had them), then those changed or
@@ -272,8 +286,11 @@ class ShardCodecs(Mapping[str, ShardCodec]):
     holds those of the shards it touches, not thousands (an agent of a split stage works in
     one or two partitions)."""
 
-    def __init__(self, layout: TaskLayout, stages: tuple[str, ...], schema: int) -> None:
+    def __init__(
+        self, layout: TaskLayout, stages: tuple[str, ...], schema: int, creation_id: str = ""
+    ) -> None:
         self._layout, self._stages, self._schema = layout, stages, schema
+        self._creation_id = creation_id
         self._made: dict[str, ShardCodec] = {}
 
     def __getitem__(self, shard: str) -> ShardCodec:
@@ -281,7 +298,9 @@ class ShardCodecs(Mapping[str, ShardCodec]):
         if codec is None:
             if not self._layout.is_shard(shard, self._stages):
                 raise KeyError(shard)
-            codec = self._made[shard] = ShardCodec(self._layout.task_id, shard, self._schema)
+            codec = self._made[shard] = ShardCodec(
+                self._layout.task_id, shard, self._schema, self._creation_id
+            )
         return codec
 
     def __iter__(self) -> Iterator[str]:

@@ -110,7 +110,7 @@ _STAMP_HOLE = b',"version":0,"commits":[]'
 """What the skeleton holds for the two fields every commit changes (version and commit ids,
 written right after ``schema_version``, an integer, so the first such text is theirs)."""
 
-SMALL_FIELDS = ("schema_version", "journal_id", "task_id", "stage")
+SMALL_FIELDS = ("schema_version", "journal_id", "task_id", "stage", "creation_id")
 """The shard's fields a skeleton is made of (besides version, commits and the holes)."""
 _small = attrgetter(*SMALL_FIELDS)
 _grown = attrgetter(*(name for name, _ in _HOLES))

@@ -328,6 +328,11 @@ class Shard(Journaled):
 
     task_id: str
     stage: str
+    creation_id: str | None = None
+    """The ``creation_id`` of the task whose shard this is (its header's): a process that
+    opened a task since deleted and created again under its id finds another here, and is
+    refused rather than change the new task (a claim of the old one finishing an entry of
+    the new). None in a shard made before shards carried it, or for a task without one."""
     entries: dict[str, Entry] = Field(default_factory=dict)
     archived: dict[str, Archived] | None = None
 

@@ -97,7 +97,9 @@ class Manifest:
         self.task_id: str = header.task_id
         self.stages: tuple[str, ...] = header.stages
         self.index_codec = IndexCodec(header.objects_schema)
-        self._codecs = ShardCodecs(self.layout, header.stages, header.objects_schema)
+        self._codecs = ShardCodecs(
+            self.layout, header.stages, header.objects_schema, header.creation_id
+        )
         self.uploads = Scope(
             store=self.store,
             docs=self.docs,

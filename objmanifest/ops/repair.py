@@ -372,6 +372,7 @@ class Repairer:
         rebuilt = Shard(
             task_id=codec.task_id,
             stage=codec.stage,
+            creation_id=codec.creation_id or None,
             schema_version=codec.writes,
             version=version,
             entries=entries,
