@@ -1031,3 +1031,17 @@ def test_a_claim_of_a_task_deleted_and_created_again_changes_nothing_of_the_new_
     again = om.Task.open(store, "job")
     assert again.agent("P").put(mine, b"the new run's bytes").state is om.State.ready
     assert new.agent("c").consume("w") == b"the new run's bytes"
+    # A declaration of the old process that would make a shard of the new task (whose
+    # "write" stage has none yet) is refused before anything is written: made, the shard
+    # would carry the old creation id and refuse the new task's own agents.
+    om.Task.open(store, "job").delete(force=True)
+    new = om.Task.create(store, "job", stages=["collect", "write"], lease_seconds=30)
+    with pytest.raises(om.NotFound, match="deleted and created again since this process"):
+        task.declare("late", "write")
+    new.declare("x", "write")
+    assert new.entry("x").state is om.State.pending
+    with pytest.raises(om.NotFound):
+        new.entry("late")
+    om.Task.open(store, "job").delete(force=True)
+    with pytest.raises(om.NotFound, match="was deleted since this process opened it"):
+        task.declare("later", "check")

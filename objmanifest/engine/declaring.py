@@ -9,6 +9,7 @@ from typing import Any
 
 import shard_index
 
+from ..cas.codecs import HeaderCodec
 from ..core import changes, commands
 from ..core.model import (
     Claim,
@@ -22,6 +23,7 @@ from ..errors import (
     InvalidInput,
     NotFound,
 )
+from ..store.errors import NoSuchObject
 from .commands import DeclareInIndex, RepairIndex, refuse_twice
 from .manifest import Manifest
 from .reads import lost_shard
@@ -78,6 +80,26 @@ def declare(
     return declare_many(m, [decl])[0]
 
 
+def refuse_another_task(m: Manifest) -> None:
+    """Before a declaration makes a shard: the task under its id must still be the one this
+    process opened. A shard it made for the old task in a new one would carry the old
+    ``creation_id``, and refuse the new task's own agents."""
+    key = m.layout.header
+    try:
+        blob = m.store.get(key)
+    except NoSuchObject:
+        raise NotFound(
+            f"task {m.task_id!r} was deleted since this process opened it: nothing was declared"
+        ) from None
+    assert blob is not None
+    now = HeaderCodec(m.task_id).decode(key, blob.body)
+    if m.header.creation_id and now.creation_id != m.header.creation_id:
+        raise NotFound(
+            f"task {m.task_id!r} was deleted and created again since this process opened it: "
+            "nothing was declared; open the task again"
+        )
+
+
 def declare_many(
     m: Manifest, decls: Iterable[Declaration | dict[str, Any] | tuple[Any, ...]]
 ) -> list[Entry]:
@@ -101,6 +123,7 @@ def declare_many(
     shards = {shard: m.read_shard(shard) for shard in by_shard}
     refuse_unindexed(m, batch, shards)
     if any(not doc.version for doc in shards.values()):
+        refuse_another_task(m)
         index = m.index()
         for shard, doc in shards.items():
             lost = lost_shard(m, shard, doc, index)
