@@ -200,14 +200,14 @@ def test_a_write_makes_again_a_directory_a_delete_removes_while_it_makes_it(
     sweeping a stage while agents write there does). The write makes them again."""
     store.put("pipe/data/old", b"x")
     store.delete("pipe/data/old")  # "pipe=" and "pipe=/data=" are gone now
-    parent = os.path.join(os.fsencode(store.root), b"pipe=")
+    parent = b"pipe="  # made in the store's directory, as the write walks down to its own
     real_mkdir = os.mkdir
     removed: list[bytes] = []
 
-    def mkdir_as_a_delete_races_it(path: Any, mode: int = 0o777) -> None:
-        real_mkdir(path, mode)
+    def mkdir_as_a_delete_races_it(path: Any, mode: int = 0o777, *, dir_fd: Any = None) -> None:
+        real_mkdir(path, mode, dir_fd=dir_fd)
         if os.fsencode(path) == parent and not removed:  # a delete removes it, left empty
-            os.rmdir(path)
+            os.rmdir(path, dir_fd=dir_fd)
             removed.append(parent)
 
     monkeypatch.setattr(os, "mkdir", mkdir_as_a_delete_races_it)

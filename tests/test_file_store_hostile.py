@@ -237,6 +237,97 @@ def test_a_special_file_at_an_objects_path_is_never_followed_opened_or_replaced(
     assert outside.read_bytes() == b"secret"
 
 
+def _outside(tree: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(tree)): p.read_bytes() for p in tree.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_directory_of_the_tree_replaced_by_a_link_is_never_followed(
+    root: Path, store: FileStore, depth: int
+) -> None:
+    """A directory of the key space moved elsewhere and a link left in its place (by hand,
+    or by another user of the share): no read, write, delete or listing goes through it.
+    Each call is refused naming the link and the fix, and nothing outside the store is
+    read, written or removed (a delete through it would remove someone else's file)."""
+    store.put("pipe/data/a", b"mine")
+    store.put("pipe/data/b", b"mine too")
+    outside = root.parent / "elsewhere"
+    outside.mkdir()
+    moved = root / "pipe=" if depth == 1 else root / "pipe=" / "data="
+    os.rename(moved, outside / moved.name)
+    moved.symlink_to(outside / moved.name)
+    before = _outside(outside)
+    assert len(before) == 2
+    calls: dict[str, Callable[[], object]] = {
+        "get": lambda: store.get("pipe/data/a"),
+        "head": lambda: store.head("pipe/data/a"),
+        "open": lambda: store.open("pipe/data/a"),
+        "create": lambda: store.put("pipe/data/new", b"x", mode=CREATE),
+        "update": lambda: store.put("pipe/data/a", b"x", mode=PutMode.update('"0123"')),
+        "overwrite": lambda: store.put("pipe/data/a", b"x"),
+        "delete": lambda: store.delete("pipe/data/a"),
+        "list": lambda: list(store.list_keys("pipe/data/")),
+    }
+    for name, call in calls.items():
+        with pytest.raises(StoreError) as raised:
+            call()
+        said = str(raised.value)
+        assert os.fsdecode(moved) in said and "symbolic link" in said, (name, said)
+        assert "remove it" in said, (name, said)
+    assert _outside(outside) == before  # nothing read through it was written back
+    assert list(store.list_keys("")) == []  # a listing of the whole store passes over it
+    assert os.listdir(store.directory.tmp) == []
+
+
+def test_a_task_whose_data_directory_became_a_link_is_refused_and_nothing_outside_goes(
+    root: Path, store: FileStore
+) -> None:
+    """Through the public API: a consumer's read meets the link and stops, naming it, as a
+    delete of the entry's data does (gc's); the files it points at stay."""
+    task = om.Task.create(store, "job", stages=["a", "b"])
+    task.declare("x", "a")
+    agent = task.agent("p")
+    claim = agent.claim(stage="a")
+    assert claim is not None
+    entry = agent.put(claim, b"payload")
+    directory = root / os.fsdecode(os.path.dirname(store.object_path(entry.key)))
+    directory = directory.relative_to(root)
+    top = root / directory.parts[0]
+    outside = root.parent / "elsewhere"
+    outside.mkdir()
+    os.rename(top, outside / top.name)
+    top.symlink_to(outside / top.name)
+    before = _outside(outside)
+    with pytest.raises(StoreError, match="symbolic link"):
+        task.agent("q").consume("x")
+    with pytest.raises(StoreError, match="symbolic link"):
+        store.delete(entry.key)
+    assert _outside(outside) == before
+
+
+@pytest.mark.parametrize("name", ["tmp", "uploads"])
+def test_the_stores_own_directories_are_never_a_link(tmp_path: Path, name: str) -> None:
+    """``.objmanifest/tmp`` (where every write starts, and which the sweep empties) or
+    ``uploads`` made a link: the store refuses to open, and a sweep never empties a link's
+    directory."""
+    root = tmp_path / "store"
+    root.mkdir()
+    store = FileStore(str(root))
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "old-file").write_bytes(b"keep")
+    os.utime(outside / "old-file", (0, 0))  # as old as a dead writer's temporary file
+    own = root / ".objmanifest" / name
+    shutil.rmtree(own)
+    own.symlink_to(outside)
+    with pytest.raises(StoreError, match=f"{name} is a symbolic link.*move it away"):
+        FileStore(str(root))
+    if name == "tmp":
+        with pytest.raises(OSError):
+            store.directory.sweep(time.time(), older=0)
+    assert (outside / "old-file").read_bytes() == b"keep"
+
+
 # -- permissions, read-only and full filesystems -----------------------------------------------
 
 
@@ -368,8 +459,8 @@ def test_a_link_resent_by_nfs_and_answered_exists_is_our_own_create(
 ) -> None:
     real_link = os.link
 
-    def link_then_exists(source: bytes, target: bytes) -> None:
-        real_link(source, target)  # the first LINK landed; its answer was lost; the resent
+    def link_then_exists(source: bytes, target: bytes, **at: Any) -> None:
+        real_link(source, target, **at)  # the first LINK landed; its answer was lost; the resent
         raise FileExistsError(errno.EEXIST, "File exists")  # one found the file there
 
     monkeypatch.setattr(os, "link", link_then_exists)
@@ -387,9 +478,9 @@ def test_a_rename_that_fails_with_an_io_error_is_outcome_unknown_unless_seen_in_
     before = store.put("k", b"before")
     real_rename = os.rename
 
-    def rename_then_eio(source: bytes, target: bytes) -> None:
+    def rename_then_eio(source: bytes, target: bytes, **at: Any) -> None:
         if landed:
-            real_rename(source, target)
+            real_rename(source, target, **at)
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(os, "rename", rename_then_eio)

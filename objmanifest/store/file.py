@@ -62,7 +62,7 @@ from urllib.parse import quote
 from ..core import checksum
 from ..core.runtime import DEFAULT, Runtime
 from ..errors import InvalidInput, StoreError
-from . import file_io, file_paths, urls
+from . import file_io, file_paths, file_tree, urls
 from .base import (
     Blob,
     HandsOnUploads,
@@ -80,6 +80,8 @@ from .file_uploads import Uploads
 from .urls import StoreURL
 
 T = TypeVar("T")
+Step = Callable[..., None]
+"""``os.link`` or ``os.rename``: (source, name, dst_dir_fd=directory)."""
 log = logging.getLogger(__name__)
 
 OBSERVE_EVERY = 10.0
@@ -163,11 +165,17 @@ class FileStore(HandsOnUploads, Writes):
 
     def _open(self, key: str, action: str) -> tuple[int, os.stat_result, bytes]:
         """The object's file, open for reading, and what ``fstat`` says of it."""
-        path = self.object_path(key)
+        path, names = self.object_path(key), _names(key)
         try:
-            fd = os.open(path, _READ_FLAGS)
+            directories = file_tree.open_directories(self._base, names[:-1])
+        except OSError as e:
+            raise self.error(e, action, key, e.filename, reading=True) from e
+        try:
+            fd = os.open(names[-1], _READ_FLAGS, dir_fd=directories[-1])
         except OSError as e:
             raise self.error(e, action, key, path, reading=True) from e
+        finally:
+            file_tree.close_all(directories)
         try:
             found = os.fstat(fd)
         except OSError as e:
@@ -261,16 +269,16 @@ class FileStore(HandsOnUploads, Writes):
 
     def write(self, put: Put) -> str:
         """Write an object and return its ETag (its body's xxh3-128 checksum)."""
-        path = self.object_path(put.key)
 
         def write(fd: int) -> str:
             return file_io.write_object(fd, put.body, put.metadata)
 
-        return f'"{self.place(put.key, path, write, put.mode)}"'
+        return f'"{self.place(put.key, write, put.mode)}"'
 
-    def place(self, key: str, path: bytes, write: Callable[[int], str], mode: PutMode) -> str:
+    def place(self, key: str, write: Callable[[int], str], mode: PutMode) -> str:
         """Write a new version to a temporary file with ``write`` (which returns its bare
-        ETag), make it durable, and put it at ``path`` under ``mode``'s condition."""
+        ETag), make it durable, and put it in place of ``key``'s file under ``mode``'s
+        condition."""
         temp = self.temporary()
         try:
             fd = os.open(temp, _TEMP_FLAGS, file_io.FILE_MODE)
@@ -284,14 +292,13 @@ class FileStore(HandsOnUploads, Writes):
             except OSError as e:
                 raise self.error(e, "write", key, temp) from e
             if mode.kind == "create":
-                self._link(key, temp, path, fd)
+                self._link(key, temp, fd)
             else:
                 with self.locked([key]):
                     if mode.kind == "update":
-                        self._check_version(key, path, mode)
-                    self._into_place(key, os.rename, temp, path, fd)
+                        self._check_version(key, mode)
+                    self._into_place(key, os.rename, temp, fd)
             placed = True
-            self._sync(key, os.path.dirname(path))
             return etag
         finally:
             with suppress(OSError):  # written and fsync-ed: nothing left for close to report
@@ -299,7 +306,7 @@ class FileStore(HandsOnUploads, Writes):
             if not placed or mode.kind == "create":
                 _remove(temp)
 
-    def _check_version(self, key: str, path: bytes, mode: PutMode) -> None:
+    def _check_version(self, key: str, mode: PutMode) -> None:
         """Refuse an update unless the object is still the version named (read fresh: the
         lock is held, and the file is opened now)."""
         try:
@@ -313,76 +320,65 @@ class FileStore(HandsOnUploads, Writes):
                 f"{self.describe(key)}: not the version named", answer="another version"
             )
 
-    def _link(self, key: str, temp: bytes, path: bytes, fd: int) -> None:
-        """Link the new file at ``path`` if nothing is there."""
+    def _link(self, key: str, temp: bytes, fd: int) -> None:
+        """Link the new file in place of ``key``'s if nothing is there."""
         try:
-            self._into_place(key, os.link, temp, path, fd)
+            self._into_place(key, os.link, temp, fd)
         except FileExistsError:
             if os.fstat(fd).st_nlink > 1:  # our own link, answered EEXIST when NFS resent it
                 return
             raise PreconditionFailed(f"{self.describe(key)}: exists", answer="exists") from None
 
-    def _into_place(
-        self, key: str, step: Callable[[bytes, bytes], None], temp: bytes, path: bytes, fd: int
-    ) -> None:
-        """Link or rename (``step``) the new file to ``path``, making its directory first
-        when it is missing (never made, or removed by a delete meanwhile). A failure that
-        may have happened all the same is ``OutcomeUnknown`` unless the file is seen in
-        place."""
+    def _into_place(self, key: str, step: Step, temp: bytes, fd: int) -> None:
+        """Link or rename (``step``) the new file in place of ``key``'s, in its directory
+        reached name by name (``file_tree``: a link on the way is refused, never followed),
+        made first when it is missing (never made, or removed by a delete meanwhile), and
+        make that directory durable. A failure that may have happened all the same is
+        ``OutcomeUnknown`` unless the file is seen in place."""
+        names, path = _names(key), self.object_path(key)
         for attempt in range(RETRIES):
             try:
-                step(temp, path)
-                return
-            except FileExistsError:
-                raise
+                directories = file_tree.open_directories(self._base, names[:-1], make=True)
             except FileNotFoundError as e:
-                if not self.directory.present():
-                    raise self.directory.gone("write", self.describe(key)) from e
-                if not os.path.exists(temp):
-                    raise StoreError(
-                        f"could not write {self.describe(key)}: its temporary file "
-                        f"{os.fsdecode(temp)} vanished before it was put in place (a sweep "
-                        "took it for a dead writer's); retry"
-                    ) from e
-                if attempt + 1 == RETRIES:
-                    raise StoreError(
-                        f"could not write {self.describe(key)}: its directory was removed "
-                        f"{RETRIES} times as this write made it again (deletes of the objects "
-                        "beside it racing the write); retry"
-                    ) from e
-                self._make_dirs(key, os.path.dirname(path))
+                missing = e
             except OSError as e:
-                if e.errno not in file_io.LOST:
-                    raise self.error(e, "write", key, path) from e
-                if _same_file(fd, path):
+                raise self.error(e, "write", key, e.filename) from e
+            else:
+                try:
+                    step(temp, names[-1], dst_dir_fd=directories[-1])
+                    self._sync(key, directories[-1])
                     return
-                raise OutcomeUnknown(f"{self.describe(key)}: {e.strerror}") from e
+                except FileExistsError:
+                    raise
+                except FileNotFoundError as e:
+                    missing = e
+                except OSError as e:
+                    if e.errno not in file_io.LOST:
+                        raise self.error(e, "write", key, path) from e
+                    if _same_file(fd, directories[-1], names[-1]):
+                        return
+                    raise OutcomeUnknown(f"{self.describe(key)}: {e.strerror}") from e
+                finally:
+                    file_tree.close_all(directories)
+            if not self.directory.present():
+                raise self.directory.gone("write", self.describe(key)) from missing
+            if not os.path.exists(temp):
+                raise StoreError(
+                    f"could not write {self.describe(key)}: its temporary file "
+                    f"{os.fsdecode(temp)} vanished before it was put in place (a sweep "
+                    "took it for a dead writer's); retry"
+                ) from missing
+            if attempt + 1 == RETRIES:
+                raise StoreError(
+                    f"could not write {self.describe(key)}: its directory was removed "
+                    f"{RETRIES} times as this write made it again (deletes of the objects "
+                    "beside it racing the write); retry"
+                ) from missing
 
-    def _make_dirs(self, key: str, directory: bytes) -> None:
-        """Create ``directory`` and its missing parents under the root, each made durable.
-        A parent that a delete removes meanwhile (it was left empty) stops it: the caller's
-        next attempt finds the directory missing and makes it again."""
-        missing: list[bytes] = []
-        at = directory
-        while at != self._base and not os.path.isdir(at):
-            missing.append(at)
-            at = os.path.dirname(at)
-        for made in reversed(missing):
-            try:
-                os.mkdir(made, file_io.DIR_MODE)
-            except FileExistsError:
-                continue
-            except FileNotFoundError:
-                return
-            except OSError as e:
-                raise self.error(e, "write", key, made) from e
-            self._sync(key, os.path.dirname(made))
-
-    def _sync(self, key: str, directory: bytes) -> None:
+    def _sync(self, key: str, directory: int) -> None:
+        """Make the entries of ``directory`` (open) durable."""
         try:
-            file_io.sync_dir(directory)
-        except FileNotFoundError:
-            pass  # removed by a delete since: nothing of ours left in it to keep
+            os.fsync(directory)
         except OSError as e:
             raise OutcomeUnknown(
                 f"{self.describe(key)}: written, but its directory could not be made durable "
@@ -402,24 +398,27 @@ class FileStore(HandsOnUploads, Writes):
             self.locks.release(taken)
 
     def delete(self, key: str) -> None:
-        path = self.object_path(key)
+        names, path = _names(key), self.object_path(key)
         with self.locked([key]):
             try:
-                os.unlink(path)
+                directories = file_tree.open_directories(self._base, names[:-1])
             except (FileNotFoundError, NotADirectoryError) as e:
                 if not self.directory.present():
                     raise self.directory.gone("delete", self.describe(key)) from e
                 return
             except OSError as e:
-                raise self.error(e, "delete", key, path) from e
-        directory = os.path.dirname(path)
-        self._sync(key, directory)
-        while directory != self._base:  # directories left empty go too
+                raise self.error(e, "delete", key, e.filename) from e
             try:
-                os.rmdir(directory)
-            except OSError:
-                break
-            directory = os.path.dirname(directory)
+                try:
+                    os.unlink(names[-1], dir_fd=directories[-1])
+                except (FileNotFoundError, NotADirectoryError):
+                    return
+                except OSError as e:
+                    raise self.error(e, "delete", key, path) from e
+                self._sync(key, directories[-1])
+                file_tree.remove_empty(directories, names[:-1])  # those left empty go too
+            finally:
+                file_tree.close_all(directories)
 
     def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
         """Keys under ``prefix`` in key order (their UTF-8 bytes, as S3 sorts them)."""
@@ -429,7 +428,8 @@ class FileStore(HandsOnUploads, Writes):
             for key, is_prefix in file_paths.listing(self._base, prefix, delimiter):
                 yield Listed(key, is_prefix)
         except OSError as e:
-            raise self.directory.failure(e, "list", self.describe(prefix), self._base) from e
+            where = os.fsencode(e.filename) if e.filename else self._base
+            raise self.directory.failure(e, "list", self.describe(prefix), where) from e
 
     def list_keys(self, prefix: str) -> Iterator[str]:
         """Every object key under ``prefix``."""
@@ -463,11 +463,11 @@ def _read_exactly(fd: int, offset: int, size: int) -> bytes:
     return data
 
 
-def _same_file(fd: int, path: bytes) -> bool:
-    """Whether ``path`` is the file open at ``fd`` (a rename or link that reported a failure
-    but happened)."""
+def _same_file(fd: int, directory: int, name: bytes) -> bool:
+    """Whether ``name`` in ``directory`` is the file open at ``fd`` (a rename or link that
+    reported a failure but happened)."""
     try:
-        mine, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+        mine, there = os.fstat(fd), os.stat(name, dir_fd=directory, follow_symlinks=False)
     except OSError:
         return False
     return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)

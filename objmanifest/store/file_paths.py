@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import InvalidInput, StoreError
+from . import file_tree
 
 MAX_KEY_BYTES = 1024
 """The longest key, in UTF-8 bytes (S3's limit too)."""
@@ -222,7 +223,12 @@ def listing(root: bytes, prefix: str, delimiter: str | None) -> Iterator[tuple[s
     keys that hold it after the prefix rolled up into one row each."""
     key_bytes(prefix, "prefix")
     *whole, partial = prefix.split("/")
-    base = os.path.join(root, *dir_names(whole)) if whole else root
+    names = dir_names(whole)
+    try:  # the prefix's directories, none of them a link (``ELOOP`` if one is)
+        file_tree.close_all(file_tree.open_directories(root, names))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    base = os.path.join(root, *names)
     under = "".join(f"{segment}/" for segment in whole)
     rolled: str | None = None
     for child in children(base):

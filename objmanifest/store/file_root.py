@@ -16,7 +16,7 @@ from contextlib import suppress
 from datetime import datetime, timezone
 
 from ..errors import InvalidInput, StoreError, UnsupportedStore
-from . import file_io, file_paths
+from . import file_io, file_paths, file_tree
 from .errors import NoSuchObject
 from .file_io import failure
 
@@ -191,6 +191,12 @@ class Directory:
         for made in (self.tmp, self.uploads):
             with suppress(FileExistsError):
                 os.mkdir(made, file_io.DIR_MODE)
+            found = os.lstat(made)
+            if not stat.S_ISDIR(found.st_mode):
+                raise StoreError(
+                    f"{os.fsdecode(made)} is {kind(found.st_mode)}, where objmanifest keeps "
+                    "its own files (a link there is never followed); move it away"
+                )
 
     def present(self) -> bool:
         """Whether the directory still holds the store: a store's directory removed, emptied
@@ -274,12 +280,18 @@ class Directory:
     def sweep(self, now: float, older: float = STALE_AFTER) -> int:
         """Remove every temporary file or removed upload unchanged for ``older`` seconds
         before ``now`` (the filesystem's time); how many."""
-        with os.scandir(self.tmp) as found:
-            stale = [e for e in found if now - e.stat(follow_symlinks=False).st_mtime > older]
-        for entry in stale:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                with suppress(OSError):
-                    os.unlink(entry.path)
+        tmp = os.open(self.tmp, file_tree.DIR_FLAGS)  # never a link's directory
+        try:
+            with os.scandir(tmp) as found:
+                stale = [e for e in found if now - e.stat(follow_symlinks=False).st_mtime > older]
+            for entry in stale:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(
+                        os.path.join(self.tmp, os.fsencode(entry.name)), ignore_errors=True
+                    )
+                else:
+                    with suppress(OSError):
+                        os.unlink(entry.name, dir_fd=tmp)
+        finally:
+            os.close(tmp)
         return len(stale)

@@ -49,10 +49,9 @@ class Host(Protocol):
     def error(
         self, e: OSError, action: str, key: str, path: bytes, reading: bool = False
     ) -> Exception: ...
-    def object_path(self, key: str) -> bytes: ...
     def locked(self, names: Sequence[str]) -> AbstractContextManager[None]: ...
     def temporary(self) -> bytes: ...
-    def place(self, key: str, path: bytes, write: Callable[[int], str], mode: PutMode) -> str: ...
+    def place(self, key: str, write: Callable[[int], str], mode: PutMode) -> str: ...
 
 
 class Uploads:
@@ -161,7 +160,6 @@ class Uploads:
         return dict(sorted(listed.items()))
 
     def complete(self, key: str, upload_id: str, etags: Sequence[str], mode: PutMode) -> None:
-        path = self.store.object_path(key)
         with self.store.locked([f"upload:{upload_id}"]):
             directory = self._dir(key, upload_id)
             if not etags:
@@ -177,7 +175,7 @@ class Uploads:
                         file_io.copy_into(fd, part_fd, size)
                     return implied
 
-                self.store.place(key, path, write, mode)
+                self.store.place(key, write, mode)
             finally:
                 for part_fd, _ in parts:
                     os.close(part_fd)
