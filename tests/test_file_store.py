@@ -353,17 +353,23 @@ DAMAGE = {
 """A file of the store's tree damaged by hand: each reads as an object of all its bytes."""
 
 
+def damage_by_hand(store: FileStore, key: str, damage: str) -> bytes:
+    """The file of ``key`` damaged as ``DAMAGE[damage]`` says, in place; its bytes now."""
+    path = store.object_path(key)
+    with open(path, "rb") as f:
+        broken = DAMAGE[damage](f.read())
+    with open(path, "wb") as f:
+        f.write(broken)
+    return broken
+
+
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_damaged_objects_file_reads_as_a_damaged_object(store: FileStore, damage: str) -> None:
     """A file whose header was damaged or cut short reads as an object whose bytes are the
     whole file (its ETag their checksum), as a damaged object reads on any store, and is
     replaced only over that ETag."""
     store.put("k", b'{"a": 1}', metadata={"m": "1"})
-    path = store.object_path("k")
-    with open(path, "rb") as f:
-        broken = DAMAGE[damage](f.read())
-    with open(path, "wb") as f:
-        f.write(broken)
+    broken = damage_by_hand(store, "k", damage)
     if damage == "cut in its body":  # the header is sound: a shorter body, its ETag as it was
         assert store.get("k").body == b'{"a":'  # type: ignore[union-attr]
         return
@@ -392,21 +398,13 @@ def test_a_damaged_shard_is_reported_and_repaired_and_damaged_data_fails_its_che
     assert claim is not None
     entry = producer.put(claim, b"the data of d")
     assert entry.key is not None
-    data_path = store.object_path(entry.key)
-    with open(data_path, "rb") as f:
-        broken_data = DAMAGE[damage](f.read())
-    with open(data_path, "wb") as f:
-        f.write(broken_data)
+    damage_by_hand(store, entry.key, damage)
     with pytest.raises(om.ChecksumMismatch, match="'d'"):
         task.agent("c").consume("d")
     assert task.entry("d").state is om.State.failed
 
     shard = next(row.key for row in store.list("job/shards/"))
-    shard_path = store.object_path(shard)
-    with open(shard_path, "rb") as f:
-        broken = DAMAGE[damage](f.read())
-    with open(shard_path, "wb") as f:
-        f.write(broken)
+    broken = damage_by_hand(store, shard, damage)
     fresh = om.Task.open(store, "job")
     assert [(d.key, d.kind) for d in fresh.status().damaged] == [(shard, "shard")]
     report = fresh.repair()

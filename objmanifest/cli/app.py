@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from types import FrameType
 
 from .. import demo
@@ -77,10 +78,18 @@ SDK_LOGGERS = ("azure", "google", "urllib3")
 """The clouds' SDKs, whose warnings (each credential azure-identity tried, a response it
 could not decode) would print on stderr beside the command's one line of error."""
 
-_kept_back = threading.Lock()
-_commands_keeping_back: list[list[int]] = []
-"""The loggers' levels before the first command of this process that runs keeping the
-SDKs' warnings back, while any does (``main`` may run in several threads at once)."""
+
+@dataclass
+class _KeptBack:
+    """The commands of this process running with the SDKs' warnings kept back (``main`` may
+    run in several threads at once), and the loggers' levels before the first of them."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    commands: int = 0
+    levels: list[int] = field(default_factory=list)
+
+
+_kept_back = _KeptBack()
 
 
 @contextmanager
@@ -92,22 +101,20 @@ def sdk_warnings_kept_back(debug: bool) -> Iterator[None]:
         yield
         return
     loggers = [logging.getLogger(name) for name in SDK_LOGGERS]
-    with _kept_back:
-        if not _commands_keeping_back:
-            before = [logger.level for logger in loggers]
-            for logger, level in zip(loggers, before, strict=True):
-                if level == logging.NOTSET:
+    with _kept_back.lock:
+        if not _kept_back.commands:
+            _kept_back.levels = [logger.level for logger in loggers]
+            for logger in loggers:
+                if logger.level == logging.NOTSET:
                     logger.setLevel(logging.ERROR)
-        else:
-            before = _commands_keeping_back[0]
-        _commands_keeping_back.append(before)
+        _kept_back.commands += 1
     try:
         yield
     finally:
-        with _kept_back:
-            _commands_keeping_back.pop()
-            if not _commands_keeping_back:
-                for logger, level in zip(loggers, before, strict=True):
+        with _kept_back.lock:
+            _kept_back.commands -= 1
+            if not _kept_back.commands:
+                for logger, level in zip(loggers, _kept_back.levels, strict=True):
                     logger.setLevel(level)
 
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import shard_index
 
-from ..cas.codecs import HeaderCodec
 from ..core import changes, commands
 from ..core.model import (
     Claim,
@@ -24,6 +23,7 @@ from ..errors import (
     NotFound,
 )
 from ..store.errors import NoSuchObject
+from . import opening
 from .commands import DeclareInIndex, RepairIndex, refuse_twice
 from .manifest import Manifest
 from .reads import lost_shard
@@ -84,15 +84,12 @@ def refuse_another_task(m: Manifest) -> None:
     """Before a declaration makes a shard: the task under its id must still be the one this
     process opened. A shard it made for the old task in a new one would carry the old
     ``creation_id``, and refuse the new task's own agents."""
-    key = m.layout.header
     try:
-        blob = m.store.get(key)
+        now, _ = opening.read_header(m.store, m.task_id)
     except NoSuchObject:
         raise NotFound(
             f"task {m.task_id!r} was deleted since this process opened it: nothing was declared"
         ) from None
-    assert blob is not None
-    now = HeaderCodec(m.task_id).decode(key, blob.body)
     if m.header.creation_id and now.creation_id != m.header.creation_id:
         raise NotFound(
             f"task {m.task_id!r} was deleted and created again since this process opened it: "

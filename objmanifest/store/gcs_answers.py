@@ -69,8 +69,7 @@ def missing_what(said: str) -> str | None:
 def not_found(e: api_exceptions.NotFound) -> str | None:
     """``missing_what`` of an SDK's 404."""
     said = [str(err.get("message", "")) for err in (e.errors or []) if isinstance(err, dict)]
-    found = {missing_what(text) for text in [*said, str(e.message)]}
-    return "bucket" if "bucket" in found else "object" if "object" in found else None
+    return missing_what(" ".join([*said, str(e.message)]))
 
 
 def answer(e: api_exceptions.GoogleAPICallError) -> str:
