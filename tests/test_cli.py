@@ -1223,6 +1223,12 @@ def test_log_lineage_and_follow_show_the_journal(cli: Cli, task: om.Task, tmp_pa
     write_shard = engine(task).shard_key("write", "out").removeprefix("job/")
     assert re.search(rf"{re.escape(write_shard)} v\d+  declare  -  out: pending", text), text
     assert "raw" not in text  # the one shard of a task holds every stage: only write's
+    piped = {k: v for k, v in cli.environ().items() if k != "COLUMNS"}
+    tree = cli.run("lineage", "out", env=piped).text  # into a pipe: no line wrapped at 80
+    checksum = task.entry("raw").checksum
+    assert checksum is not None and len(checksum) > 40
+    [raw_line] = [line for line in tree.splitlines() if "raw" in line]
+    assert checksum in raw_line and "5 bytes" in raw_line and len(raw_line) > 80, tree
     graph = cli.json("lineage", "out")
     assert graph["edges"] == [["out", "raw"]]
     assert (graph["nodes"]["raw"]["producer"], graph["nodes"]["raw"]["size"]) == ("a", 5)

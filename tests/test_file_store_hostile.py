@@ -24,7 +24,7 @@ import pytest
 import objmanifest as om
 from objmanifest.core import checksum
 from objmanifest.errors import AccessDenied, InvalidInput, StoreError, UnsupportedStore
-from objmanifest.store import CREATE, PutMode
+from objmanifest.store import CREATE, PutMode, file_io
 from objmanifest.store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 from objmanifest.store.file import FileStore
 from objmanifest.store.file_root import check_locks, mount_of
@@ -328,6 +328,95 @@ def test_the_stores_own_directories_are_never_a_link(tmp_path: Path, name: str) 
     assert (outside / "old-file").read_bytes() == b"keep"
 
 
+def _victim(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """A directory outside the store shaped like ``.objmanifest/``, with old files in its
+    ``tmp/`` (what a sweep removes) and an upload's directory that names a key."""
+    victim = tmp_path / "victim"
+    (victim / "tmp" / "olddir").mkdir(parents=True)
+    (victim / "tmp" / "precious").write_bytes(b"keep")
+    (victim / "tmp" / "olddir" / "inside").write_bytes(b"keep too")
+    (victim / "uploads" / "u1").mkdir(parents=True)
+    (victim / "uploads" / "u1" / "key").write_bytes(b"obj")
+    for path in victim.rglob("*"):
+        os.utime(path, (0, 0), follow_symlinks=False)
+    return victim, _outside(victim)
+
+
+def test_the_stores_own_directory_swapped_for_a_link_after_it_opened_is_never_followed(
+    tmp_path: Path,
+) -> None:
+    """``.objmanifest/`` replaced by a link while a store is open (another user of the
+    share): the sweep removes nothing there, writes start no file there, the clock stamps
+    nothing there, and uploads neither write nor read there."""
+    root = tmp_path / "store"
+    root.mkdir()
+    store = FileStore(str(root))
+    store.put("kept", b"before")
+    victim, before = _victim(tmp_path)
+    reserved = root / ".objmanifest"
+    shutil.rmtree(reserved)
+    reserved.symlink_to(victim)
+    with pytest.raises(OSError):
+        store.directory.sweep(time.time() + 10 * 365 * 86400, older=0)
+    with pytest.raises(StoreError, match="symbolic link"):
+        store.put("new", b"x", mode=CREATE)
+    with pytest.raises(StoreError):
+        store.now()
+    with pytest.raises(StoreError, match="symbolic link"):
+        store.upload_part("obj", "u1", 1, b"part")
+    with pytest.raises(StoreError, match="symbolic link"):
+        store.create_upload("obj")
+    assert _outside(victim) == before
+    assert sorted(p.name for p in victim.iterdir()) == ["tmp", "uploads"]
+
+
+def test_an_uploads_directory_swapped_for_a_link_is_never_written_into(
+    tmp_path: Path, store: FileStore
+) -> None:
+    """``uploads/ID`` replaced by a link to a directory that names the same key: a part is
+    refused, and completing never reads its bytes into an object."""
+    upload_id = store.create_upload("obj")
+    store.upload_part("obj", upload_id, 1, b"mine")
+    victim, before = _victim(tmp_path)
+    (victim / "uploads" / "u1" / "1.0123456789abcdef0123456789abcdef").write_bytes(b"secret")
+    before = _outside(victim)
+    own = Path(store.root) / ".objmanifest" / "uploads" / upload_id
+    shutil.rmtree(own)
+    own.symlink_to(victim / "uploads" / "u1")
+    with pytest.raises(StoreError, match="symbolic link"):
+        store.upload_part("obj", upload_id, 2, b"more")
+    with pytest.raises(StoreError, match="symbolic link"):
+        store.complete_upload("obj", upload_id, ['"0123456789abcdef0123456789abcdef"'])
+    with pytest.raises(NoSuchObject):
+        store.get("obj")
+    assert _outside(victim) == before
+
+
+def test_a_temporary_file_swapped_for_a_link_is_never_linked_in_its_place(
+    tmp_path: Path, store: FileStore
+) -> None:
+    """The temporary file of a create-only write replaced by a link to a file outside the
+    store before it is linked into place: the link itself is linked, never the file it
+    points at, so the store never hands out the outside file's bytes."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not the store's")
+    secret.chmod(0o600)
+
+    def write_then_swap(fd: int) -> str:
+        etag = file_io.write_object(fd, b"mine", {})
+        [name] = os.listdir(store.directory.tmp)
+        temp = os.path.join(store.directory.tmp, os.fsencode(name))
+        os.unlink(temp)
+        os.symlink(secret, temp)
+        return etag
+
+    store.place("innocent", write_then_swap, CREATE)
+    with pytest.raises(StoreError, match="symbolic link"):
+        store.get("innocent")
+    assert os.stat(secret).st_nlink == 1
+    assert secret.read_bytes() == b"not the store's"
+
+
 # -- permissions, read-only and full filesystems -----------------------------------------------
 
 
@@ -469,6 +558,39 @@ def test_a_link_resent_by_nfs_and_answered_exists_is_our_own_create(
     assert store.get("k").etag == etag  # type: ignore[union-attr]
     with pytest.raises(PreconditionFailed):
         store.put("k", b"another", mode=CREATE)
+
+
+def test_a_directory_handle_gone_stale_on_nfs_is_walked_again(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On NFS, a directory removed by another machine (a delete that left it empty) between
+    this one's walk and its rename or open answers ``ESTALE`` for the handle walked: the
+    write and the read walk again from the store's directory, as a whole path would have
+    been looked up again, and neither fails nor says its outcome is unknown."""
+    before = store.put("pipe/k", b"before")
+    real_rename, real_open = os.rename, os.open
+    stale: list[str] = []
+
+    def rename_once_stale(source: Any, target: Any, **at: Any) -> None:
+        if "rename" not in stale:
+            stale.append("rename")
+            raise OSError(errno.ESTALE, "Stale file handle")
+        real_rename(source, target, **at)
+
+    def open_once_stale(path: Any, flags: int, *args: Any, **at: Any) -> int:
+        if path == b"k" and at.get("dir_fd") is not None and "open" not in stale:
+            stale.append("open")
+            raise OSError(errno.ESTALE, "Stale file handle")
+        return real_open(path, flags, *args, **at)
+
+    monkeypatch.setattr(os, "rename", rename_once_stale)
+    etag = store.put("pipe/k", b"after", mode=PutMode.update(before))
+    monkeypatch.setattr(os, "open", open_once_stale)
+    assert store.get("pipe/k") == store.get("pipe/k")
+    monkeypatch.undo()
+    assert stale == ["rename", "open"]
+    assert store.get("pipe/k").body == b"after"  # type: ignore[union-attr]
+    assert store.get("pipe/k").etag == etag  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("landed", [True, False])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import traceback
 from typing import Any, TextIO
@@ -21,6 +22,16 @@ from ..wire.exits import classify, expected
 from ..wire.shapes import error_json, error_message, jsonable
 
 PROG = "objmanifest"
+
+UNWRAPPED = 10_000
+"""The width of a console writing into a pipe or a file: wide enough that no line wraps."""
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or a stand-in stream
+        return False
 
 
 class Output:
@@ -44,9 +55,17 @@ class Output:
 
     @property
     def console(self) -> Console:
-        """A rich console on stdout, built on first use."""
+        """A rich console on stdout, built on first use. Into a pipe or a file (and no
+        ``COLUMNS`` set) a line is never wrapped at 80 columns, so a tree's or a table's
+        row stays one line for ``grep`` and ``less -S``."""
         if self._console is None:
-            self._console = Console(file=self.stdout, highlight=False, soft_wrap=False)
+            piped = not _is_terminal(self.stdout) and not os.environ.get("COLUMNS")
+            self._console = Console(
+                file=self.stdout,
+                highlight=False,
+                soft_wrap=False,
+                width=UNWRAPPED if piped else None,
+            )
         return self._console
 
     def emit_json(self, obj: dict[str, Any] | list[Any]) -> None:

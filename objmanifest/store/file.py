@@ -76,12 +76,21 @@ from .base import (
 from .errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
 from .file_io import FileStream, Header, Locks
 from .file_root import Directory, check_root_path, kind
+from .file_tree import Temporary
 from .file_uploads import Uploads
 from .urls import StoreURL
 
 T = TypeVar("T")
 Step = Callable[..., None]
-"""``os.link`` or ``os.rename``: (source, name, dst_dir_fd=directory)."""
+"""``os.link`` or ``os.rename``: (source, name, src_dir_fd=..., dst_dir_fd=...)."""
+
+
+def _link_itself(source: bytes, target: bytes, **at: int) -> None:
+    """``link(2)`` of ``source`` itself: were it swapped for a link, never the file that link
+    points at (``linkat`` without ``AT_SYMLINK_FOLLOW``)."""
+    os.link(source, target, follow_symlinks=False, **at)
+
+
 log = logging.getLogger(__name__)
 
 OBSERVE_EVERY = 10.0
@@ -166,16 +175,22 @@ class FileStore(HandsOnUploads, Writes):
     def _open(self, key: str, action: str) -> tuple[int, os.stat_result, bytes]:
         """The object's file, open for reading, and what ``fstat`` says of it."""
         path, names = self.object_path(key), _names(key)
-        try:
-            directories = file_tree.open_directories(self._base, names[:-1])
-        except OSError as e:
-            raise self.error(e, action, key, e.filename, reading=True) from e
-        try:
-            fd = os.open(names[-1], _READ_FLAGS, dir_fd=directories[-1])
-        except OSError as e:
-            raise self.error(e, action, key, path, reading=True) from e
-        finally:
-            file_tree.close_all(directories)
+        for attempt in range(RETRIES):  # a directory removed on an NFS server: walked again
+            try:
+                directories = file_tree.open_directories(self._base, names[:-1])
+            except OSError as e:
+                if e.errno == errno.ESTALE and attempt + 1 < RETRIES:
+                    continue
+                raise self.error(e, action, key, e.filename, reading=True) from e
+            try:
+                fd = os.open(names[-1], _READ_FLAGS, dir_fd=directories[-1])
+                break
+            except OSError as e:
+                if e.errno == errno.ESTALE and attempt + 1 < RETRIES:
+                    continue
+                raise self.error(e, action, key, path, reading=True) from e
+            finally:
+                file_tree.close_all(directories)
         try:
             found = os.fstat(fd)
         except OSError as e:
@@ -279,32 +294,35 @@ class FileStore(HandsOnUploads, Writes):
         """Write a new version to a temporary file with ``write`` (which returns its bare
         ETag), make it durable, and put it in place of ``key``'s file under ``mode``'s
         condition."""
-        temp = self.temporary()
-        try:
-            fd = os.open(temp, _TEMP_FLAGS, file_io.FILE_MODE)
-        except OSError as e:
-            raise self.error(e, "write", key, temp) from e
-        placed = False
+        temp = self.temporary("write", key)
         try:
             try:
-                etag = write(fd)
-                os.fsync(fd)
+                fd = os.open(temp.name, _TEMP_FLAGS, file_io.FILE_MODE, dir_fd=temp.directory)
             except OSError as e:
-                raise self.error(e, "write", key, temp) from e
-            if mode.kind == "create":
-                self._link(key, temp, fd)
-            else:
-                with self.locked([key]):
-                    if mode.kind == "update":
-                        self._check_version(key, mode)
-                    self._into_place(key, os.rename, temp, fd)
-            placed = True
-            return etag
+                raise self.error(e, "write", key, temp.path) from e
+            placed = False
+            try:
+                try:
+                    etag = write(fd)
+                    os.fsync(fd)
+                except OSError as e:
+                    raise self.error(e, "write", key, temp.path) from e
+                if mode.kind == "create":
+                    self._link(key, temp, fd)
+                else:
+                    with self.locked([key]):
+                        if mode.kind == "update":
+                            self._check_version(key, mode)
+                        self._into_place(key, os.rename, temp, fd)
+                placed = True
+                return etag
+            finally:
+                with suppress(OSError):  # written and fsync-ed: nothing left for close to report
+                    os.close(fd)
+                if not placed or mode.kind == "create":
+                    temp.remove()
         finally:
-            with suppress(OSError):  # written and fsync-ed: nothing left for close to report
-                os.close(fd)
-            if not placed or mode.kind == "create":
-                _remove(temp)
+            temp.close()
 
     def _check_version(self, key: str, mode: PutMode) -> None:
         """Refuse an update unless the object is still the version named (read fresh: the
@@ -320,22 +338,23 @@ class FileStore(HandsOnUploads, Writes):
                 f"{self.describe(key)}: not the version named", answer="another version"
             )
 
-    def _link(self, key: str, temp: bytes, fd: int) -> None:
+    def _link(self, key: str, temp: Temporary, fd: int) -> None:
         """Link the new file in place of ``key``'s if nothing is there."""
         try:
-            self._into_place(key, os.link, temp, fd)
+            self._into_place(key, _link_itself, temp, fd)
         except FileExistsError:
             if os.fstat(fd).st_nlink > 1:  # our own link, answered EEXIST when NFS resent it
                 return
             raise PreconditionFailed(f"{self.describe(key)}: exists", answer="exists") from None
 
-    def _into_place(self, key: str, step: Step, temp: bytes, fd: int) -> None:
+    def _into_place(self, key: str, step: Step, temp: Temporary, fd: int) -> None:
         """Link or rename (``step``) the new file in place of ``key``'s, in its directory
         reached name by name (``file_tree``: a link on the way is refused, never followed),
         made first when it is missing (never made, or removed by a delete meanwhile), and
         make that directory durable. A failure that may have happened all the same is
         ``OutcomeUnknown`` unless the file is seen in place."""
         names, path = _names(key), self.object_path(key)
+        missing: OSError
         for attempt in range(RETRIES):
             try:
                 directories = file_tree.open_directories(self._base, names[:-1], make=True)
@@ -345,7 +364,12 @@ class FileStore(HandsOnUploads, Writes):
                 raise self.error(e, "write", key, e.filename) from e
             else:
                 try:
-                    step(temp, names[-1], dst_dir_fd=directories[-1])
+                    step(
+                        temp.name,
+                        names[-1],
+                        src_dir_fd=temp.directory,
+                        dst_dir_fd=directories[-1],
+                    )
                     self._sync(key, directories[-1])
                     return
                 except FileExistsError:
@@ -355,17 +379,19 @@ class FileStore(HandsOnUploads, Writes):
                 except OSError as e:
                     if e.errno not in file_io.LOST:
                         raise self.error(e, "write", key, path) from e
-                    if _same_file(fd, directories[-1], names[-1]):
+                    if self._in_place(names, fd):
                         return
-                    raise OutcomeUnknown(f"{self.describe(key)}: {e.strerror}") from e
+                    if e.errno != errno.ESTALE:
+                        raise OutcomeUnknown(f"{self.describe(key)}: {e.strerror}") from e
+                    missing = e  # its directory removed on the server: walked again
                 finally:
                     file_tree.close_all(directories)
             if not self.directory.present():
                 raise self.directory.gone("write", self.describe(key)) from missing
-            if not os.path.exists(temp):
+            if not temp.exists():
                 raise StoreError(
                     f"could not write {self.describe(key)}: its temporary file "
-                    f"{os.fsdecode(temp)} vanished before it was put in place (a sweep "
+                    f"{os.fsdecode(temp.path)} vanished before it was put in place (a sweep "
                     "took it for a dead writer's); retry"
                 ) from missing
             if attempt + 1 == RETRIES:
@@ -374,6 +400,18 @@ class FileStore(HandsOnUploads, Writes):
                     f"{RETRIES} times as this write made it again (deletes of the objects "
                     "beside it racing the write); retry"
                 ) from missing
+
+    def _in_place(self, names: tuple[bytes, ...], fd: int) -> bool:
+        """Whether the file open at ``fd`` is at ``names`` now (walked afresh: a rename or
+        link that reported a failure but happened)."""
+        try:
+            directories = file_tree.open_directories(self._base, names[:-1])
+        except OSError:
+            return False
+        try:
+            return _same_file(fd, directories[-1], names[-1])
+        finally:
+            file_tree.close_all(directories)
 
     def _sync(self, key: str, directory: int) -> None:
         """Make the entries of ``directory`` (open) durable."""
@@ -437,9 +475,23 @@ class FileStore(HandsOnUploads, Writes):
 
     # -- multipart uploads -----------------------------------------------------------------
 
-    def temporary(self) -> bytes:
-        """A new path for a temporary file or directory (outside the key space)."""
-        return os.path.join(self.directory.tmp, self.runtime.new_id().encode("ascii"))
+    def own(self, action: str, key: str, *names: bytes) -> int:
+        """The store's own directory ``.objmanifest/NAMES...``, open (``file_tree``: never
+        through a link), for ``action`` on ``key``."""
+        try:
+            return self.directory.own(*names)
+        except OSError as e:
+            raise self.error(
+                e, action, key, os.fsencode(e.filename or self.directory.reserved)
+            ) from e
+
+    def temporary(self, action: str, key: str) -> Temporary:
+        """A new name for a temporary file or directory in ``tmp/`` (outside the key space),
+        with ``tmp/`` open."""
+        name = self.runtime.new_id().encode("ascii")
+        return Temporary(
+            self.own(action, key, b"tmp"), name, os.path.join(self.directory.tmp, name)
+        )
 
     # -- time ------------------------------------------------------------------------------
 
@@ -471,8 +523,3 @@ def _same_file(fd: int, directory: int, name: bytes) -> bool:
     except OSError:
         return False
     return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
-
-
-def _remove(path: bytes) -> None:
-    with suppress(OSError):
-        os.unlink(path)

@@ -25,9 +25,11 @@ lists them.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -154,11 +156,12 @@ def read_name(name: bytes) -> tuple[bytes, Kind] | None:
 
 @dataclass(frozen=True)
 class Child:
-    """One object or directory of a directory: its decoded segment and where it is."""
+    """One object or directory of a directory: its decoded segment and its names there (a
+    continued segment's directories, then its own)."""
 
     segment: str
     is_dir: bool
-    path: bytes
+    names: tuple[bytes, ...]
 
     @property
     def order(self) -> str:
@@ -166,29 +169,52 @@ class Child:
         return self.segment + "/" if self.is_dir else self.segment
 
 
-def _scan(path: bytes) -> list[tuple[bytes, bool]]:
-    """The names in a directory (with whether each is a directory, not following links);
-    nothing if it is gone."""
+def _scan(directory: int) -> list[tuple[bytes, bool]]:
+    """The names in a directory (open), with whether each is a directory (not following
+    links)."""
+    with os.scandir(directory) as found:
+        return [(os.fsencode(entry.name), entry.is_dir(follow_symlinks=False)) for entry in found]
+
+
+@contextmanager
+def _inside(directory: int, names: tuple[bytes, ...]) -> Iterator[int | None]:
+    """The directory ``names`` leads to from ``directory``, open, never through a link;
+    None if it is gone (or was swapped for a link or a file since it was listed)."""
+    fd: int | None = directory
+    opened: list[int] = []
     try:
-        with os.scandir(path) as found:
-            return [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in found]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+        for name in names:
+            assert fd is not None
+            try:
+                fd = file_tree.enter(fd, name)
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    fd = None
+                    break
+                raise
+            opened.append(fd)
+        yield fd
+    finally:
+        file_tree.close_all(opened)
 
 
-def children(path: bytes, chain: tuple[bytes, ...] = ()) -> list[Child]:
-    """The objects and directories directly in ``path``, in key order, continued names
-    followed into their directories (``chain``: the continued names that led here)."""
+def children(directory: int, chain: tuple[bytes, ...] = ()) -> list[Child]:
+    """The objects and directories directly in ``directory`` (open), in key order, continued
+    names followed into their directories (``chain``: the continued names that led here)."""
     found: list[Child] = []
-    for name, is_dir in _scan(path):
+    for name, is_dir in _scan(directory):
         read = read_name(name)
         if read is None:
             continue
         _, kind = read
-        full = os.path.join(path, name)
         if kind == "more":
             if is_dir:
-                found += children(full, (*chain, name))
+                with _inside(directory, (name,)) as more:
+                    if more is not None:
+                        found += [
+                            Child(c.segment, c.is_dir, (name, *c.names))
+                            for c in children(more, (*chain, name))
+                        ]
             continue
         if (kind == "dir") != is_dir:
             continue
@@ -196,68 +222,103 @@ def children(path: bytes, chain: tuple[bytes, ...] = ()) -> list[Child]:
         segment = unescape(encoded)
         if segment is None or segment_names(segment, kind) != [*chain, name]:
             continue  # not a name the store makes (a dotfile, lost+found, another's file)
-        found.append(Child(segment, kind == "dir", full))
+        found.append(Child(segment, kind == "dir", (name,)))
     found.sort(key=lambda child: child.order)
     return found
 
 
-def walk(path: bytes, key_prefix: str) -> Iterator[str]:
-    """Every object key under the directory ``path`` (whose keys start with
-    ``key_prefix``), in key order."""
-    for child in children(path):
+def walk(directory: int, key_prefix: str) -> Iterator[str]:
+    """Every object key under ``directory`` (open; its keys start with ``key_prefix``), in
+    key order."""
+    for child in children(directory):
         key = key_prefix + child.segment
         if child.is_dir:
-            yield from walk(child.path, key + "/")
+            with _inside(directory, child.names) as inside:
+                if inside is not None:
+                    yield from walk(inside, key + "/")
         else:
             yield key
 
 
-def holds_objects(path: bytes) -> bool:
-    """Whether any object lives under the directory ``path`` (a directory emptied by
-    deletes, or being filled, may have none)."""
-    return any(not child.is_dir or holds_objects(child.path) for child in children(path))
+def holds_objects(directory: int) -> bool:
+    """Whether any object lives under ``directory`` (open; a directory emptied by deletes,
+    or being filled, may have none)."""
+    for child in children(directory):
+        if not child.is_dir:
+            return True
+        with _inside(directory, child.names) as inside:
+            if inside is not None and holds_objects(inside):
+                return True
+    return False
 
 
 def listing(root: bytes, prefix: str, delimiter: str | None) -> Iterator[tuple[str, bool]]:
     """(key, is_prefix) of every key under ``prefix``, in key order; with a delimiter,
-    keys that hold it after the prefix rolled up into one row each."""
+    keys that hold it after the prefix rolled up into one row each. Every directory is
+    reached name by name from ``root`` (``file_tree``): a link on the prefix's way is
+    ``ELOOP``, one met below is passed over."""
     key_bytes(prefix, "prefix")
     *whole, partial = prefix.split("/")
-    names = dir_names(whole)
-    try:  # the prefix's directories, none of them a link (``ELOOP`` if one is)
-        file_tree.close_all(file_tree.open_directories(root, names))
+    try:
+        base = file_tree.open_directory(root, dir_names(whole))
     except (FileNotFoundError, NotADirectoryError):
         return
-    base = os.path.join(root, *names)
-    under = "".join(f"{segment}/" for segment in whole)
+    try:
+        yield from _listed(base, prefix, "".join(f"{s}/" for s in whole), partial, delimiter)
+    finally:
+        os.close(base)
+
+
+def _listed(
+    base: int, prefix: str, under: str, partial: str, delimiter: str | None
+) -> Iterator[tuple[str, bool]]:
     rolled: str | None = None
+
+    def row(found: str) -> tuple[str, bool] | None:
+        """``found``'s row: rolled up when it holds ``delimiter`` after the prefix (None for
+        the next key of a run already rolled up)."""
+        nonlocal rolled
+        cut = found.find(delimiter, len(prefix)) if delimiter else -1
+        if cut < 0:
+            return found, False
+        rolled_up = found[: cut + len(delimiter or "")]
+        if rolled_up == rolled:
+            return None
+        rolled = rolled_up
+        return rolled_up, True
+
     for child in children(base):
         if not child.segment.startswith(partial):
             continue
         key = under + child.segment
-        if delimiter == "/" and child.is_dir:
-            if holds_objects(child.path):
-                yield key + "/", True
+        if not child.is_dir:
+            r = row(key)
+            if r is not None:
+                yield r
             continue
-        keys = walk(child.path, key + "/") if child.is_dir else iter([key])
-        for found in keys:
-            if delimiter:
-                cut = found.find(delimiter, len(prefix))
-                if cut >= 0:
-                    rolled_up = found[: cut + len(delimiter)]
-                    if rolled_up != rolled:
-                        rolled = rolled_up
-                        yield rolled_up, True
-                    continue
-            yield found, False
+        with _inside(base, child.names) as inside:
+            if inside is None:
+                continue
+            if delimiter == "/":
+                if holds_objects(inside):
+                    yield key + "/", True
+                continue
+            for k in walk(inside, key + "/"):
+                r = row(k)
+                if r is not None:
+                    yield r
 
 
 def check_root_free(root: bytes, shown: str) -> None:
     """Refuse a directory that holds names of the key space (files of someone else's) and
     is not a store yet: objmanifest never lists, replaces or deletes what it did not write."""
-    foreign = children(root)
+    directory = file_tree.open_directory(root, ())
+    try:
+        foreign = children(directory)
+    finally:
+        os.close(directory)
     if foreign:
-        names = ", ".join(os.fsdecode(os.path.basename(c.path)) for c in foreign[:3])
+        names = ", ".join(os.fsdecode(c.names[-1]) for c in foreign[:3])
         if any(c.is_dir for c in foreign):  # a directory named as the store names them
             raise StoreError(
                 f"{shown} holds what looks like the objects of an objmanifest store ({names}"

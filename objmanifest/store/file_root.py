@@ -10,7 +10,6 @@ import fcntl
 import logging
 import os
 import re
-import shutil
 import stat
 from contextlib import suppress
 from datetime import datetime, timezone
@@ -131,9 +130,26 @@ def check_locks(base: bytes, root: str, mountinfo: str | None = None) -> None:
         )
 
 
-def touch(path: bytes) -> None:
-    """Create ``path`` if it is missing (an empty file)."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, file_io.FILE_MODE))
+_CLOCK, _SWEPT = b"clock", b"swept"
+"""Files of ``.objmanifest/`` whose times are all they hold: the store's clock, and when
+its ``tmp/`` was last swept."""
+
+
+def stamp(directory: int, name: bytes, when: float | None = None) -> float:
+    """Set the time of ``name`` in ``directory`` (open) to ``when``, or to now by the
+    filesystem's clock (on NFS the server's), making it first if it is missing, never
+    through a link; the time it reads back."""
+    try:
+        os.utime(
+            name, None if when is None else (when, when), dir_fd=directory, follow_symlinks=False
+        )
+    except FileNotFoundError:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        os.close(os.open(name, flags, file_io.FILE_MODE, dir_fd=directory))
+        os.utime(
+            name, None if when is None else (when, when), dir_fd=directory, follow_symlinks=False
+        )
+    return os.stat(name, dir_fd=directory, follow_symlinks=False).st_mtime
 
 
 class Directory:
@@ -198,6 +214,11 @@ class Directory:
                     "its own files (a link there is never followed); move it away"
                 )
 
+    def own(self, *names: bytes) -> int:
+        """``.objmanifest/NAMES...``, open, reached name by name (``file_tree``: never
+        through a link, whatever was swapped in since the store was opened)."""
+        return file_tree.open_directory(self.base, [file_paths.RESERVED, *names])
+
     def present(self) -> bool:
         """Whether the directory still holds the store: a store's directory removed, emptied
         or unmounted (NFS) makes every file missing, which must not read as objects that
@@ -231,12 +252,11 @@ class Directory:
         """The filesystem's time now: the clock file touched (on NFS the server stamps it)
         and its mtime read back; a ``sweep`` when one is due."""
         try:
+            reserved = self.own()
             try:
-                os.utime(self.clock, None)
-            except FileNotFoundError:
-                touch(self.clock)
-                os.utime(self.clock, None)
-            stamped = os.stat(self.clock).st_mtime
+                stamped = stamp(reserved, _CLOCK)
+            finally:
+                os.close(reserved)
         except OSError as e:
             if e.errno == errno.EROFS or (
                 e.errno in file_io.DENIED and not os.access(self.tmp, os.W_OK)
@@ -266,32 +286,34 @@ class Directory:
         """Sweep every ``SWEEP_EVERY`` seconds, by whichever process looks at the clock
         then; a sweep that fails is tried again at the next."""
         try:
-            if now - os.stat(self.swept).st_mtime < SWEEP_EVERY:
-                return
-        except FileNotFoundError:
-            pass
+            reserved = self.own()
         except OSError:
             return
-        with suppress(OSError):
-            touch(self.swept)
-            os.utime(self.swept, (now, now))
-            self.sweep(now)
+        try:
+            try:
+                if now - os.stat(_SWEPT, dir_fd=reserved, follow_symlinks=False).st_mtime < (
+                    SWEEP_EVERY
+                ):
+                    return
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return
+            with suppress(OSError):
+                stamp(reserved, _SWEPT, now)
+                self.sweep(now)
+        finally:
+            os.close(reserved)
 
     def sweep(self, now: float, older: float = STALE_AFTER) -> int:
         """Remove every temporary file or removed upload unchanged for ``older`` seconds
         before ``now`` (the filesystem's time); how many."""
-        tmp = os.open(self.tmp, file_tree.DIR_FLAGS)  # never a link's directory
+        tmp = self.own(b"tmp")  # never a link's directory
         try:
             with os.scandir(tmp) as found:
                 stale = [e for e in found if now - e.stat(follow_symlinks=False).st_mtime > older]
             for entry in stale:
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(
-                        os.path.join(self.tmp, os.fsencode(entry.name)), ignore_errors=True
-                    )
-                else:
-                    with suppress(OSError):
-                        os.unlink(entry.name, dir_fd=tmp)
+                file_tree.remove_tree(tmp, entry.name)
         finally:
             os.close(tmp)
         return len(stale)

@@ -1,36 +1,36 @@
-"""The directories of ``FileStore``'s key space, opened name by name without following a link.
+"""The directories of ``FileStore``, opened name by name without following a link.
 
 A path handed to the kernel whole follows every symbolic link on its way: a directory of the
-tree replaced by a link (by hand, by another program, by a user of the share) would take a
-read, a write or a delete of an object somewhere outside the store. So an object's directory
-is reached from the store's own directory one name at a time, each opened with
-``O_NOFOLLOW`` relative to the one before, and the object's file is then read, linked,
-renamed or removed relative to that last directory (``dir_fd``): a link anywhere on the way
-is ``ELOOP``, never followed, whatever is swapped in meanwhile. The store's directory itself
-is the path its user gave (resolved once, when the store is opened).
+store replaced by a link (by hand, by another program, by another user of a share) would take
+a read, a write or a delete somewhere outside the store. So a directory of the key space, or
+of the store's own ``.objmanifest/``, is reached from the store's directory one name at a
+time, each opened with ``O_NOFOLLOW`` relative to the one before, and what is in it is then
+read, linked, renamed or removed relative to it (``dir_fd``): a link anywhere on the way is
+``ELOOP``, never followed, whatever is swapped in meanwhile. The store's directory itself is
+the path its user gave (resolved once, when the store is opened).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Sequence
+from contextlib import suppress
+from dataclasses import dataclass
 
 from . import file_io
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _said(e: OSError, base: bytes, names: Sequence[bytes]) -> OSError:
+def _said(e: OSError, parent: int | None, base: bytes, names: Sequence[bytes]) -> OSError:
     """``e`` with the whole path of ``names`` under ``base`` as its file name (the kernel
-    only knew the last name); a link in the way is ``ELOOP`` wherever it is."""
+    only knew the last name); a link in the way is ``ELOOP``, which ``O_DIRECTORY`` may have
+    answered ``ENOTDIR`` for."""
     code = e.errno
-    if code == errno.ENOTDIR and names:
-        try:
-            if os.path.islink(os.path.join(base, *names)):
-                code = errno.ELOOP  # O_DIRECTORY met the link before O_NOFOLLOW did
-        except OSError:
-            pass
+    if code == errno.ENOTDIR and names and parent is not None and _is_link(parent, names[-1]):
+        code = errno.ELOOP
     return OSError(code, os.strerror(code) if code else str(e), os.path.join(base, *names))
 
 
@@ -45,21 +45,46 @@ def open_directories(base: bytes, names: Sequence[bytes], *, make: bool = False)
         try:
             fds.append(os.open(base, DIR_FLAGS))
         except OSError as e:
-            raise _said(e, base, ()) from e
+            raise _said(e, None, base, ()) from e
         for i, name in enumerate(names):
             try:
                 fds.append(_enter(fds[-1], name, make))
             except OSError as e:
-                raise _said(e, base, names[: i + 1]) from e
+                raise _said(e, fds[-1], base, names[: i + 1]) from e
     except BaseException:
         close_all(fds)
         raise
     return fds
 
 
+def open_directory(base: bytes, names: Sequence[bytes]) -> int:
+    """The directory of ``names`` under ``base``, reached as ``open_directories`` does."""
+    fds = open_directories(base, names)
+    close_all(fds[:-1])
+    return fds[-1]
+
+
 def close_all(fds: Sequence[int]) -> None:
     for fd in fds:
         os.close(fd)
+
+
+def enter(parent: int, name: bytes | str) -> int:
+    """The directory ``name`` in ``parent``, open; ``ELOOP`` if it is a link (which
+    ``O_DIRECTORY`` may answer ``ENOTDIR`` for)."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=parent)
+    except NotADirectoryError as e:
+        if _is_link(parent, name):
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from e
+        raise
+
+
+def _is_link(parent: int, name: bytes | str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def _enter(parent: int, name: bytes, make: bool) -> int:
@@ -69,20 +94,65 @@ def _enter(parent: int, name: bytes, make: bool) -> int:
     except FileNotFoundError:
         if not make:
             raise
-    try:
+    with suppress(FileExistsError):  # made meanwhile by another writer, perhaps not durable yet
         os.mkdir(name, file_io.DIR_MODE, dir_fd=parent)
-    except FileExistsError:
-        pass  # made meanwhile by another writer
-    else:
-        os.fsync(parent)
+    os.fsync(parent)
     return os.open(name, DIR_FLAGS, dir_fd=parent)
 
 
 def remove_empty(fds: Sequence[int], names: Sequence[bytes]) -> None:
-    """Remove the directories of ``names`` (opened by ``open_directories``) that are
-    left empty, the deepest first, up to the first that is not."""
+    """Remove the directories of ``names`` (opened by ``open_directories``) that are left
+    empty, the deepest first, up to the first that is not."""
     for i in range(len(names) - 1, -1, -1):
         try:
             os.rmdir(names[i], dir_fd=fds[i])
         except OSError:
             return
+
+
+def remove_tree(parent: int, name: bytes | str) -> None:
+    """Remove ``name`` in ``parent`` and, if it is a directory, all it holds, never through
+    a link (a link is removed itself); what cannot be removed is left."""
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+    except OSError:  # a file, a link, or gone
+        with suppress(OSError):
+            os.unlink(name, dir_fd=parent)
+        return
+    try:
+        with os.scandir(fd) as found:
+            inside = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in found]
+        for child, is_dir in inside:
+            if is_dir:
+                remove_tree(fd, child)
+            else:
+                with suppress(OSError):
+                    os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    with suppress(OSError):
+        os.rmdir(name, dir_fd=parent)
+
+
+@dataclass(frozen=True)
+class Temporary:
+    """A temporary file's (or directory's) name in ``tmp/``, open as ``directory``, and its
+    path for messages."""
+
+    directory: int
+    name: bytes
+    path: bytes
+
+    def exists(self) -> bool:
+        try:
+            os.stat(self.name, dir_fd=self.directory, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def remove(self) -> None:
+        with suppress(OSError):
+            os.unlink(self.name, dir_fd=self.directory)
+
+    def close(self) -> None:
+        os.close(self.directory)
