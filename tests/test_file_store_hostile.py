@@ -25,7 +25,13 @@ import objmanifest as om
 from objmanifest.core import checksum
 from objmanifest.errors import AccessDenied, InvalidInput, StoreError, UnsupportedStore
 from objmanifest.store import CREATE, PutMode, file_io
-from objmanifest.store.errors import NoSuchObject, OutcomeUnknown, PreconditionFailed
+from objmanifest.store.errors import (
+    NoSuchObject,
+    OutcomeUnknown,
+    PartsRejected,
+    PreconditionFailed,
+    UploadGone,
+)
 from objmanifest.store.file import FileStore
 from objmanifest.store.file_root import check_locks, mount_of
 
@@ -366,6 +372,10 @@ def test_the_stores_own_directory_swapped_for_a_link_after_it_opened_is_never_fo
         store.upload_part("obj", "u1", 1, b"part")
     with pytest.raises(StoreError, match="symbolic link"):
         store.create_upload("obj")
+    with pytest.raises(StoreError, match="symbolic link"):
+        store.delete("kept")  # its lock file is never opened there
+    with pytest.raises(StoreError, match="symbolic link"):
+        FileStore(str(root))
     assert _outside(victim) == before
     assert sorted(p.name for p in victim.iterdir()) == ["tmp", "uploads"]
 
@@ -390,6 +400,124 @@ def test_an_uploads_directory_swapped_for_a_link_is_never_written_into(
     with pytest.raises(NoSuchObject):
         store.get("obj")
     assert _outside(victim) == before
+
+
+def test_a_link_named_as_an_object_is_not_listed(root: Path, store: FileStore) -> None:
+    """A link in the key space, named as an object or a directory of the store's, is none of
+    the store's: listings pass over it (and a read of its key names it)."""
+    outside = root.parent / "elsewhere"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"x")
+    (outside / "d=").mkdir()
+    (outside / "d=" / "k").write_bytes(b"y")
+    store.put("real", b"z")
+    (root / "obj").symlink_to(outside / "secret")
+    (root / "d=").symlink_to(outside / "d=")
+    assert list(store.list_keys("")) == ["real"]
+    assert [row.key for row in store.list("", delimiter="/")] == ["real"]
+    with pytest.raises(StoreError, match="symbolic link"):
+        store.get("obj")
+
+
+def test_a_listing_of_a_store_emptied_under_it_says_the_store_is_gone(
+    root: Path, store: FileStore
+) -> None:
+    """A listing under way when the store's directory is emptied (a share unmounted) fails
+    saying so, never ends early as if the rest of the keys were not there."""
+    for key in ("a/1", "b/1", "c/1"):
+        store.put(key, b"x")
+    rows = store.list("")
+    assert next(rows).key == "a/1"
+    for child in root.iterdir():
+        subprocess.run(["rm", "-rf", str(child)], check=True)
+    with pytest.raises(StoreError, match="no longer holds the store"):
+        list(rows)
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_put_in_an_upload_never_hangs_a_call(root: Path, store: FileStore) -> None:
+    """A FIFO where an upload keeps its key, or in place of a part, is no file of the
+    upload's: listings pass over the upload and completion refuses the part, at once (an
+    open of a FIFO without a writer would wait for ever)."""
+    first = store.create_upload("a")
+    store.upload_part("a", first, 1, b"part")
+    second = store.create_upload("b")
+    etag = store.upload_part("b", second, 1, b"part")
+    uploads = root / ".objmanifest" / "uploads"
+    (uploads / first / "key").unlink()
+    os.mkfifo(uploads / first / "key")
+    [part] = [p for p in (uploads / second).iterdir() if p.name != "key"]
+    part.unlink()
+    os.mkfifo(part)
+    assert [upload_id for _, upload_id in store.list_uploads("")] == [second]
+    with pytest.raises(UploadGone):
+        store.list_parts("a", first)
+    with pytest.raises(PartsRejected, match="InvalidPart 1"):
+        store.complete_upload("b", second, [etag])
+
+
+def test_directories_deeper_than_any_key_are_passed_over(root: Path, store: FileStore) -> None:
+    """Thousands of nested directories put in the key space or in ``tmp/`` by hand: a
+    listing passes over what no key can reach, and the sweep leaves what it cannot remove,
+    never failing with a ``RecursionError``."""
+    store.put("k", b"x")
+    for top in (root, root / ".objmanifest" / "tmp" / "old"):
+        deep = os.open(top.parent if top.name == "old" else top, os.O_RDONLY)
+        if top.name == "old":
+            os.mkdir("old", dir_fd=deep)
+            os.close(deep)
+            deep = os.open(top, os.O_RDONLY)
+        for _ in range(1200):
+            os.mkdir("a=", dir_fd=deep)
+            inner = os.open("a=", os.O_RDONLY, dir_fd=deep)
+            os.close(deep)
+            deep = inner
+        os.close(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=deep))
+        os.close(deep)
+    try:
+        assert list(store.list_keys("")) == ["k"]
+        assert [row.key for row in store.list("", delimiter="/")] == ["k"]
+        store.directory.sweep(time.time() + 86400, older=0)
+        assert store.get("k").body == b"x"  # type: ignore[union-attr]
+    finally:  # without recursion: pytest's own clean-up of tmp_path recurses
+        for top in (root / "a=", root / ".objmanifest" / "tmp" / "old"):
+            _remove_chain(top)
+
+
+def _remove_chain(top: Path) -> None:
+    """Remove a chain of nested directories ``a=`` (and files in them), deepest first."""
+    chain = [os.open(top, os.O_RDONLY)] if top.exists() else []
+    while chain and "a=" in os.listdir(chain[-1]):
+        chain.append(os.open("a=", os.O_RDONLY, dir_fd=chain[-1]))
+    while chain:
+        fd = chain.pop()
+        for name in os.listdir(fd):
+            os.unlink(name, dir_fd=fd)
+        os.close(fd)
+        if chain:
+            os.rmdir("a=", dir_fd=chain[-1])
+    if top.exists():
+        top.rmdir()
+
+
+def test_a_create_whose_temporary_file_has_another_name_is_refused_if_the_key_exists(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create-only write that finds the key taken is a lost race, even when its
+    temporary file has another link (made by someone else in the store meanwhile): only
+    the object's own file being the very file written counts as its own create."""
+    store.put("k", b"holder-A", mode=CREATE)
+    real_link = os.link
+
+    def link_with_another_name(source: Any, target: Any, **at: Any) -> None:
+        real_link(source, b"another-name", src_dir_fd=at["src_dir_fd"], dst_dir_fd=at["src_dir_fd"])
+        real_link(source, target, **at)
+
+    monkeypatch.setattr(os, "link", link_with_another_name)
+    with pytest.raises(PreconditionFailed):
+        store.put("k", b"holder-B", mode=CREATE)
+    monkeypatch.undo()
+    assert store.get("k").body == b"holder-A"  # type: ignore[union-attr]
 
 
 def test_a_temporary_file_swapped_for_a_link_is_never_linked_in_its_place(
@@ -583,6 +711,18 @@ def test_a_directory_handle_gone_stale_on_nfs_is_walked_again(
             raise OSError(errno.ESTALE, "Stale file handle")
         return real_open(path, flags, *args, **at)
 
+    def dir_open_once_stale(path: Any, flags: int, *args: Any, **at: Any) -> int:
+        if path == b"pipe=" and at.get("dir_fd") is not None and stale.count("walk") < 2:
+            stale.append("walk")
+            raise OSError(errno.ESTALE, "Stale file handle")
+        return real_open(path, flags, *args, **at)
+
+    monkeypatch.setattr(os, "open", dir_open_once_stale)
+    store.put("pipe/other", b"x", mode=CREATE)
+    store.delete("pipe/other")
+    monkeypatch.undo()
+    assert stale == ["walk", "walk"]
+    stale.clear()
     monkeypatch.setattr(os, "rename", rename_once_stale)
     etag = store.put("pipe/k", b"after", mode=PutMode.update(before))
     monkeypatch.setattr(os, "open", open_once_stale)

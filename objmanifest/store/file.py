@@ -132,7 +132,7 @@ class FileStore(HandsOnUploads, Writes):
         self.runtime = runtime or DEFAULT
         self.clock = StoreClock(monotonic=self.runtime.monotonic)
         self.directory = Directory(self.root)
-        self.locks = Locks(self.directory.locks)
+        self.locks = Locks(self.directory.locks, self.directory.own)
         self.uploads = Uploads(self, self.directory.uploads)
         self._base = self.directory.base
         self._connections = connections
@@ -343,7 +343,7 @@ class FileStore(HandsOnUploads, Writes):
         try:
             self._into_place(key, _link_itself, temp, fd)
         except FileExistsError:
-            if os.fstat(fd).st_nlink > 1:  # our own link, answered EEXIST when NFS resent it
+            if self._in_place(_names(key), fd):  # our own link, answered EEXIST as NFS resent it
                 return
             raise PreconditionFailed(f"{self.describe(key)}: exists", answer="exists") from None
 
@@ -358,10 +358,10 @@ class FileStore(HandsOnUploads, Writes):
         for attempt in range(RETRIES):
             try:
                 directories = file_tree.open_directories(self._base, names[:-1], make=True)
-            except FileNotFoundError as e:
-                missing = e
             except OSError as e:
-                raise self.error(e, "write", key, e.filename) from e
+                if not isinstance(e, FileNotFoundError) and e.errno != errno.ESTALE:
+                    raise self.error(e, "write", key, e.filename) from e
+                missing = e  # removed meanwhile (on NFS, by another machine): walked again
             else:
                 try:
                     step(
@@ -401,6 +401,17 @@ class FileStore(HandsOnUploads, Writes):
                     "beside it racing the write); retry"
                 ) from missing
 
+    def _walk_again_if_stale(self, names: Sequence[bytes]) -> list[int]:
+        """``file_tree.open_directories``, walked again while NFS says a directory on the
+        way was removed by another machine as it was walked (``ESTALE``)."""
+        for attempt in range(RETRIES):
+            try:
+                return file_tree.open_directories(self._base, names)
+            except OSError as e:
+                if e.errno != errno.ESTALE or attempt + 1 == RETRIES:
+                    raise
+        raise AssertionError("unreachable")
+
     def _in_place(self, names: tuple[bytes, ...], fd: int) -> bool:
         """Whether the file open at ``fd`` is at ``names`` now (walked afresh: a rename or
         link that reported a failure but happened)."""
@@ -429,7 +440,9 @@ class FileStore(HandsOnUploads, Writes):
         try:
             taken = self.locks.acquire(names)
         except OSError as e:
-            raise self.directory.failure(e, "lock", self.describe(names[0]), self.locks.path) from e
+            named = e.filename if isinstance(e.filename, bytes) and e.filename[:1] == b"/" else b""
+            where = named or self.locks.path  # a link on the way to the lock file, if one was
+            raise self.directory.failure(e, "lock", self.describe(names[0]), where) from e
         try:
             yield
         finally:
@@ -439,7 +452,7 @@ class FileStore(HandsOnUploads, Writes):
         names, path = _names(key), self.object_path(key)
         with self.locked([key]):
             try:
-                directories = file_tree.open_directories(self._base, names[:-1])
+                directories = self._walk_again_if_stale(names[:-1])
             except (FileNotFoundError, NotADirectoryError) as e:
                 if not self.directory.present():
                     raise self.directory.gone("delete", self.describe(key)) from e
@@ -468,6 +481,8 @@ class FileStore(HandsOnUploads, Writes):
         except OSError as e:
             where = os.fsencode(e.filename) if e.filename else self._base
             raise self.directory.failure(e, "list", self.describe(prefix), where) from e
+        if not self.directory.present():  # emptied under the listing: it was cut short
+            raise self.directory.gone("list", self.describe(prefix))
 
     def list_keys(self, prefix: str) -> Iterator[str]:
         """Every object key under ``prefix``."""

@@ -20,7 +20,7 @@ import json
 import os
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -204,15 +204,6 @@ def copy_into(target: int, source: int, size: int) -> None:
         offset += len(chunk)
 
 
-def sync_dir(path: bytes) -> None:
-    """Make a directory's entries durable (a link or rename in it)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # -- locks -----------------------------------------------------------------------------------
 
 
@@ -228,54 +219,77 @@ class Locks:
     when two do, they only wait for each other.
     """
 
-    def __init__(self, path: bytes) -> None:
+    NAME = b"locks"
+    """The lock file's name in the store's own directory."""
+
+    def __init__(self, path: bytes, directory: Callable[[], int]) -> None:
         self.path = path
+        """The lock file's path, for messages."""
+        self._directory = directory
+        """Opens the directory that holds the lock file (reached without following a link)."""
         self._local = threading.local()
 
     def _fd(self) -> int:
+        """This thread's description of the lock file now at its name, opened relative to
+        its directory (``O_NOFOLLOW``): one of a lock file removed or replaced since (the
+        store's directory restored) excludes nobody who opens the file now there."""
         pid = os.getpid()
-        held = getattr(self._local, "held", None)
-        if held is not None and held.pid == pid and not _linked(held.fd):
-            held = None  # the lock file was removed (the store's directory restored since)
-        if held is None or held.pid != pid:  # a forked child makes descriptions of its own
-            self._local.held = held = _Description(
-                os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE), pid
-            )
-        return held.fd
+        directory = self._directory()
+        try:
+            held = getattr(self._local, "held", None)
+            if held is not None and (held.pid != pid or not _at(held.fd, directory, self.NAME)):
+                held = None  # a forked child makes descriptions of its own
+            if held is None:
+                flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                fd = os.open(self.NAME, flags, FILE_MODE, dir_fd=directory)
+                self._local.held = held = _Description(fd, pid)
+            return held.fd
+        finally:
+            os.close(directory)
 
     @staticmethod
     def offset(name: str) -> int:
         digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
         return int.from_bytes(digest, "big") >> 2  # below 2**62: a valid offset anywhere
 
-    def acquire(self, names: Iterable[str]) -> list[int]:
+    def acquire(self, names: Iterable[str]) -> Held:
         """Wait for the locks of ``names`` (in the order of their offsets, so two holders of
-        several never wait for each other); the offsets to release."""
+        several never wait for each other); what to ``release``."""
         fd = self._fd()
         offsets = sorted({self.offset(name) for name in names})
-        taken: list[int] = []
+        taken = Held(fd, [])
         try:
             for offset in offsets:
                 _lock(fd, fcntl.F_WRLCK, offset)
-                taken.append(offset)
+                taken.offsets.append(offset)
         except BaseException:
             self.release(taken)
             raise
         return taken
 
-    def release(self, offsets: list[int]) -> None:
-        fd = self._fd()
-        for offset in offsets:
-            _lock(fd, fcntl.F_UNLCK, offset)
+    @staticmethod
+    def release(taken: Held) -> None:
+        """Release what ``acquire`` took, through the very description that took it."""
+        for offset in taken.offsets:
+            _lock(taken.fd, fcntl.F_UNLCK, offset)
 
 
-def _linked(fd: int) -> bool:
-    """Whether the file open at ``fd`` still has a name: a lock on a removed lock file
-    excludes nobody who opened the file now at its path."""
+@dataclass
+class Held:
+    """Locks taken: the description they were taken through, and their offsets."""
+
+    fd: int
+    offsets: list[int]
+
+
+def _at(fd: int, directory: int, name: bytes) -> bool:
+    """Whether the file open at ``fd`` is the one at ``name`` in ``directory`` now."""
     try:
-        return os.fstat(fd).st_nlink > 0
-    except OSError:  # a stale handle on NFS: removed by another machine
+        mine = os.fstat(fd)
+        there = os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except OSError:  # removed, or a stale handle on NFS: removed by another machine
         return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _lock(fd: int, kind: int, offset: int) -> None:

@@ -170,10 +170,14 @@ class Child:
 
 
 def _scan(directory: int) -> list[tuple[bytes, bool]]:
-    """The names in a directory (open), with whether each is a directory (not following
-    links)."""
+    """The names in a directory (open), with whether each is a directory; a link is no
+    object and no directory of the store's, whatever it points at: passed over."""
     with os.scandir(directory) as found:
-        return [(os.fsencode(entry.name), entry.is_dir(follow_symlinks=False)) for entry in found]
+        return [
+            (os.fsencode(entry.name), entry.is_dir(follow_symlinks=False))
+            for entry in found
+            if not entry.is_symlink()
+        ]
 
 
 @contextmanager
@@ -229,7 +233,9 @@ def children(directory: int, chain: tuple[bytes, ...] = ()) -> list[Child]:
 
 def walk(directory: int, key_prefix: str) -> Iterator[str]:
     """Every object key under ``directory`` (open; its keys start with ``key_prefix``), in
-    key order."""
+    key order. A directory deeper than any key reaches is not the store's: not walked."""
+    if len(key_prefix.encode("utf-8", "surrogatepass")) >= MAX_KEY_BYTES:
+        return
     for child in children(directory):
         key = key_prefix + child.segment
         if child.is_dir:
@@ -240,14 +246,17 @@ def walk(directory: int, key_prefix: str) -> Iterator[str]:
             yield key
 
 
-def holds_objects(directory: int) -> bool:
+def holds_objects(directory: int, depth: int = 0) -> bool:
     """Whether any object lives under ``directory`` (open; a directory emptied by deletes,
-    or being filled, may have none)."""
+    or being filled, may have none). Directories deeper than any key reaches are not the
+    store's: not looked into."""
+    if depth >= MAX_KEY_BYTES // 2:
+        return False
     for child in children(directory):
         if not child.is_dir:
             return True
         with _inside(directory, child.names) as inside:
-            if inside is not None and holds_objects(inside):
+            if inside is not None and holds_objects(inside, depth + 1):
                 return True
     return False
 

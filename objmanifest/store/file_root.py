@@ -135,6 +135,21 @@ _CLOCK, _SWEPT = b"clock", b"swept"
 its ``tmp/`` was last swept."""
 
 
+def _kind_in(directory: int, name: bytes) -> int | None:
+    """The mode of ``name`` in ``directory`` (a link's own), None if there is none."""
+    try:
+        return os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
+
+
+def _make_in(directory: int, name: bytes) -> None:
+    """The directory ``name`` made in ``directory`` (by this process or another), durable."""
+    with suppress(FileExistsError):
+        os.mkdir(name, file_io.DIR_MODE, dir_fd=directory)
+    os.fsync(directory)
+
+
 def stamp(directory: int, name: bytes, when: float | None = None) -> float:
     """Set the time of ``name`` in ``directory`` (open) to ``when``, or to now by the
     filesystem's clock (on NFS the server's), making it first if it is missing, never
@@ -188,31 +203,37 @@ class Directory:
             raise failure(e, "set up the store in", root, self.reserved, root) from e
 
     def _set_up(self) -> None:
+        """Make ``.objmanifest/`` and its ``tmp/`` and ``uploads/`` where missing (each made
+        durable), relative to the directory above it, never through a link."""
+        base = os.open(self.base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            found = os.lstat(self.reserved)
-        except FileNotFoundError:
+            if _kind_in(base, file_paths.RESERVED) is None:
+                try:
+                    file_paths.check_root_free(self.base, self.root)
+                except StoreError:
+                    if _kind_in(base, file_paths.RESERVED) is None:  # not made a store meanwhile
+                        raise
+                _make_in(base, file_paths.RESERVED)
+            self._check_own(base, file_paths.RESERVED, self.reserved)
+            reserved = file_tree.enter(base, file_paths.RESERVED)
             try:
-                file_paths.check_root_free(self.base, self.root)
-            except StoreError:
-                if not os.path.isdir(self.reserved):  # not made a store meanwhile by another
-                    raise
-            with suppress(FileExistsError):
-                os.mkdir(self.reserved, file_io.DIR_MODE)
-            found = os.lstat(self.reserved)
-        if not stat.S_ISDIR(found.st_mode):
+                for name, path in ((b"tmp", self.tmp), (b"uploads", self.uploads)):
+                    if _kind_in(reserved, name) is None:
+                        _make_in(reserved, name)
+                    self._check_own(reserved, name, path)
+            finally:
+                os.close(reserved)
+        finally:
+            os.close(base)
+
+    @staticmethod
+    def _check_own(directory: int, name: bytes, path: bytes) -> None:
+        mode = _kind_in(directory, name)
+        if mode is not None and not stat.S_ISDIR(mode):
             raise StoreError(
-                f"{os.fsdecode(self.reserved)} is {kind(found.st_mode)}, where objmanifest "
-                "keeps its own files; move it away"
+                f"{os.fsdecode(path)} is {kind(mode)}, where objmanifest keeps its own files "
+                "(a link there is never followed); move it away"
             )
-        for made in (self.tmp, self.uploads):
-            with suppress(FileExistsError):
-                os.mkdir(made, file_io.DIR_MODE)
-            found = os.lstat(made)
-            if not stat.S_ISDIR(found.st_mode):
-                raise StoreError(
-                    f"{os.fsdecode(made)} is {kind(found.st_mode)}, where objmanifest keeps "
-                    "its own files (a link there is never followed); move it away"
-                )
 
     def own(self, *names: bytes) -> int:
         """``.objmanifest/NAMES...``, open, reached name by name (``file_tree``: never

@@ -110,7 +110,12 @@ def remove_empty(fds: Sequence[int], names: Sequence[bytes]) -> None:
             return
 
 
-def remove_tree(parent: int, name: bytes | str) -> None:
+TREE_DEPTH = 16
+"""The deepest ``remove_tree`` goes: the store's own trees (an upload's, made in ``tmp/``)
+are one level deep; deeper ones were put there by someone else, and are left."""
+
+
+def remove_tree(parent: int, name: bytes | str, depth: int = 0) -> None:
     """Remove ``name`` in ``parent`` and, if it is a directory, all it holds, never through
     a link (a link is removed itself); what cannot be removed is left."""
     try:
@@ -123,11 +128,11 @@ def remove_tree(parent: int, name: bytes | str) -> None:
         with os.scandir(fd) as found:
             inside = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in found]
         for child, is_dir in inside:
-            if is_dir:
-                remove_tree(fd, child)
-            else:
+            if not is_dir:
                 with suppress(OSError):
                     os.unlink(child, dir_fd=fd)
+            elif depth < TREE_DEPTH:
+                remove_tree(fd, child, depth + 1)
     finally:
         os.close(fd)
     with suppress(OSError):

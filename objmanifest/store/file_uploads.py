@@ -21,6 +21,7 @@ import errno
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ _PART = re.compile(r"([1-9][0-9]{0,4})\.([0-9a-f]{32})")
 _KEY_FILE = b"key"
 _UPLOADS = b"uploads"
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class Host(Protocol):
@@ -154,7 +156,7 @@ class Uploads:
         """Write the part to ``temp``, make it durable and rename it into the upload."""
         action = f"upload part {number} of"
         try:
-            fd = os.open(temp.name, _NEW_FILE, 0o644, dir_fd=temp.directory)
+            fd = os.open(temp.name, _NEW_FILE, file_io.FILE_MODE, dir_fd=temp.directory)
         except OSError as e:
             raise self.store.error(e, action, key, temp.path) from e
         placed = False
@@ -225,7 +227,10 @@ class Uploads:
             finally:
                 for part_fd, _ in parts:
                     os.close(part_fd)
-            self._remove(key, upload, action)
+            try:
+                self._remove(key, upload, action)
+            except OSError as e:
+                raise self.store.error(e, action, key, upload.path) from e
 
     def _open_parts(self, key: str, upload: Upload, etags: Sequence[str]) -> list[tuple[int, int]]:
         """The named parts, open, with their sizes; ``PartsRejected`` if one is not stored
@@ -238,15 +243,16 @@ class Uploads:
                     raise PartsRejected(f"{self.store.describe(key)}: InvalidPart {number}")
                 name = f"{number}.{bare}".encode("ascii")
                 try:
-                    fd = os.open(
-                        name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=upload.directory
-                    )
+                    fd = os.open(name, _READ_FLAGS, dir_fd=upload.directory)
                 except FileNotFoundError:
                     raise PartsRejected(
                         f"{self.store.describe(key)}: InvalidPart {number}"
                     ) from None
                 parts.append((fd, 0))
-                parts[-1] = (fd, os.fstat(fd).st_size)
+                found = os.fstat(fd)
+                if not stat.S_ISREG(found.st_mode):  # a FIFO or device put there by hand
+                    raise PartsRejected(f"{self.store.describe(key)}: InvalidPart {number}")
+                parts[-1] = (fd, found.st_size)
         except OSError as e:
             for fd, _ in parts:
                 os.close(fd)
@@ -339,9 +345,10 @@ class Upload:
 
 def _read_key(directory: int) -> bytes:
     """The key an upload's directory (open) is for."""
-    fd = os.open(_KEY_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    fd = os.open(_KEY_FILE, _READ_FLAGS, dir_fd=directory)
     try:
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device put there by hand
+            raise FileNotFoundError(errno.ENOENT, "not an upload's key file", _KEY_FILE)
+        return os.pread(fd, file_paths.MAX_KEY_BYTES + 1, 0)
     finally:
         os.close(fd)
