@@ -291,7 +291,7 @@ def test_a_store_restored_under_a_running_process_is_locked_through_its_new_lock
     restored = FileStore(str(root))  # the store made again at the same path
     etag = restored.put("k", b"v1", mode=CREATE)
     assert store.put("k", b"v2", mode=PutMode.update(etag))  # locks through `store`
-    held = os.fstat(store.locks._fd())
+    held = os.fstat(store.locks._description().fd)
     assert held.st_nlink > 0
     assert held.st_ino == os.stat(restored.directory.locks).st_ino
     assert restored.get("k") == Blob(b"v2", store.head("k").etag, {})

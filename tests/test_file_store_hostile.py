@@ -6,6 +6,7 @@ refusal names the directory or object and the fix, and changes nothing of the us
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import os
@@ -13,6 +14,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -518,6 +520,101 @@ def test_a_create_whose_temporary_file_has_another_name_is_refused_if_the_key_ex
         store.put("k", b"holder-B", mode=CREATE)
     monkeypatch.undo()
     assert store.get("k").body == b"holder-A"  # type: ignore[union-attr]
+
+
+def test_a_lock_taken_inside_another_after_the_lock_file_was_replaced_keeps_both(
+    store: FileStore,
+) -> None:
+    """The lock file replaced between two locks of one thread (the store's directory
+    restored): the inner lock is taken through a description of the new file, and the outer
+    one stays held through its own until released (closing it would drop it)."""
+    locks = os.path.join(store.directory.reserved, b"locks")
+    with store.locked(["upload:u"]):
+        os.unlink(locks)
+        with store.locked(["k"]):
+            pass
+    with store.locked(["upload:u"]), store.locked(["k"]):
+        pass
+
+
+def test_a_key_of_many_segments_needs_no_more_descriptors_than_a_short_one(
+    root: Path,
+) -> None:
+    """A directory is closed once the next one down is open: a key of hundreds of segments
+    is written, read, listed and deleted with the process allowed 40 open files."""
+    script = f"""
+import resource
+from objmanifest.store.file import FileStore
+resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
+store = FileStore({str(root)!r})
+key = "/" * 300 + "x"
+store.put(key, b"deep")
+assert store.get(key).body == b"deep"
+assert list(store.list_keys("")) == [key]
+assert [row.key for row in store.list("", delimiter="/")] == ["/"]
+store.delete(key)
+assert list(store.list_keys("")) == []
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize("depth", [513, 1000])
+def test_keys_of_a_thousand_empty_segments_are_listed(store: FileStore, depth: int) -> None:
+    """Legal keys nest a directory per segment, up to a thousand: listed (and rolled up
+    into a prefix) like any other, without recursion."""
+    key = "/" * depth + "x"
+    store.put(key, b"deep")
+    try:
+        assert list(store.list_keys("")) == [key]
+        assert [row.key for row in store.list("", delimiter="/")] == ["/"]
+        assert [row.key for row in store.list("/" * (depth - 1), delimiter="/")] == ["/" * depth]
+    finally:  # its directories go with it (pytest's own clean-up of tmp_path recurses)
+        store.delete(key)
+    assert os.listdir(store.root) == [".objmanifest"]
+
+
+def test_a_listing_of_parts_racing_an_abort_says_the_upload_is_gone(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``list_parts`` whose upload is aborted as it reads the parts: ``UploadGone``, as for
+    an upload aborted before, never a store error about a part file gone."""
+    upload_id = store.create_upload("k")
+    store.upload_part("k", upload_id, 1, b"part")
+    real_scandir = os.scandir
+    raced: list[bool] = []
+
+    def scandir_then_abort(where: Any) -> Any:
+        found = list(real_scandir(where))
+        if not raced and any(e.name.startswith("1.") for e in found):
+            raced.append(True)
+            store.abort_upload("k", upload_id)
+        return contextlib.nullcontext(found)
+
+    monkeypatch.setattr(os, "scandir", scandir_then_abort)
+    with pytest.raises(UploadGone):
+        store.list_parts("k", upload_id)
+    assert raced == [True]
+
+
+def test_a_link_where_the_stores_own_directory_was_is_no_store(
+    root: Path, store: FileStore
+) -> None:
+    """The store's directory emptied and a link left where ``.objmanifest/`` was: every
+    call says the store is gone, never that the keys are not there."""
+    store.put("k", b"x")
+    elsewhere = root.parent / "elsewhere"
+    elsewhere.mkdir()
+    for child in root.iterdir():
+        subprocess.run(["rm", "-rf", str(child)], check=True)
+    (root / ".objmanifest").symlink_to(elsewhere)
+    with pytest.raises(StoreError, match="no longer holds the store"):
+        list(store.list_keys(""))
+    with pytest.raises(StoreError, match=r"no longer holds the store|symbolic link"):
+        store.get("k")
 
 
 def test_a_temporary_file_swapped_for_a_link_is_never_linked_in_its_place(

@@ -386,6 +386,9 @@ def decoded(kind: str, body: bytes) -> Any:
     except (om.CorruptShard, om.UnsupportedSchema) as e:
         assert e.key == key
         return e
+    except om.NotFound as e:  # a shard of another incarnation of the task: refused as such
+        assert kind == "shard" and "deleted and created again" in str(e), e
+        return e
 
 
 def test_the_samples_decode() -> None:

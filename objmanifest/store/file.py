@@ -177,20 +177,20 @@ class FileStore(HandsOnUploads, Writes):
         path, names = self.object_path(key), _names(key)
         for attempt in range(RETRIES):  # a directory removed on an NFS server: walked again
             try:
-                directories = file_tree.open_directories(self._base, names[:-1])
+                directory = file_tree.open_directory(self._base, names[:-1])
             except OSError as e:
                 if e.errno == errno.ESTALE and attempt + 1 < RETRIES:
                     continue
                 raise self.error(e, action, key, e.filename, reading=True) from e
             try:
-                fd = os.open(names[-1], _READ_FLAGS, dir_fd=directories[-1])
+                fd = os.open(names[-1], _READ_FLAGS, dir_fd=directory)
                 break
             except OSError as e:
                 if e.errno == errno.ESTALE and attempt + 1 < RETRIES:
                     continue
                 raise self.error(e, action, key, path, reading=True) from e
             finally:
-                file_tree.close_all(directories)
+                os.close(directory)
         try:
             found = os.fstat(fd)
         except OSError as e:
@@ -357,7 +357,7 @@ class FileStore(HandsOnUploads, Writes):
         missing: OSError
         for attempt in range(RETRIES):
             try:
-                directories = file_tree.open_directories(self._base, names[:-1], make=True)
+                directory = file_tree.open_directory(self._base, names[:-1], make=True)
             except OSError as e:
                 if not isinstance(e, FileNotFoundError) and e.errno != errno.ESTALE:
                     raise self.error(e, "write", key, e.filename) from e
@@ -368,9 +368,9 @@ class FileStore(HandsOnUploads, Writes):
                         temp.name,
                         names[-1],
                         src_dir_fd=temp.directory,
-                        dst_dir_fd=directories[-1],
+                        dst_dir_fd=directory,
                     )
-                    self._sync(key, directories[-1])
+                    self._sync(key, directory)
                     return
                 except FileExistsError:
                     raise
@@ -385,7 +385,7 @@ class FileStore(HandsOnUploads, Writes):
                         raise OutcomeUnknown(f"{self.describe(key)}: {e.strerror}") from e
                     missing = e  # its directory removed on the server: walked again
                 finally:
-                    file_tree.close_all(directories)
+                    os.close(directory)
             if not self.directory.present():
                 raise self.directory.gone("write", self.describe(key)) from missing
             if not temp.exists():
@@ -401,12 +401,12 @@ class FileStore(HandsOnUploads, Writes):
                     "beside it racing the write); retry"
                 ) from missing
 
-    def _walk_again_if_stale(self, names: Sequence[bytes]) -> list[int]:
-        """``file_tree.open_directories``, walked again while NFS says a directory on the
+    def _walk_again_if_stale(self, names: Sequence[bytes]) -> int:
+        """``file_tree.open_directory``, walked again while NFS says a directory on the
         way was removed by another machine as it was walked (``ESTALE``)."""
         for attempt in range(RETRIES):
             try:
-                return file_tree.open_directories(self._base, names)
+                return file_tree.open_directory(self._base, names)
             except OSError as e:
                 if e.errno != errno.ESTALE or attempt + 1 == RETRIES:
                     raise
@@ -416,13 +416,13 @@ class FileStore(HandsOnUploads, Writes):
         """Whether the file open at ``fd`` is at ``names`` now (walked afresh: a rename or
         link that reported a failure but happened)."""
         try:
-            directories = file_tree.open_directories(self._base, names[:-1])
+            directory = file_tree.open_directory(self._base, names[:-1])
         except OSError:
             return False
         try:
-            return _same_file(fd, directories[-1], names[-1])
+            return _same_file(fd, directory, names[-1])
         finally:
-            file_tree.close_all(directories)
+            os.close(directory)
 
     def _sync(self, key: str, directory: int) -> None:
         """Make the entries of ``directory`` (open) durable."""
@@ -452,7 +452,7 @@ class FileStore(HandsOnUploads, Writes):
         names, path = _names(key), self.object_path(key)
         with self.locked([key]):
             try:
-                directories = self._walk_again_if_stale(names[:-1])
+                directory = self._walk_again_if_stale(names[:-1])
             except (FileNotFoundError, NotADirectoryError) as e:
                 if not self.directory.present():
                     raise self.directory.gone("delete", self.describe(key)) from e
@@ -461,15 +461,15 @@ class FileStore(HandsOnUploads, Writes):
                 raise self.error(e, "delete", key, e.filename) from e
             try:
                 try:
-                    os.unlink(names[-1], dir_fd=directories[-1])
+                    os.unlink(names[-1], dir_fd=directory)
                 except (FileNotFoundError, NotADirectoryError):
                     return
                 except OSError as e:
                     raise self.error(e, "delete", key, path) from e
-                self._sync(key, directories[-1])
-                file_tree.remove_empty(directories, names[:-1])  # those left empty go too
+                self._sync(key, directory)
             finally:
-                file_tree.close_all(directories)
+                os.close(directory)
+            file_tree.remove_empty(self._base, names[:-1])  # those left empty go too
 
     def list(self, prefix: str, delimiter: str | None = None) -> Iterator[Listed]:
         """Keys under ``prefix`` in key order (their UTF-8 bytes, as S3 sorts them)."""

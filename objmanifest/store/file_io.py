@@ -229,7 +229,7 @@ class Locks:
         """Opens the directory that holds the lock file (reached without following a link)."""
         self._local = threading.local()
 
-    def _fd(self) -> int:
+    def _description(self) -> _Description:
         """This thread's description of the lock file now at its name, opened relative to
         its directory (``O_NOFOLLOW``): one of a lock file removed or replaced since (the
         store's directory restored) excludes nobody who opens the file now there."""
@@ -243,7 +243,7 @@ class Locks:
                 flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
                 fd = os.open(self.NAME, flags, FILE_MODE, dir_fd=directory)
                 self._local.held = held = _Description(fd, pid)
-            return held.fd
+            return held
         finally:
             os.close(directory)
 
@@ -255,12 +255,12 @@ class Locks:
     def acquire(self, names: Iterable[str]) -> Held:
         """Wait for the locks of ``names`` (in the order of their offsets, so two holders of
         several never wait for each other); what to ``release``."""
-        fd = self._fd()
+        description = self._description()
         offsets = sorted({self.offset(name) for name in names})
-        taken = Held(fd, [])
+        taken = Held(description, [])
         try:
             for offset in offsets:
-                _lock(fd, fcntl.F_WRLCK, offset)
+                _lock(description.fd, fcntl.F_WRLCK, offset)
                 taken.offsets.append(offset)
         except BaseException:
             self.release(taken)
@@ -271,14 +271,16 @@ class Locks:
     def release(taken: Held) -> None:
         """Release what ``acquire`` took, through the very description that took it."""
         for offset in taken.offsets:
-            _lock(taken.fd, fcntl.F_UNLCK, offset)
+            _lock(taken.description.fd, fcntl.F_UNLCK, offset)
 
 
 @dataclass
 class Held:
-    """Locks taken: the description they were taken through, and their offsets."""
+    """Locks taken: the description they were taken through (kept open while they are
+    held, even if this thread has opened another since: closing it would drop them), and
+    their offsets."""
 
-    fd: int
+    description: _Description
     offsets: list[int]
 
 

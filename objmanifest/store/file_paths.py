@@ -28,8 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -180,26 +179,28 @@ def _scan(directory: int) -> list[tuple[bytes, bool]]:
         ]
 
 
-@contextmanager
-def _inside(directory: int, names: tuple[bytes, ...]) -> Iterator[int | None]:
-    """The directory ``names`` leads to from ``directory``, open, never through a link;
-    None if it is gone (or was swapped for a link or a file since it was listed)."""
-    fd: int | None = directory
-    opened: list[int] = []
-    try:
-        for name in names:
-            assert fd is not None
-            try:
-                fd = file_tree.enter(fd, name)
-            except OSError as e:
-                if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                    fd = None
-                    break
-                raise
-            opened.append(fd)
-        yield fd
-    finally:
-        file_tree.close_all(opened)
+MORE_NAMES = 16
+"""The most directories one segment continues through (a 1024-byte key, every byte escaped,
+in names of ``NAME_BYTES``, takes 13): a deeper chain is none of the store's."""
+
+
+def _open_child(directory: int, names: tuple[bytes, ...]) -> int | None:
+    """The directory ``names`` leads to from ``directory`` (open), open, never through a
+    link; None if it is gone (or was swapped for a link or a file since it was listed)."""
+    fd = directory
+    for name in names:
+        try:
+            inner = file_tree.enter(fd, name)
+        except OSError as e:
+            if fd != directory:
+                os.close(fd)
+            if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return None
+            raise
+        if fd != directory:
+            os.close(fd)
+        fd = inner
+    return None if fd == directory else fd
 
 
 def children(directory: int, chain: tuple[bytes, ...] = ()) -> list[Child]:
@@ -212,13 +213,16 @@ def children(directory: int, chain: tuple[bytes, ...] = ()) -> list[Child]:
             continue
         _, kind = read
         if kind == "more":
-            if is_dir:
-                with _inside(directory, (name,)) as more:
-                    if more is not None:
+            if is_dir and len(chain) < MORE_NAMES:
+                more = _open_child(directory, (name,))
+                if more is not None:
+                    try:
                         found += [
                             Child(c.segment, c.is_dir, (name, *c.names))
                             for c in children(more, (*chain, name))
                         ]
+                    finally:
+                        os.close(more)
             continue
         if (kind == "dir") != is_dir:
             continue
@@ -231,34 +235,76 @@ def children(directory: int, chain: tuple[bytes, ...] = ()) -> list[Child]:
     return found
 
 
-def walk(directory: int, key_prefix: str) -> Iterator[str]:
+def _too_deep(key_prefix: str) -> bool:
+    """Whether no key can start with ``key_prefix`` (it is longer than any key)."""
+    return len(key_prefix.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES
+
+
+HELD_LEVELS = 32
+"""The directories a walk keeps open on its way down; below, each is opened again from the
+top when it is needed (a key of a thousand segments must not take a thousand descriptors)."""
+
+
+def walk(directory: int, key_prefix: str) -> Generator[str, None, None]:
     """Every object key under ``directory`` (open; its keys start with ``key_prefix``), in
-    key order. A directory deeper than any key reaches is not the store's: not walked."""
-    if len(key_prefix.encode("utf-8", "surrogatepass")) >= MAX_KEY_BYTES:
+    key order, depth first without recursion (a key may have a thousand segments). A
+    directory deeper than any key reaches is not the store's: not walked."""
+    if _too_deep(key_prefix):
         return
-    for child in children(directory):
-        key = key_prefix + child.segment
-        if child.is_dir:
-            with _inside(directory, child.names) as inside:
-                if inside is not None:
-                    yield from walk(inside, key + "/")
-        else:
-            yield key
+    # each level: its directory (open, or None once too deep to keep), the children left to
+    # look at, their keys' prefix, and the names that lead to it from ``directory``
+    levels: list[tuple[int | None, Iterator[Child], str, tuple[bytes, ...]]] = [
+        (directory, iter(children(directory)), key_prefix, ())
+    ]
+    try:
+        while levels:
+            fd, pending, prefix, path = levels[-1]
+            child = next(pending, None)
+            if child is None:
+                levels.pop()
+                if fd is not None and fd != directory:
+                    os.close(fd)
+                continue
+            key = prefix + child.segment
+            if not child.is_dir:
+                yield key
+                continue
+            if _too_deep(key + "/"):
+                continue
+            parent = fd if fd is not None else _open_child(directory, path)
+            if parent is None:
+                continue
+            try:
+                inside = _open_child(parent, child.names)
+            finally:
+                if fd is None:
+                    os.close(parent)
+            if inside is None:
+                continue
+            try:
+                listed = children(inside)
+            except BaseException:
+                os.close(inside)
+                raise
+            kept: int | None = inside
+            if len(levels) >= HELD_LEVELS:
+                os.close(inside)
+                kept = None
+            levels.append((kept, iter(listed), key + "/", path + child.names))
+    finally:
+        for fd, _, _, _ in levels:
+            if fd is not None and fd != directory:
+                os.close(fd)
 
 
-def holds_objects(directory: int, depth: int = 0) -> bool:
-    """Whether any object lives under ``directory`` (open; a directory emptied by deletes,
-    or being filled, may have none). Directories deeper than any key reaches are not the
-    store's: not looked into."""
-    if depth >= MAX_KEY_BYTES // 2:
-        return False
-    for child in children(directory):
-        if not child.is_dir:
-            return True
-        with _inside(directory, child.names) as inside:
-            if inside is not None and holds_objects(inside, depth + 1):
-                return True
-    return False
+def holds_objects(directory: int, key_prefix: str) -> bool:
+    """Whether any object lives under ``directory`` (open; its keys start with
+    ``key_prefix``): a directory emptied by deletes, or being filled, may have none."""
+    keys = walk(directory, key_prefix)
+    try:
+        return next(keys, None) is not None
+    finally:
+        keys.close()
 
 
 def listing(root: bytes, prefix: str, delimiter: str | None) -> Iterator[tuple[str, bool]]:
@@ -305,17 +351,20 @@ def _listed(
             if r is not None:
                 yield r
             continue
-        with _inside(base, child.names) as inside:
-            if inside is None:
-                continue
+        inside = _open_child(base, child.names)
+        if inside is None:
+            continue
+        try:
             if delimiter == "/":
-                if holds_objects(inside):
+                if holds_objects(inside, key + "/"):
                     yield key + "/", True
                 continue
             for k in walk(inside, key + "/"):
                 r = row(k)
                 if r is not None:
                     yield r
+        finally:
+            os.close(inside)
 
 
 def check_root_free(root: bytes, shown: str) -> None:

@@ -245,7 +245,7 @@ class Directory:
         or unmounted (NFS) makes every file missing, which must not read as objects that
         were never written."""
         try:
-            found = os.stat(self.reserved)
+            found = os.stat(self.reserved, follow_symlinks=False)  # a link there is no store
         except (FileNotFoundError, NotADirectoryError):
             return False
         except OSError:  # EIO, ESTALE, a soft mount's timeout: said as itself by the caller

@@ -34,39 +34,29 @@ def _said(e: OSError, parent: int | None, base: bytes, names: Sequence[bytes]) -
     return OSError(code, os.strerror(code) if code else str(e), os.path.join(base, *names))
 
 
-def open_directories(base: bytes, names: Sequence[bytes], *, make: bool = False) -> list[int]:
-    """The store's directory ``base`` and each directory of ``names`` under it, open:
-    ``fds[i]`` holds ``names[i]``, so the last is the directory of whatever ``names`` leads
-    to next (``close_all`` them). ``make``: a missing directory is made (and made durable in
-    its parent). An ``OSError`` names the whole path it met (``FileNotFoundError`` for a
-    directory missing, ``ELOOP`` for a link), with nothing left open."""
-    fds: list[int] = []
+def open_directory(base: bytes, names: Sequence[bytes], *, make: bool = False) -> int:
+    """The directory of ``names`` under the store's directory ``base``, open, reached one
+    name at a time (each directory closed once the next is open: a key of a thousand
+    segments holds no more descriptors than one of two). ``make``: a missing directory is
+    made (and made durable in its parent). An ``OSError`` names the whole path it met
+    (``FileNotFoundError`` for a directory missing, ``ELOOP`` for a link)."""
     try:
+        fd = os.open(base, DIR_FLAGS)
+    except OSError as e:
+        raise _said(e, None, base, ()) from e
+    for i, name in enumerate(names):
         try:
-            fds.append(os.open(base, DIR_FLAGS))
+            inner = _enter(fd, name, make)
         except OSError as e:
-            raise _said(e, None, base, ()) from e
-        for i, name in enumerate(names):
-            try:
-                fds.append(_enter(fds[-1], name, make))
-            except OSError as e:
-                raise _said(e, fds[-1], base, names[: i + 1]) from e
-    except BaseException:
-        close_all(fds)
-        raise
-    return fds
-
-
-def open_directory(base: bytes, names: Sequence[bytes]) -> int:
-    """The directory of ``names`` under ``base``, reached as ``open_directories`` does."""
-    fds = open_directories(base, names)
-    close_all(fds[:-1])
-    return fds[-1]
-
-
-def close_all(fds: Sequence[int]) -> None:
-    for fd in fds:
+            said = _said(e, fd, base, names[: i + 1])
+            os.close(fd)
+            raise said from e
+        except BaseException:
+            os.close(fd)
+            raise
         os.close(fd)
+        fd = inner
+    return fd
 
 
 def enter(parent: int, name: bytes | str) -> int:
@@ -100,14 +90,20 @@ def _enter(parent: int, name: bytes, make: bool) -> int:
     return os.open(name, DIR_FLAGS, dir_fd=parent)
 
 
-def remove_empty(fds: Sequence[int], names: Sequence[bytes]) -> None:
-    """Remove the directories of ``names`` (opened by ``open_directories``) that are left
-    empty, the deepest first, up to the first that is not."""
+def remove_empty(base: bytes, names: Sequence[bytes]) -> None:
+    """Remove the directories of ``names`` under ``base`` that are left empty, the deepest
+    first, up to the first that is not (each reached afresh from ``base``)."""
     for i in range(len(names) - 1, -1, -1):
         try:
-            os.rmdir(names[i], dir_fd=fds[i])
+            parent = open_directory(base, names[:i])
         except OSError:
             return
+        try:
+            os.rmdir(names[i], dir_fd=parent)
+        except OSError:
+            return
+        finally:
+            os.close(parent)
 
 
 TREE_DEPTH = 16

@@ -196,8 +196,13 @@ class Uploads:
                     for entry in found:
                         part = _PART.fullmatch(entry.name)
                         if part is not None:
-                            size = entry.stat(follow_symlinks=False).st_size
+                            try:
+                                size = entry.stat(follow_symlinks=False).st_size
+                            except FileNotFoundError:  # the upload removed meanwhile
+                                continue
                             listed.setdefault(int(part.group(1)), {})[part.group(2)] = size
+            except FileNotFoundError:
+                raise self._gone(key) from None
             except OSError as e:
                 raise self.store.error(e, "list the parts of", key, upload.path) from e
             if upload.removed():
