@@ -30,7 +30,7 @@ import os
 import re
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from ..errors import InvalidInput, StoreError
 from . import file_tree
@@ -188,18 +188,22 @@ def _open_child(directory: int, names: tuple[bytes, ...]) -> int | None:
     """The directory ``names`` leads to from ``directory`` (open), open, never through a
     link; None if it is gone (or was swapped for a link or a file since it was listed)."""
     fd = directory
-    for name in names:
-        try:
+    try:
+        for name in names:
             inner = file_tree.enter(fd, name)
-        except OSError as e:
             if fd != directory:
                 os.close(fd)
-            if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                return None
-            raise
+            fd = inner
+    except OSError as e:
         if fd != directory:
             os.close(fd)
-        fd = inner
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+    except BaseException:
+        if fd != directory:
+            os.close(fd)
+        raise
     return None if fd == directory else fd
 
 
@@ -240,9 +244,20 @@ def _too_deep(key_prefix: str) -> bool:
     return len(key_prefix.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES
 
 
-HELD_LEVELS = 32
-"""The directories a walk keeps open on its way down; below, each is opened again from the
-top when it is needed (a key of a thousand segments must not take a thousand descriptors)."""
+HELD_LEVELS = 8
+"""The directories a walk keeps open: the deepest ones, from which it goes down; one above
+them is opened again (from the first) only when the walk comes back up to it with more of
+its directories to go into. A key of a thousand segments is walked in linear time with a
+few descriptors."""
+
+
+class _Level(NamedTuple):
+    """A directory a walk is in: its children left to look at, their keys' prefix, and the
+    names that lead to it from the walk's first directory."""
+
+    pending: Iterator[Child]
+    prefix: str
+    path: tuple[bytes, ...]
 
 
 def walk(directory: int, key_prefix: str) -> Generator[str, None, None]:
@@ -251,34 +266,33 @@ def walk(directory: int, key_prefix: str) -> Generator[str, None, None]:
     directory deeper than any key reaches is not the store's: not walked."""
     if _too_deep(key_prefix):
         return
-    # each level: its directory (open, or None once too deep to keep), the children left to
-    # look at, their keys' prefix, and the names that lead to it from ``directory``
-    levels: list[tuple[int | None, Iterator[Child], str, tuple[bytes, ...]]] = [
-        (directory, iter(children(directory)), key_prefix, ())
-    ]
+    levels = [_Level(iter(children(directory)), key_prefix, ())]
+    fds: list[int | None] = [directory]  # each level's directory, while it is kept open
+    held = 0  # the open ones below the first: always the deepest levels, one run of them
     try:
         while levels:
-            fd, pending, prefix, path = levels[-1]
-            child = next(pending, None)
+            level = levels[-1]
+            child = next(level.pending, None)
             if child is None:
                 levels.pop()
+                fd = fds.pop()
                 if fd is not None and fd != directory:
                     os.close(fd)
+                    held -= 1
                 continue
-            key = prefix + child.segment
+            key = level.prefix + child.segment
             if not child.is_dir:
                 yield key
                 continue
             if _too_deep(key + "/"):
                 continue
-            parent = fd if fd is not None else _open_child(directory, path)
-            if parent is None:
-                continue
-            try:
-                inside = _open_child(parent, child.names)
-            finally:
-                if fd is None:
-                    os.close(parent)
+            parent = fds[-1]
+            if parent is None:  # every level below it is done: opened again from the first
+                parent = fds[-1] = _open_child(directory, level.path)
+                if parent is None:
+                    continue
+                held += 1
+            inside = _open_child(parent, child.names)
             if inside is None:
                 continue
             try:
@@ -286,13 +300,16 @@ def walk(directory: int, key_prefix: str) -> Generator[str, None, None]:
             except BaseException:
                 os.close(inside)
                 raise
-            kept: int | None = inside
-            if len(levels) >= HELD_LEVELS:
-                os.close(inside)
-                kept = None
-            levels.append((kept, iter(listed), key + "/", path + child.names))
+            levels.append(_Level(iter(listed), key + "/", level.path + child.names))
+            fds.append(inside)
+            held += 1
+            if held > HELD_LEVELS:  # the shallowest of the run is let go
+                shallowest = len(fds) - held
+                os.close(fds[shallowest])  # type: ignore[arg-type]
+                fds[shallowest] = None
+                held -= 1
     finally:
-        for fd, _, _, _ in levels:
+        for fd in fds:
             if fd is not None and fd != directory:
                 os.close(fd)
 

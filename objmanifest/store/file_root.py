@@ -256,9 +256,9 @@ class Directory:
         """The error of a call that found the store's directory no longer holding it."""
         return StoreError(
             f"could not {action} {where}: the store's directory {self.root} no longer holds "
-            f"the store ({os.fsdecode(self.reserved)} is missing: the directory was removed "
-            "or emptied, or its share unmounted); restore or remount it, then retry. Nothing "
-            "was changed"
+            f"the store ({os.fsdecode(self.reserved)} is missing, or no directory: the "
+            "directory was removed or emptied, or its share unmounted); restore or remount it, "
+            "then retry. Nothing was changed"
         )
 
     def failure(
