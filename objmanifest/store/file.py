@@ -179,14 +179,14 @@ class FileStore(HandsOnUploads, Writes):
             try:
                 directory = file_tree.open_directory(self._base, names[:-1])
             except OSError as e:
-                if e.errno == errno.ESTALE and attempt + 1 < RETRIES:
+                if _walk_again(e, attempt):
                     continue
                 raise self.error(e, action, key, e.filename, reading=True) from e
             try:
                 fd = os.open(names[-1], _READ_FLAGS, dir_fd=directory)
                 break
             except OSError as e:
-                if e.errno == errno.ESTALE and attempt + 1 < RETRIES:
+                if _walk_again(e, attempt):
                     continue
                 raise self.error(e, action, key, path, reading=True) from e
             finally:
@@ -228,7 +228,7 @@ class FileStore(HandsOnUploads, Writes):
             try:
                 return read(fd, found, path)
             except OSError as e:
-                if e.errno == errno.ESTALE and attempt + 1 < RETRIES:
+                if _walk_again(e, attempt):
                     continue
                 raise self.error(e, action, key, path, reading=True) from e
             finally:
@@ -408,7 +408,7 @@ class FileStore(HandsOnUploads, Writes):
             try:
                 return file_tree.open_directory(self._base, names)
             except OSError as e:
-                if e.errno != errno.ESTALE or attempt + 1 == RETRIES:
+                if not _walk_again(e, attempt):
                     raise
         raise AssertionError("unreachable")
 
@@ -518,6 +518,13 @@ class FileStore(HandsOnUploads, Writes):
             self.clock.observe_time(self.directory.time())
             self._observed = mono
         return self.clock.now()
+
+
+def _walk_again(e: OSError, attempt: int) -> bool:
+    """Whether attempt ``attempt`` (from 0) failing with ``e`` is tried again: NFS said a
+    directory or file on the way was removed by another machine (``ESTALE``), and attempts
+    are left."""
+    return e.errno == errno.ESTALE and attempt + 1 < RETRIES
 
 
 def _read_exactly(fd: int, offset: int, size: int) -> bytes:

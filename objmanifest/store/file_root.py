@@ -143,13 +143,6 @@ def _kind_in(directory: int, name: bytes) -> int | None:
         return None
 
 
-def _make_in(directory: int, name: bytes) -> None:
-    """The directory ``name`` made in ``directory`` (by this process or another), durable."""
-    with suppress(FileExistsError):
-        os.mkdir(name, file_io.DIR_MODE, dir_fd=directory)
-    os.fsync(directory)
-
-
 def stamp(directory: int, name: bytes, when: float | None = None) -> float:
     """Set the time of ``name`` in ``directory`` (open) to ``when``, or to now by the
     filesystem's clock (on NFS the server's), making it first if it is missing, never
@@ -213,13 +206,13 @@ class Directory:
                 except StoreError:
                     if _kind_in(base, file_paths.RESERVED) is None:  # not made a store meanwhile
                         raise
-                _make_in(base, file_paths.RESERVED)
+                file_tree.make_in(base, file_paths.RESERVED)
             self._check_own(base, file_paths.RESERVED, self.reserved)
             reserved = file_tree.enter(base, file_paths.RESERVED)
             try:
                 for name, path in ((b"tmp", self.tmp), (b"uploads", self.uploads)):
                     if _kind_in(reserved, name) is None:
-                        _make_in(reserved, name)
+                        file_tree.make_in(reserved, name)
                     self._check_own(reserved, name, path)
             finally:
                 os.close(reserved)

@@ -24,13 +24,10 @@ from . import file_io
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _said(e: OSError, parent: int | None, base: bytes, names: Sequence[bytes]) -> OSError:
+def _said(e: OSError, base: bytes, names: Sequence[bytes]) -> OSError:
     """``e`` with the whole path of ``names`` under ``base`` as its file name (the kernel
-    only knew the last name); a link in the way is ``ELOOP``, which ``O_DIRECTORY`` may have
-    answered ``ENOTDIR`` for."""
+    only knew the last name)."""
     code = e.errno
-    if code == errno.ENOTDIR and names and parent is not None and _is_link(parent, names[-1]):
-        code = errno.ELOOP
     return OSError(code, os.strerror(code) if code else str(e), os.path.join(base, *names))
 
 
@@ -43,12 +40,12 @@ def open_directory(base: bytes, names: Sequence[bytes], *, make: bool = False) -
     try:
         fd = os.open(base, DIR_FLAGS)
     except OSError as e:
-        raise _said(e, None, base, ()) from e
+        raise _said(e, base, ()) from e
     for i, name in enumerate(names):
         try:
             inner = _enter(fd, name, make)
         except OSError as e:
-            said = _said(e, fd, base, names[: i + 1])
+            said = _said(e, base, names[: i + 1])
             os.close(fd)
             raise said from e
         except BaseException:
@@ -80,14 +77,20 @@ def _is_link(parent: int, name: bytes | str) -> bool:
 def _enter(parent: int, name: bytes, make: bool) -> int:
     """The directory ``name`` in ``parent``, open (made first if missing and ``make``)."""
     try:
-        return os.open(name, DIR_FLAGS, dir_fd=parent)
+        return enter(parent, name)
     except FileNotFoundError:
         if not make:
             raise
-    with suppress(FileExistsError):  # made meanwhile by another writer, perhaps not durable yet
+    make_in(parent, name)
+    return enter(parent, name)
+
+
+def make_in(parent: int, name: bytes) -> None:
+    """The directory ``name`` made in ``parent`` (by this process, or by another meanwhile,
+    perhaps not durable yet), and made durable."""
+    with suppress(FileExistsError):
         os.mkdir(name, file_io.DIR_MODE, dir_fd=parent)
     os.fsync(parent)
-    return os.open(name, DIR_FLAGS, dir_fd=parent)
 
 
 def remove_empty(base: bytes, names: Sequence[bytes]) -> None:
